@@ -1,0 +1,98 @@
+"""Input validation shared by every spec function.
+
+One rule for the whole spec: a malformed argument raises at the boundary, and the message names the argument,
+what was expected and what came. Shapes are checked against named dimensions (``B, S_q, S_kv, H_q, H_kv, D_qk,
+D_v, ...``) bound by the first argument that carries them, so a mismatch says where the other value came from::
+
+    dims = Dims()
+    dims.tensor("q", q, ("B", "S_q", "H_q", "D_qk"), FLOAT)
+    dims.tensor("k", k, ("B", "S_kv", "H_kv", "D_qk"), FLOAT)
+    # ValueError: k must have shape [B, S_kv, H_kv, D_qk] with B=2, D_qk=576 (from q); got [3, 7, 1, 576]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+FLOAT = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+BOOL = (torch.bool,)
+
+
+def _names(dtypes: Sequence[torch.dtype]) -> str:
+    return " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+class Dims:
+    """Binds named dimensions across the arguments of one call and checks each tensor against them."""
+
+    def __init__(self, **known: int):
+        self.sizes: dict[str, int] = dict(known)
+        self.source: dict[str, str] = {k: "the arguments" for k in known}
+
+    def tensor(
+        self,
+        name: str,
+        x: object,
+        shape: Sequence[str | int | None],
+        dtypes: Sequence[torch.dtype] | None = None,
+    ) -> torch.Tensor:
+        """Check that ``x`` is a tensor of ``shape`` (names bind, ints are fixed, None is free) and dtype."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if dtypes is not None and x.dtype not in dtypes:
+            raise TypeError(f"{name} must have dtype {_names(dtypes)}, got {str(x.dtype).removeprefix('torch.')}")
+        want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
+        if x.dim() != len(shape):
+            raise ValueError(f"{name} must have rank {len(shape)} with shape {want}, got shape {list(x.shape)}")
+        for dim, size in zip(shape, x.shape):
+            if dim is None:
+                continue
+            if isinstance(dim, int):
+                if size != dim:
+                    raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
+                continue
+            if dim in self.sizes and self.sizes[dim] != size:
+                bound = ", ".join(f"{d}={self.sizes[d]}" for d in shape if isinstance(d, str) and d in self.sizes)
+                sources = sorted({self.source[d] for d in shape if isinstance(d, str) and d in self.source})
+                raise ValueError(
+                    f"{name} must have shape {want} with {bound} (from {', '.join(sources)}); got {list(x.shape)}"
+                )
+            self.sizes.setdefault(dim, size)
+            self.source.setdefault(dim, name)
+        return x
+
+    def __getitem__(self, dim: str) -> int:
+        return self.sizes[dim]
+
+
+def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
+    """An int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def finite_float(name: str, value: object) -> float:
+    """A finite real number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not torch.isfinite(torch.tensor(float(value))):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def cu_seqlens(name: str, x: object, batch: int | None = None) -> torch.Tensor:
+    """Cumulative sequence lengths: int tensor [B + 1], starting at 0, non-decreasing."""
+    dims = Dims() if batch is None else Dims(B_plus_1=batch + 1)
+    x = dims.tensor(name, x, ("B_plus_1",), INT)
+    if x.numel() == 0 or int(x[0]) != 0:
+        raise ValueError(f"{name} must start at 0, got {x.tolist()}")
+    if bool((x[1:] < x[:-1]).any()):
+        raise ValueError(f"{name} must be non-decreasing, got {x.tolist()}")
+    return x

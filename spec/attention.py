@@ -1,0 +1,160 @@
+"""Scaled dot-product attention that also returns the log-sum-exp of each row.
+
+Every attention in MLA reduces to this one function: the compute-friendly prefill form is multi-head attention
+with ``D_qk = 192, D_v = 128``; the absorbed decode form is multi-query attention (``H_kv = 1``) with
+``D_qk = 576, D_v = 512``; sparse and sliding-window attention are this function under a mask.
+
+Math, per batch ``b``, query head ``h``, query ``i``, with ``g = H_q // H_kv`` query heads per KV head::
+
+    s[j]   = scale * q[b, i, h] . k[b, j, h // g]          for every key j allowed by the mask
+    lse    = log(sum_j exp(s[j]))                           natural log; -inf when no key is allowed
+    out    = sum_j exp(s[j] - lse) * v[b, j, h // g]        0 when no key is allowed
+
+Conventions (and where they come from):
+
+* LSE is the natural log, laid out ``[B, H_q, S_q]`` as FlashMLA returns ``softmax_lse``
+  (FlashMLA ``flash_mla/flash_mla_interface.py``, ``flash_mla_with_kvcache``). The varlen form lays it out
+  ``[H_q, T_q]`` as flash-attn's varlen kernels and vLLM's ``merge_attn_states`` do.
+* ``causal`` aligns the queries to the *end* of the keys (bottom-right): query ``i`` of ``S_q`` sees key ``j``
+  iff ``j <= i + S_kv - S_q``. This is how vLLM appends new tokens after a context and how FlashMLA's dense
+  decode treats ``q_len > 1`` (MTP).
+* A row with no allowed key has output 0 and LSE ``-inf``; :func:`mlaspec.spec.merge.merge_attn_states` then
+  gives it zero weight. (FlashMLA's *sparse* kernels report such a row as ``+inf``; see the sparse spec.)
+* The default scale is ``1 / sqrt(D_qk)``. MLA passes its own scale: ``1/sqrt(192)`` (times the YaRN mscale²)
+  in *both* forms, although the absorbed form's dot product is 576 wide.
+
+The spec computes in float64 whatever the input dtype and returns float64.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from ._checks import BOOL, FLOAT, Dims, cu_seqlens, finite_float
+
+__all__ = ["AttentionOutput", "attention", "attention_varlen", "causal_mask"]
+
+
+class AttentionOutput(NamedTuple):
+    """``out [..., S_q, H_q, D_v]`` and ``lse`` (natural log; -inf for rows with no key), both float64."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+def causal_mask(s_q: int, s_kv: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bottom-right aligned causal mask ``[S_q, S_kv]`` bool: query ``i`` sees key ``j`` iff ``j <= i + S_kv - S_q``.
+
+    Example (``S_q = 2, S_kv = 4``: the two new tokens are the last two positions)::
+
+        [[1, 1, 1, 0],
+         [1, 1, 1, 1]]
+    """
+    i = torch.arange(s_q, device=device)[:, None]
+    j = torch.arange(s_kv, device=device)[None, :]
+    return j <= i + (s_kv - s_q)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+) -> AttentionOutput:
+    """Attention with log-sum-exp over a padded batch.
+
+    Args:
+        q: ``[B, S_q, H_q, D_qk]`` float.
+        k: ``[B, S_kv, H_kv, D_qk]`` float; ``H_q % H_kv == 0`` (``H_kv = 1`` is MQA).
+        v: ``[B, S_kv, H_kv, D_v]`` float.
+        scale: softmax scale; default ``1 / sqrt(D_qk)``.
+        causal: bottom-right aligned causal mask (see module docstring).
+        mask: optional bool ``[B, S_q, S_kv]`` (shared by heads) or ``[B, H_q, S_q, S_kv]``; True = may attend.
+            Combined with ``causal`` by logical and.
+
+    Returns:
+        ``out [B, S_q, H_q, D_v]`` and ``lse [B, H_q, S_q]``, float64.
+    """
+    dims = Dims()
+    dims.tensor("q", q, ("B", "S_q", "H_q", "D_qk"), FLOAT)
+    dims.tensor("k", k, ("B", "S_kv", "H_kv", "D_qk"), FLOAT)
+    dims.tensor("v", v, ("B", "S_kv", "H_kv", "D_v"), FLOAT)
+    h_q, h_kv = dims["H_q"], dims["H_kv"]
+    if h_kv == 0 or h_q % h_kv:
+        raise ValueError(f"k must have a head count H_kv that divides H_q={h_q}, got H_kv={h_kv}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    scale = 1.0 / math.sqrt(dims["D_qk"]) if scale is None else finite_float("scale", scale)
+
+    allowed = torch.ones(1, 1, dims["S_q"], dims["S_kv"], dtype=torch.bool, device=q.device)
+    if mask is not None:
+        if isinstance(mask, torch.Tensor) and mask.dim() == 3:
+            allowed = dims.tensor("mask", mask, ("B", "S_q", "S_kv"), BOOL)[:, None]
+        else:
+            allowed = dims.tensor("mask", mask, ("B", "H_q", "S_q", "S_kv"), BOOL)
+    if causal:
+        allowed = allowed & causal_mask(dims["S_q"], dims["S_kv"], device=q.device)
+
+    g = h_q // h_kv
+    q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
+    k64 = k64.repeat_interleave(g, dim=2)  # query head h reads KV head h // g
+    v64 = v64.repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q64, k64) * scale  # [B, H_q, S_q, S_kv]
+    s = s.masked_fill(~allowed, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)  # [B, H_q, S_q]; -inf where the row is empty
+    p = torch.where(allowed, torch.exp(s - lse[..., None]), 0.0)  # empty rows: 0, not NaN
+    out = torch.einsum("bhqk,bkhd->bqhd", p, v64)
+    return AttentionOutput(out, lse)
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+) -> AttentionOutput:
+    """Attention over a packed (varlen) batch, as flash-attn's ``flash_attn_varlen_func``.
+
+    Sequence ``b`` owns queries ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and keys ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``;
+    ``causal`` is aligned bottom-right within each sequence.
+
+    Args:
+        q: ``[T_q, H_q, D_qk]`` float.
+        k: ``[T_kv, H_kv, D_qk]`` float.
+        v: ``[T_kv, H_kv, D_v]`` float.
+        cu_seqlens_q: ``[B + 1]`` int, starts at 0, non-decreasing, ends at ``T_q``.
+        cu_seqlens_k: ``[B + 1]`` int, likewise, ends at ``T_kv``.
+
+    Returns:
+        ``out [T_q, H_q, D_v]`` and ``lse [H_q, T_q]`` (flash-attn's varlen layout), float64.
+    """
+    dims = Dims()
+    dims.tensor("q", q, ("T_q", "H_q", "D_qk"), FLOAT)
+    dims.tensor("k", k, ("T_kv", "H_kv", "D_qk"), FLOAT)
+    dims.tensor("v", v, ("T_kv", "H_kv", "D_v"), FLOAT)
+    cq = cu_seqlens("cu_seqlens_q", cu_seqlens_q)
+    ck = cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch=cq.numel() - 1)
+    if int(cq[-1]) != dims["T_q"]:
+        raise ValueError(f"cu_seqlens_q must end at T_q={dims['T_q']} (from q), got {cq.tolist()}")
+    if int(ck[-1]) != dims["T_kv"]:
+        raise ValueError(f"cu_seqlens_k must end at T_kv={dims['T_kv']} (from k), got {ck.tolist()}")
+
+    out = torch.zeros(dims["T_q"], dims["H_q"], dims["D_v"], dtype=torch.float64, device=q.device)
+    lse = torch.full((dims["H_q"], dims["T_q"]), -math.inf, dtype=torch.float64, device=q.device)
+    for b in range(cq.numel() - 1):
+        qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
+        if qe == qs:
+            continue
+        o, l = attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], scale=scale, causal=causal)
+        out[qs:qe], lse[:, qs:qe] = o[0], l[0]
+    return AttentionOutput(out, lse)
