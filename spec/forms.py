@@ -1,0 +1,183 @@
+"""MLA's two forms of attention, and why they are equal.
+
+Both start from the same tensors (:mod:`mlaspec.spec.projections`): per-head ``q_nope [S_q, N, P]`` and rotated
+``q_pe [S_q, N, R]``, and per token the latent ``kv_c [S_kv, Lkv]`` and rotated ``k_pe [S_kv, R]``.
+
+**Compute-friendly form** (vLLM: prefill). Up-project the latent into per-head keys and values, then run ordinary
+multi-head attention with ``D_qk = P + R = 192`` and ``D_v = V = 128``::
+
+    k_nope = kv_c @ W_UK                    [S_kv, N, P]      reads Lkv, writes N*P per token
+    v      = kv_c @ W_UV                    [S_kv, N, V]
+    q      = [q_nope, q_pe]                 [S_q, N, 192]
+    k      = [k_nope, k_pe (every head)]    [S_kv, N, 192]
+    o      = MHA(q, k, v)                   [S_q, N, V]
+
+**Data-movement-friendly form** (vLLM: decode; FlashMLA). Absorb ``W_UK`` into the query and ``W_UV`` into the
+output, so attention runs directly on the cache: multi-query attention with one KV head, ``D_qk = Lkv + R = 576``,
+``D_v = Lkv = 512``::
+
+    ql_nope = q_nope @ W_UK^T (per head)    [S_q, N, Lkv]
+    q       = [ql_nope, q_pe]               [S_q, N, 576]
+    k       = [kv_c, k_pe]                  [S_kv, 1, 576]    = the cache entry itself
+    v       = kv_c                          [S_kv, 1, 512]    = the first 512 of the entry
+    o_lat   = MQA(q, k, v)                  [S_q, N, Lkv]
+    o       = o_lat @ W_UV (per head)       [S_q, N, V]
+
+**Why they are equal.** For head ``n``, query ``i``, key ``j`` the logits agree by associativity::
+
+    q_nope[i,n] . k_nope[j,n] = q_nope[i,n] . (W_UK[:,n,:]^T kv_c[j]) = (W_UK[:,n,:] q_nope[i,n]) . kv_c[j]
+                              = ql_nope[i,n] . kv_c[j]
+
+and the rope parts are literally the same product ``q_pe[i,n] . k_pe[j]``. Same logits and the same scale give
+the same softmax weights ``p`` and the same LSE. The outputs agree by linearity::
+
+    sum_j p[j] v[j,n] = sum_j p[j] (W_UV[:,n,:]^T kv_c[j]) = W_UV[:,n,:]^T (sum_j p[j] kv_c[j]) = o_lat[n] @ W_UV[:,n,:]
+
+The scale is ``1/sqrt(192)`` (times YaRN's mscale²) in both forms: it belongs to the model, not to the width of
+the dot product the kernel happens to compute. The forms differ only in cost (:mod:`mlaspec.spec.cost`): the first
+moves ``N * (P + V)`` values per context token but does ``192 + 128``-wide products per head; the second moves only
+the 576-wide entry but does ``576 + 512``-wide products per head.
+
+Source: vLLM ``vllm/model_executor/layers/attention/mla_attention.py`` (module docstring, ``W_UK_T``, ``W_UV``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import FLOAT, Dims
+from .attention import AttentionOutput, attention
+
+__all__ = ["mla_mha", "mla_absorbed", "absorb_query", "mqa_latent_attention", "unabsorb_output"]
+
+
+def _check(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV) -> Dims:
+    dims = Dims()
+    dims.tensor("q_nope", q_nope, ("B", "S_q", "N", "P"), FLOAT)
+    dims.tensor("q_pe", q_pe, ("B", "S_q", "N", "R"), FLOAT)
+    dims.tensor("kv_c", kv_c, ("B", "S_kv", "Lkv"), FLOAT)
+    dims.tensor("k_pe", k_pe, ("B", "S_kv", "R"), FLOAT)
+    dims.tensor("W_UK", W_UK, ("Lkv", "N", "P"), FLOAT)
+    dims.tensor("W_UV", W_UV, ("Lkv", "N", "V"), FLOAT)
+    return dims
+
+
+def _f64(*ts: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(torch.float64) for t in ts]
+
+
+def mla_mha(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    W_UK: torch.Tensor,
+    W_UV: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+) -> AttentionOutput:
+    """The compute-friendly (prefill) form: up-project, then MHA with ``D_qk = P + R``, ``D_v = V``.
+
+    Args:
+        q_nope: ``[B, S_q, N, P]`` float.
+        q_pe: ``[B, S_q, N, R]`` float, already rotated.
+        kv_c: ``[B, S_kv, Lkv]`` float, the normed latent.
+        k_pe: ``[B, S_kv, R]`` float, already rotated.
+        W_UK: ``[Lkv, N, P]`` float.
+        W_UV: ``[Lkv, N, V]`` float.
+        scale: softmax scale (``MLAConfig.softmax_scale``).
+        causal, mask: as :func:`mlaspec.spec.attention.attention`.
+
+    Returns:
+        ``out [B, S_q, N, V]`` and ``lse [B, N, S_q]``, float64.
+    """
+    dims = _check(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
+    q_nope, q_pe, kv_c, k_pe, W_UK, W_UV = _f64(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
+    k_nope = torch.einsum("bsl,lnp->bsnp", kv_c, W_UK)  # [B, S_kv, N, P]
+    v = torch.einsum("bsl,lnv->bsnv", kv_c, W_UV)  # [B, S_kv, N, V]
+    k_pe_heads = k_pe[:, :, None, :].expand(-1, -1, dims["N"], -1)  # the shared rope key, for every head
+    q = torch.cat([q_nope, q_pe], dim=-1)  # [B, S_q, N, P + R]
+    k = torch.cat([k_nope, k_pe_heads], dim=-1)  # [B, S_kv, N, P + R]
+    return attention(q, k, v, scale=scale, causal=causal, mask=mask)
+
+
+def absorb_query(q_nope: torch.Tensor, q_pe: torch.Tensor, W_UK: torch.Tensor) -> torch.Tensor:
+    """``[q_nope @ W_UK^T, q_pe]``: the absorbed query ``[..., N, Lkv + R]`` float64.
+
+    Args:
+        q_nope: ``[..., N, P]`` float. q_pe: ``[..., N, R]`` float. W_UK: ``[Lkv, N, P]`` float.
+    """
+    dims = Dims()
+    dims.tensor("W_UK", W_UK, ("Lkv", "N", "P"), FLOAT)
+    lead = (None,) * (q_nope.dim() - 2) if isinstance(q_nope, torch.Tensor) else ()
+    dims.tensor("q_nope", q_nope, lead + ("N", "P"), FLOAT)
+    dims.tensor("q_pe", q_pe, lead + ("N", "R"), FLOAT)
+    if q_pe.shape[:-2] != q_nope.shape[:-2]:
+        raise ValueError(f"q_pe must have leading shape {list(q_nope.shape[:-2])} (from q_nope), got {list(q_pe.shape)}")
+    ql_nope = torch.einsum("...np,lnp->...nl", q_nope.to(torch.float64), W_UK.to(torch.float64))
+    return torch.cat([ql_nope, q_pe.to(torch.float64)], dim=-1)
+
+
+def mqa_latent_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    *,
+    d_v: int,
+    scale: float,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+) -> AttentionOutput:
+    """The op FlashMLA's dense decode computes: MQA of absorbed queries over cache entries, ``v = kv[..., :d_v]``.
+
+    Args:
+        q: ``[B, S_q, H_q, D_qk]`` float (``D_qk = 576`` for DeepSeek).
+        kv: ``[B, S_kv, D_qk]`` float, the cache entries (one KV head).
+        d_v: value width, the leading part of each entry (``512``).
+        scale: softmax scale.
+        causal, mask: as :func:`mlaspec.spec.attention.attention`; FlashMLA's ``causal`` with ``S_q > 1`` aligns
+            the queries to the end of the context, as here.
+
+    Returns:
+        ``out [B, S_q, H_q, d_v]`` (latent space) and ``lse [B, H_q, S_q]``, float64.
+    """
+    dims = Dims()
+    dims.tensor("q", q, ("B", "S_q", "H_q", "D_qk"), FLOAT)
+    dims.tensor("kv", kv, ("B", "S_kv", "D_qk"), FLOAT)
+    if isinstance(d_v, bool) or not isinstance(d_v, int) or not 0 < d_v <= dims["D_qk"]:
+        raise ValueError(f"d_v must be an int in [1, D_qk={dims['D_qk']}], got {d_v!r}")
+    k = kv[:, :, None, :]  # [B, S_kv, 1, D_qk]
+    return attention(q, k, k[..., :d_v], scale=scale, causal=causal, mask=mask)
+
+
+def unabsorb_output(o_latent: torch.Tensor, W_UV: torch.Tensor) -> torch.Tensor:
+    """``o_latent @ W_UV`` per head: ``[..., N, Lkv]`` -> ``[..., N, V]`` float64."""
+    dims = Dims()
+    dims.tensor("W_UV", W_UV, ("Lkv", "N", "V"), FLOAT)
+    lead = (None,) * (o_latent.dim() - 2) if isinstance(o_latent, torch.Tensor) else ()
+    dims.tensor("o_latent", o_latent, lead + ("N", "Lkv"), FLOAT)
+    return torch.einsum("...nl,lnv->...nv", o_latent.to(torch.float64), W_UV.to(torch.float64))
+
+
+def mla_absorbed(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    W_UK: torch.Tensor,
+    W_UV: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+) -> AttentionOutput:
+    """The data-movement-friendly (decode) form: absorb ``W_UK``, MQA over the 576-wide entries, then ``W_UV``.
+
+    Same arguments and results as :func:`mla_mha` (``out [B, S_q, N, V]``, ``lse [B, N, S_q]``, float64).
+    """
+    dims = _check(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
+    q = absorb_query(q_nope, q_pe, W_UK)  # [B, S_q, N, Lkv + R]
+    kv = torch.cat([kv_c.to(torch.float64), k_pe.to(torch.float64)], dim=-1)  # [B, S_kv, Lkv + R]: the cache entry
+    o_latent, lse = mqa_latent_attention(q, kv, d_v=dims["Lkv"], scale=scale, causal=causal, mask=mask)
+    return AttentionOutput(unabsorb_output(o_latent, W_UV), lse)
