@@ -1,0 +1,161 @@
+"""The two forms agree (float64, ~1e-10 relative) for random configs, batches, causal masks and varlen batches."""
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlaspec.spec.attention import attention
+from mlaspec.spec.config import MLAConfig, make_weights
+from mlaspec.spec.forms import absorb_query, mla_absorbed, mla_mha, mqa_latent_attention, unabsorb_output
+from mlaspec.spec.layer import mla_layer
+from mlaspec.spec.projections import project
+
+RTOL = 1e-10
+
+
+@st.composite
+def configs(draw):
+    return MLAConfig.tiny(
+        num_heads=draw(st.sampled_from([1, 2, 3, 4])),
+        kv_lora_rank=draw(st.sampled_from([4, 8, 16])),
+        qk_nope_head_dim=draw(st.sampled_from([2, 4, 8])),
+        qk_rope_head_dim=draw(st.sampled_from([2, 4, 8])),
+        v_head_dim=draw(st.sampled_from([2, 4, 8])),
+    )
+
+
+@st.composite
+def inputs(draw):
+    c = draw(configs())
+    b, s_q, ctx = draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(0, 6))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    w = make_weights(c, seed=draw(st.integers(0, 100)))
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    n, p, r, lkv = c.num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
+    s_kv = s_q + ctx
+    return c, w, (mk(b, s_q, n, p), mk(b, s_q, n, r), mk(b, s_kv, lkv), mk(b, s_kv, r))
+
+
+def rel_err(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+@given(inputs(), st.booleans())
+def test_forms_agree(problem, causal):
+    c, w, (q_nope, q_pe, kv_c, k_pe) = problem
+    a = mla_mha(q_nope, q_pe, kv_c, k_pe, w.W_UK, w.W_UV, scale=c.softmax_scale, causal=causal)
+    b = mla_absorbed(q_nope, q_pe, kv_c, k_pe, w.W_UK, w.W_UV, scale=c.softmax_scale, causal=causal)
+    assert a.out.shape == b.out.shape == (*q_nope.shape[:3], c.v_head_dim)
+    assert rel_err(b.out, a.out) < RTOL
+    torch.testing.assert_close(b.lse, a.lse, rtol=RTOL, atol=RTOL)
+
+
+@given(inputs(), st.data())
+def test_forms_agree_under_any_mask(problem, data):
+    c, w, (q_nope, q_pe, kv_c, k_pe) = problem
+    b, s_q, s_kv = q_nope.shape[0], q_nope.shape[1], kv_c.shape[1]
+    bits = data.draw(st.lists(st.booleans(), min_size=b * s_q * s_kv, max_size=b * s_q * s_kv))
+    mask = torch.tensor(bits, dtype=torch.bool).reshape(b, s_q, s_kv)
+    a = mla_mha(q_nope, q_pe, kv_c, k_pe, w.W_UK, w.W_UV, scale=0.3, mask=mask)
+    m = mla_absorbed(q_nope, q_pe, kv_c, k_pe, w.W_UK, w.W_UV, scale=0.3, mask=mask)
+    assert rel_err(m.out, a.out) < RTOL or a.out.norm() == 0
+    torch.testing.assert_close(m.lse, a.lse, rtol=RTOL, atol=RTOL)
+
+
+def test_varlen_batch_equals_each_request_alone():
+    # a varlen batch of (context, new) requests: each request's rows through either form, alone or in the batch
+    c = MLAConfig.tiny()
+    w = make_weights(c, seed=1)
+    g = torch.Generator().manual_seed(2)
+    for ctx, new in [(0, 3), (5, 1), (2, 4)]:
+        h = torch.randn(ctx + new, c.hidden_size, generator=g, dtype=torch.float64)
+        p = project(h, torch.arange(ctx + new), w, c)
+        q = (p.q_nope[None, ctx:], p.q_pe[None, ctx:])
+        a = mla_mha(*q, p.kv_c[None], p.k_pe[None], w.W_UK, w.W_UV, scale=c.softmax_scale, causal=True)
+        b = mla_absorbed(*q, p.kv_c[None], p.k_pe[None], w.W_UK, w.W_UV, scale=c.softmax_scale, causal=True)
+        assert rel_err(b.out, a.out) < RTOL
+        full = mla_mha(p.q_nope[None], p.q_pe[None], p.kv_c[None], p.k_pe[None], w.W_UK, w.W_UV,
+                       scale=c.softmax_scale, causal=True)  # fmt: skip
+        torch.testing.assert_close(a.out, full.out[:, ctx:], rtol=RTOL, atol=RTOL)
+
+
+def test_absorbed_pieces_compose():
+    c = MLAConfig.tiny()
+    w = make_weights(c)
+    q_nope, q_pe = torch.randn(2, c.num_heads, c.qk_nope_head_dim), torch.randn(2, c.num_heads, c.qk_rope_head_dim)
+    q = absorb_query(q_nope, q_pe, w.W_UK)
+    assert q.shape == (2, c.num_heads, c.kv_entry_dim)
+    # the latent part is W_UK applied per head: ql[t, n, l] = sum_p q_nope[t, n, p] W_UK[l, n, p]
+    for n in range(c.num_heads):
+        torch.testing.assert_close(q[:, n, : c.kv_lora_rank], q_nope[:, n].double() @ w.W_UK[:, n].T)
+    torch.testing.assert_close(q[..., c.kv_lora_rank :], q_pe.double())
+    o_lat = torch.randn(2, c.num_heads, c.kv_lora_rank, dtype=torch.float64)
+    for n in range(c.num_heads):
+        torch.testing.assert_close(unabsorb_output(o_lat, w.W_UV)[:, n], o_lat[:, n] @ w.W_UV[:, n])
+
+
+def test_mqa_latent_attention_is_mqa_with_v_the_leading_part():
+    q, kv = torch.randn(2, 3, 4, 10, dtype=torch.float64), torch.randn(2, 5, 10, dtype=torch.float64)
+    a = mqa_latent_attention(q, kv, d_v=6, scale=0.5, causal=True)
+    b = attention(q, kv[:, :, None], kv[:, :, None, :6], scale=0.5, causal=True)
+    torch.testing.assert_close(a.out, b.out)
+    assert a.out.shape == (2, 3, 4, 6) and a.lse.shape == (2, 4, 3)
+
+
+def test_deepseek_v3_shapes_one_token():
+    # full DeepSeek-V3 dims at TP8 on one decode token: the absorbed q and the cache entry are 576 wide
+    c = MLAConfig.deepseek_v3().tensor_parallel(8)
+    assert (c.num_heads, c.qk_head_dim, c.kv_entry_dim) == (16, 192, 576)
+    w = make_weights(c, dtype=torch.float32)
+    p = project(torch.randn(4, c.hidden_size), torch.arange(4), w, c)
+    q = absorb_query(p.q_nope[-1:], p.q_pe[-1:], w.W_UK)
+    assert q.shape == (1, 16, 576)
+    args = (p.q_nope[None, -1:], p.q_pe[None, -1:], p.kv_c[None], p.k_pe[None], w.W_UK, w.W_UV)
+    a = mla_mha(*args, scale=c.softmax_scale, causal=True)
+    b = mla_absorbed(*args, scale=c.softmax_scale, causal=True)
+    assert rel_err(b.out, a.out) < RTOL
+
+
+@pytest.mark.parametrize("form", ["mha", "absorbed"])
+def test_layer_batch_of_one_is_causal(form):
+    # changing a later token leaves earlier outputs unchanged
+    c = MLAConfig.tiny()
+    w = make_weights(c)
+    h = torch.randn(6, c.hidden_size, dtype=torch.float64)
+    h2 = h.clone()
+    h2[4:] += 1
+    a, b = mla_layer(h, torch.arange(6), w, c, form=form), mla_layer(h2, torch.arange(6), w, c, form=form)
+    torch.testing.assert_close(a[:4], b[:4])
+    assert not torch.allclose(a[4:], b[4:])
+
+
+def test_layer_forms_agree():
+    c = MLAConfig.tiny(num_heads=3)
+    w = make_weights(c, seed=5)
+    h = torch.randn(9, c.hidden_size, dtype=torch.float64)
+    pos = torch.arange(100, 109)
+    assert rel_err(mla_layer(h, pos, w, c, form="absorbed"), mla_layer(h, pos, w, c)) < RTOL
+
+
+def test_bad_input():
+    c = MLAConfig.tiny()
+    w = make_weights(c)
+    q_nope, q_pe = torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 8)
+    kv_c, k_pe = torch.randn(1, 3, 32), torch.randn(1, 3, 8)
+    with pytest.raises(ValueError, match="k_pe must have shape"):
+        mla_mha(q_nope, q_pe, kv_c, torch.randn(2, 3, 8), w.W_UK, w.W_UV, scale=1.0)
+    with pytest.raises(ValueError, match="W_UK must have shape"):
+        mla_absorbed(q_nope, q_pe, kv_c, k_pe, w.W_UK[:, :2], w.W_UV, scale=1.0)
+    with pytest.raises(ValueError, match="d_v"):
+        mqa_latent_attention(torch.randn(1, 2, 4, 40), torch.randn(1, 3, 40), d_v=41, scale=1.0)
+    with pytest.raises(ValueError, match="form"):
+        mla_layer(torch.randn(2, c.hidden_size), torch.arange(2), w, c, form="flash")
+    with pytest.raises(ValueError, match="hidden must have shape"):
+        mla_layer(torch.randn(2, 7), torch.arange(2), w, c)
+    with pytest.raises(ValueError, match="weights.W_O must have shape"):
+        mla_layer(torch.randn(2, c.hidden_size), torch.arange(2), dataclasses.replace(w, W_O=w.W_O[1:]), c)
+    with pytest.raises(TypeError, match="weights must be an MLAWeights"):
+        mla_layer(torch.randn(2, c.hidden_size), torch.arange(2), {}, c)
