@@ -1,0 +1,66 @@
+"""The backend protocol: what an adapter declares and implements, and how backends are found by name.
+
+An adapter is any object with
+
+* ``name: str`` and ``version: str`` (shown in the report header);
+* ``ops: frozenset[str]``: the op names it implements (see :data:`mlaspec.conformance.ops.OPS`);
+* ``dtypes: frozenset[str]``: the case dtypes it accepts (``"bfloat16"``, ``"float16"``, ``"float32"``);
+* optionally ``unsupported(case) -> str | None``: a reason to skip a case it cannot run (a head count, a page
+  size, a top-k multiple...). A skip is reported with its reason, never counted as a pass;
+* one method per op, named after it, taking the op's keyword arguments (the spec function's) and returning the
+  spec's outputs (e.g. ``(out, lse)``) in the backend's own dtype and on any device.
+
+Backends are found by name through the entry-point group ``mlaspec.backends`` (``name = "module:attr"``), or
+directly as ``module:attr``; ``attr`` may be a backend object, a class or a factory taking no arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Protocol, runtime_checkable
+
+from .cases import Case
+
+__all__ = ["Backend", "load_backend", "available_backends", "skip_reason"]
+
+GROUP = "mlaspec.backends"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    version: str
+    ops: frozenset[str]
+    dtypes: frozenset[str]
+
+
+def skip_reason(backend: Backend, case: Case) -> str | None:
+    """Why ``backend`` cannot run ``case`` (None when it can)."""
+    if case.op not in backend.ops:
+        return f"{backend.name} does not implement {case.op}"
+    if case.dtype not in backend.dtypes:
+        return f"{backend.name} does not support dtype {case.dtype}"
+    check = getattr(backend, "unsupported", None)
+    return check(case) if check is not None else None
+
+
+def available_backends() -> dict[str, str]:
+    """Registered backend names -> ``module:attr``."""
+    return {ep.name: ep.value for ep in entry_points(group=GROUP)}
+
+
+def load_backend(spec: str) -> Backend:
+    """A backend by registered name or ``module:attr``."""
+    if not isinstance(spec, str) or not spec:
+        raise TypeError(f"backend must be a name or 'module:attr', got {spec!r}")
+    target = available_backends().get(spec, spec)
+    if ":" not in target:
+        names = ", ".join(sorted(available_backends())) or "none"
+        raise ValueError(f"backend {spec!r} is neither a registered name ({names}) nor 'module:attr'")
+    module, attr = target.split(":", 1)
+    obj = getattr(importlib.import_module(module), attr)
+    backend = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Backend)) else obj
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend {spec!r} lacks the protocol's attributes name, version, ops, dtypes")
+    return backend

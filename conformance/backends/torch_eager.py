@@ -1,0 +1,63 @@
+"""Backend ``torch``: eager PyTorch in the case dtype, rounding where a fused kernel rounds.
+
+Logits and softmax in fp32, the weights ``P`` rounded to the case dtype for ``P @ V``, the output in the case dtype,
+LSE in fp32 (natural log). Runs on CPU, or on CUDA when ``MLASPEC_DEVICE=cuda``. A plain implementation to show
+what a backend looks like; it also keeps the harness honest: it must pass within the derived budgets.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from mlaspec.spec.attention import causal_mask
+
+
+class TorchBackend:
+    name = "torch"
+    version = f"torch {torch.__version__}"
+    ops = frozenset({"attention", "mla_decode", "mla_prefill", "merge_attn_states"})
+    dtypes = frozenset({"bfloat16", "float16", "float32"})
+
+    def __init__(self, device: str | None = None):
+        self.device = torch.device(device or os.environ.get("MLASPEC_DEVICE", "cpu"))
+
+    def attention(self, q, k, v, *, scale, causal=False, mask=None):
+        dtype = q.dtype
+        q, k, v = (t.to(self.device) for t in (q, k, v))
+        g = q.shape[2] // k.shape[2]
+        s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float().repeat_interleave(g, 2)) * scale
+        allowed = torch.ones(s.shape[-2:], dtype=torch.bool, device=self.device)
+        if causal:
+            allowed = causal_mask(q.shape[1], k.shape[1], device=self.device)
+        s = s.masked_fill(~allowed, -math.inf)
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype)  # P in the case dtype, as kernels feed the MMA
+        out = torch.einsum("bhqk,bkhd->bqhd", p, v.repeat_interleave(g, 2))
+        return out.to(dtype), lse
+
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+        k = kv[:, :, None]
+        return self.attention(q, k, k[..., :d_v], scale=scale, causal=causal)
+
+    def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
+        dtype = q_nope.dtype
+        k_nope = torch.einsum("bsl,lnp->bsnp", kv_c.float(), W_UK.float()).to(dtype)  # materialised, as vLLM does
+        v = torch.einsum("bsl,lnv->bsnv", kv_c.float(), W_UV.float()).to(dtype)
+        q = torch.cat([q_nope, q_pe], -1)
+        k = torch.cat([k_nope, k_pe[:, :, None].expand(-1, -1, k_nope.shape[2], -1)], -1)
+        return self.attention(q, k, v, scale=scale, causal=causal)
+
+    def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
+        p_lse, s_lse = (l.float().masked_fill(l == math.inf, -math.inf) for l in (prefix_lse, suffix_lse))
+        m = torch.maximum(p_lse, s_lse)
+        empty = torch.isneginf(m)
+        m = m.masked_fill(empty, 0.0)
+        p_w, s_w = torch.exp(p_lse - m), torch.exp(s_lse - m)
+        total = p_w + s_w
+        out = (prefix_output.float() * (p_w / total).T[..., None] + suffix_output.float() * (s_w / total).T[..., None])
+        out = torch.where(empty.T[..., None], prefix_output.float(), out)
+        lse = torch.where(empty, -math.inf, torch.log(total) + m)
+        return out.to(prefix_output.dtype), lse

@@ -1,0 +1,99 @@
+"""``mlaspec``: check a backend against the spec and report.
+
+    mlaspec check [--backend torch] [--ops attention,mla_decode] [--dtypes bfloat16] [--case ID] [--report DIR]
+    mlaspec backends
+    mlaspec report DIR
+
+``check`` exits 1 when any case fails or errors, so it can gate a CI job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .backend import load_backend
+    from .cases import case_by_id, curated_cases
+    from .report import environment, summary_table, write_html
+    from .runner import run_cases
+
+    backend = load_backend(args.backend)
+    if args.case:
+        cases = [case_by_id(c, scale=args.scale) for c in args.case]
+    else:
+        ops = tuple(args.ops.split(",")) if args.ops else None
+        cases = curated_cases(scale=args.scale, dtypes=tuple(args.dtypes.split(",")), ops=ops)
+    out_dir = Path(args.report)
+    env = environment()
+    print(f"mlaspec check: backend {backend.name} ({backend.version}), {len(cases)} cases, report in {out_dir}/")
+
+    def progress(i: int, r) -> None:
+        print(f"[{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}", flush=True)
+
+    results = run_cases(backend, cases, backend_name=args.backend, out_dir=out_dir, scale=args.scale,
+                        timeout=args.timeout, on_result=progress)  # fmt: skip
+    (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
+    print()
+    print(summary_table(results))
+    page = write_html(results, out_dir, backend=args.backend, version=backend.version, env=env)
+    print(f"report: {page}")
+    failed = [r for r in results if r.verdict in ("fail", "error")]
+    for r in failed:
+        print(f"FAILED {r.case_id}: {r.reason}\n  rerun: {r.repro}")
+    return 1 if failed else 0
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from .backend import available_backends, load_backend
+
+    for name, target in sorted(available_backends().items()):
+        try:
+            b = load_backend(name)
+            status = f"usable ({b.version}); ops: {', '.join(sorted(b.ops))}"
+        except Exception as exc:  # noqa: BLE001 - report, don't crash, on a broken or absent backend
+            status = f"not usable: {type(exc).__name__}: {exc}"
+        print(f"{name:<10} {target:<50} {status}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import load_results, summary_table, write_html
+
+    out_dir = Path(args.dir)
+    results = load_results(out_dir)
+    env_file = out_dir / "environment.json"
+    env = json.loads(env_file.read_text()) if env_file.exists() else {}
+    backend = env.pop("backend", "?")
+    print(summary_table(results))
+    print(f"report: {write_html(results, out_dir, backend=backend, version=env.pop('version', ''), env=env)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mlaspec", description="Check an MLA backend against the mlaspec spec.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="run the conformance cases on a backend")
+    check.add_argument("--backend", default="torch", help="registered name or module:attr (default: torch)")
+    check.add_argument("--ops", help="comma-separated op names (default: all)")
+    check.add_argument("--dtypes", default="bfloat16,float16", help="comma-separated case dtypes")
+    check.add_argument("--case", action="append", help="run only this case id (repeatable)")
+    check.add_argument("--scale", default="tiny", choices=["tiny", "full"], help="case sizes (full: real DeepSeek)")
+    check.add_argument("--report", default="mlaspec-report", help="output directory (default: mlaspec-report)")
+    check.add_argument("--timeout", type=float, default=120.0, help="per-case timeout in seconds")
+    check.set_defaults(func=_check)
+    sub.add_parser("backends", help="list registered backends").set_defaults(func=_backends)
+    rep = sub.add_parser("report", help="rebuild the report from DIR/results.jsonl")
+    rep.add_argument("dir")
+    rep.set_defaults(func=_report)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

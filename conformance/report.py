@@ -1,0 +1,108 @@
+"""The report: a summary table for the terminal and one self-contained HTML page (figures embedded, no network).
+
+Both are built from ``results.jsonl`` alone, so a report can be rebuilt after a crash: ``mlaspec report DIR``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import platform
+from pathlib import Path
+
+from .verdict import Result
+
+__all__ = ["load_results", "summary_table", "write_html", "environment"]
+
+
+def environment() -> dict[str, str]:
+    """Where the run happened: versions and the device."""
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda"] = str(torch.version.cuda)
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def load_results(out_dir: Path) -> list[Result]:
+    lines = (Path(out_dir) / "results.jsonl").read_text().splitlines()
+    return [Result.from_json(json.loads(line)) for line in lines if line.strip()]
+
+
+def _worst(r: Result) -> tuple[str, str]:
+    ratios = [m for m in r.metrics if m.name in ("max_error/bound", "nonfinite_mismatch")]
+    if not ratios:
+        return "-", "-"
+    m = max(ratios, key=lambda m: m.value / (m.bound or 1))
+    return f"{m.output} {m.value:.3g}", "1" if m.name == "max_error/bound" else "exact"
+
+
+def summary_table(results: list[Result]) -> str:
+    """Plain-text table: op, case, worst error/bound, bound, verdict; then the counts."""
+    rows = [("op", "case", "worst error/bound", "bound", "verdict")]
+    for r in results:
+        rows.append((r.op, r.case_id.split("[", 1)[1].rstrip("]"), *_worst(r), r.verdict.upper()))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
+    lines.append("")
+    lines.append(", ".join(f"{n} {v}ed" if v in ("pass", "fail", "skip") else f"{n} {v}s" for v, n in counts.items()))
+    return "\n".join(lines).replace("skiped", "skipped").replace("passed", "passed")
+
+
+def _img(path: str) -> str:
+    p = Path(path)
+    if not path or not p.exists():
+        return ""
+    data = base64.b64encode(p.read_bytes()).decode()
+    return f'<img alt="error heat map" src="data:image/png;base64,{data}">'
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}.pass{color:#17752a}
+.fail,.error{color:#b00020;font-weight:bold}.skip{color:#777}code{background:#f5f5f5;padding:2px 4px}
+section{border-top:2px solid #b00020;margin-top:2em}img{max-width:100%}"""
+
+
+def write_html(results: list[Result], out_dir: Path, *, backend: str, version: str = "", env: dict | None = None) -> Path:
+    """Write ``out_dir/report.html`` and return its path."""
+    env = env or {}
+    esc = html.escape
+    head = "".join(f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>"
+                   for k, v in {"backend": backend, "version": version, **env}.items())  # fmt: skip
+    rows = []
+    for r in results:
+        worst, bound = _worst(r)
+        link = f'<a href="#{esc(r.case_id)}">{esc(r.case_id)}</a>' if r.verdict in ("fail", "error") else esc(r.case_id)
+        rows.append(f"<tr><td>{esc(r.op)}</td><td>{link}</td><td>{esc(worst)}</td><td>{bound}</td>"
+                    f'<td class="{r.verdict}">{r.verdict.upper()}</td><td>{esc(r.reason)}</td></tr>')  # fmt: skip
+    failures = []
+    for r in results:
+        if r.verdict not in ("fail", "error"):
+            continue
+        metrics = "".join(f"<li>{esc(m.output)} {esc(m.name)} = {m.value:.4g} (bound {m.bound:.4g})</li>"
+                          for m in r.metrics)  # fmt: skip
+        failures.append(
+            f'<section id="{esc(r.case_id)}"><h3>{esc(r.case_id)}: {r.verdict.upper()}</h3>'
+            f"<p>{esc(r.reason)}</p><ul>{metrics}</ul>"
+            f'<p>Reproduce: <code class="repro">{esc(r.repro)}</code></p>{_img(r.figure)}</section>'
+        )
+    counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mlaspec report: {esc(backend)}</title>
+<style>{CSS}</style></head><body><h1>mlaspec conformance report</h1><table>{head}</table>
+<h2>Summary: {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors, {counts['skip']} skipped</h2>
+<table><tr><th>op</th><th>case</th><th>worst error/bound</th><th>bound</th><th>verdict</th><th>reason</th></tr>
+{''.join(rows)}</table>{''.join(failures)}</body></html>"""
+    path = Path(out_dir) / "report.html"
+    path.write_text(page)
+    return path

@@ -1,0 +1,126 @@
+"""Running cases against a backend: one verdict per case, written as a JSON line the moment it is known.
+
+A backend that raises, returns the wrong shape or dtype, or runs past the per-case timeout fails that case with
+the reason and the run goes on. Results stream to ``results.jsonl`` so a crash of the whole process loses nothing
+already judged; ``mlaspec report DIR`` rebuilds the report from that file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from .backend import Backend, skip_reason
+from .cases import Case
+from .ops import DTYPES, OPS, unit_roundoff
+from .verdict import Result, judge
+
+__all__ = ["run_case", "run_cases", "repro_command"]
+
+
+def repro_command(backend: str, case: Case, scale: str = "tiny") -> str:
+    """The one-line command that reruns only ``case``."""
+    extra = "" if scale == "tiny" else f" --scale {scale}"
+    return f"mlaspec check --backend {backend} --case '{case.id}'{extra}"
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+@contextmanager
+def _time_limit(seconds: float | None):
+    if not seconds or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise CaseTimeout(f"timed out after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _error_map(name: str, ratio: torch.Tensor) -> torch.Tensor:
+    """Reduce an error/bound tensor to [heads, positions] for the heat map."""
+    if name == "lse":  # [B, H, S_q] or [H, T]
+        return ratio.amax(0) if ratio.dim() == 3 else ratio
+    if ratio.dim() == 4:  # [B, S_q, H, D]
+        return ratio.amax(dim=(0, 3)).T
+    return ratio.amax(-1).T  # [T, H, D]
+
+
+def run_case(backend: Backend, case: Case, *, backend_name: str, scale: str = "tiny",
+             timeout: float | None = 60.0, figure_dir: Path | None = None) -> Result:  # fmt: skip
+    """Judge ``backend`` on ``case``."""
+    result = Result(case.id, case.op, case.dtype, "skip", repro=repro_command(backend_name, case, scale))
+    reason = skip_reason(backend, case)
+    if reason:
+        result.reason = reason
+        return result
+    op = OPS[case.op]
+    inputs = op.make_inputs(case)
+    ref = tuple(op.reference(**inputs))
+    bounds = op.bounds(inputs, ref, unit_roundoff(DTYPES[case.dtype]))
+    start = time.perf_counter()
+    try:
+        with _time_limit(timeout):
+            got = getattr(backend, case.op)(**{k: v.clone() if isinstance(v, torch.Tensor) else v
+                                               for k, v in inputs.items()})  # fmt: skip
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - any backend failure is a verdict, not a crash of the run
+        result.verdict, result.reason = "error", f"{type(exc).__name__}: {exc}"
+        result.seconds = time.perf_counter() - start
+        return result
+    result.seconds = time.perf_counter() - start
+    result.verdict, result.reason, result.metrics, result.worst, ratios = judge(op.outputs, got, ref, bounds)
+    if result.verdict == "fail" and figure_dir is not None and ratios:
+        from .viz.errors import draw_error_heatmaps
+
+        figure_dir.mkdir(parents=True, exist_ok=True)
+        path = figure_dir / (re.sub(r"[^A-Za-z0-9_.-]+", "_", case.id) + ".png")
+        fig = draw_error_heatmaps({k: _error_map(k, v) for k, v in ratios.items()}, title=case.id)
+        fig.savefig(path, dpi=80)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+        result.figure = str(path)
+    return result
+
+
+def run_cases(backend: Backend, cases: Iterable[Case], *, backend_name: str, out_dir: Path | None = None,
+              scale: str = "tiny", timeout: float | None = 60.0,
+              on_result: Callable[[int, Result], None] | None = None) -> list[Result]:  # fmt: skip
+    """Run every case; stream each verdict to ``out_dir/results.jsonl`` as it comes."""
+    results = []
+    sink = None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sink = open(out_dir / "results.jsonl", "w")  # noqa: SIM115 - kept open across cases, closed below
+    try:
+        for i, case in enumerate(cases):
+            r = run_case(backend, case, backend_name=backend_name, scale=scale, timeout=timeout,
+                         figure_dir=None if out_dir is None else out_dir / "figures")  # fmt: skip
+            results.append(r)
+            if sink is not None:
+                sink.write(json.dumps(r.to_json()) + "\n")
+                sink.flush()
+            if on_result is not None:
+                on_result(i, r)
+    finally:
+        if sink is not None:
+            sink.close()
+    return results

@@ -1,0 +1,105 @@
+"""Judging one backend output against the spec: ±inf/NaN positions exactly first, then every finite element
+against its own derived bound (:mod:`mlaspec.conformance.ops`).
+
+A verdict is a plain record that serialises to one JSON line, so a crashed run keeps what it judged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+__all__ = ["Metric", "Result", "judge"]
+
+
+@dataclass
+class Metric:
+    output: str
+    name: str
+    value: float
+    bound: float
+
+    @property
+    def ok(self) -> bool:
+        return self.value <= self.bound
+
+
+@dataclass
+class Result:
+    """The verdict on one case: ``pass``, ``fail`` (wrong numbers or non-finite pattern), ``error`` (raised, wrong
+    shape or type, timed out) or ``skip`` (unsupported, with the reason)."""
+
+    case_id: str
+    op: str
+    dtype: str
+    verdict: str
+    reason: str = ""
+    metrics: list[Metric] = field(default_factory=list)
+    worst: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    repro: str = ""
+    figure: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Result:
+        return cls(**{**d, "metrics": [Metric(**m) for m in d.get("metrics", [])]})
+
+
+def _nonfinite_mismatch(name: str, got: torch.Tensor, ref: torch.Tensor) -> str:
+    for label, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        g, r = test(got), test(ref)
+        if not torch.equal(g, r):
+            where = (g != r).nonzero()[0].tolist()
+            return (f"{name}: {label} pattern differs from the spec ({int((g & ~r).sum())} unexpected, "
+                    f"{int((r & ~g).sum())} missing); first at index {where}: got {got[tuple(where)].item():.6g}, "
+                    f"spec {ref[tuple(where)].item():.6g}")  # fmt: skip
+    return ""
+
+
+def judge(names: tuple[str, ...], got: object, ref: tuple, bounds: tuple) -> tuple[str, str, list[Metric], dict, dict]:
+    """Compare a backend's outputs with the spec's.
+
+    Returns ``(verdict, reason, metrics, worst, ratios)``; ``ratios[name]`` is the error / bound tensor (for pictures).
+    LSE rows the spec reports empty (``-inf``) may come back as ``+inf``: vLLM's merge reads both as empty.
+    """
+    if not isinstance(got, (tuple, list)) or len(got) != len(names):
+        return "error", f"expected {len(names)} outputs ({', '.join(names)}), got {type(got).__name__}", [], {}, {}
+    metrics, worst, ratios, reasons = [], {}, {}, []
+    for name, g, r, b in zip(names, got, ref, bounds):
+        if not isinstance(g, torch.Tensor):
+            return "error", f"{name}: expected a tensor, got {type(g).__name__}", [], {}, {}
+        if tuple(g.shape) != tuple(r.shape):
+            return "error", f"{name}: shape {list(g.shape)}, spec {list(r.shape)}", [], {}, {}
+        if not (g.dtype.is_floating_point or g.dtype.is_complex):
+            return "error", f"{name}: dtype {g.dtype} is not floating point", [], {}, {}
+        g = g.detach().to("cpu", torch.float64)
+        if name == "lse":
+            g = torch.where(torch.isposinf(g) & torch.isneginf(r), -math.inf, g)
+        bad = _nonfinite_mismatch(name, g, r)
+        if bad:
+            reasons.append(bad)
+            metrics.append(Metric(name, "nonfinite_mismatch", 1.0, 0.0))
+            continue
+        finite = torch.isfinite(r)
+        err = torch.where(finite, (g - r).abs(), 0.0)
+        b = torch.broadcast_to(b, r.shape).to(torch.float64)
+        ratio = torch.where(err > 0, err / b.clamp_min(1e-300), 0.0)
+        ratios[name] = ratio
+        ref_norm = r[finite].norm().item()
+        rel = (err.norm().item() / ref_norm) if ref_norm > 0 else float(err.norm().item() > 0)
+        worst_ratio = ratio.max().item() if ratio.numel() else 0.0
+        metrics.append(Metric(name, "max_error/bound", worst_ratio, 1.0))
+        metrics.append(Metric(name, "rel_frobenius", rel, float("inf")))
+        if ratio.numel() and worst_ratio > 0:
+            idx = tuple(int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape))
+            worst[name] = dict(index=list(idx), got=g[idx].item(), spec=r[idx].item(), bound=b[idx].item())
+        if worst_ratio > 1.0:
+            w = worst[name]
+            reasons.append(f"{name}: max |error|/bound = {worst_ratio:.3g} at {w['index']}: got {w['got']:.6g}, "
+                           f"spec {w['spec']:.6g}, bound {w['bound']:.3g}")  # fmt: skip
+    return ("fail" if reasons else "pass"), "; ".join(reasons), metrics, worst, ratios

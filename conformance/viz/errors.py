@@ -1,0 +1,28 @@
+"""Error heat maps: where, over heads and positions, a backend's output leaves its budget."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.colors import LogNorm  # noqa: E402
+
+__all__ = ["draw_error_heatmaps"]
+
+
+def draw_error_heatmaps(maps: dict[str, torch.Tensor], *, title: str = "") -> plt.Figure:
+    """One panel per output: ``|error| / bound`` over ``[heads, positions]`` on a log scale; above 1 fails."""
+    fig, axes = plt.subplots(1, len(maps), figsize=(4.5 * len(maps), 3.2), squeeze=False)
+    for ax, (name, m) in zip(axes[0], maps.items()):
+        data = m.detach().double().clamp_min(1e-3).numpy()
+        im = ax.imshow(data, aspect="auto", cmap="magma", norm=LogNorm(vmin=1e-3, vmax=max(10.0, data.max())))
+        ax.set_title(f"{name}: |error| / bound")
+        ax.set_xlabel("position")
+        ax.set_ylabel("head")
+        cb = fig.colorbar(im, ax=ax)
+        cb.ax.axhline(1.0, color="cyan", lw=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
