@@ -1,0 +1,142 @@
+"""The harness itself: the spec and torch backends pass, wrong backends fail with a reproducer, results stream."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from mlaspec.conformance.backend import load_backend
+from mlaspec.conformance.backends.torch_eager import TorchBackend
+from mlaspec.conformance.cases import case_by_id, curated_cases
+from mlaspec.conformance.cli import main
+from mlaspec.conformance.report import load_results
+from mlaspec.conformance.runner import run_case, run_cases
+
+CASES = curated_cases(dtypes=("bfloat16",))
+
+
+@pytest.mark.parametrize("backend", ["spec", "torch"])
+def test_builtin_backends_pass_everything(backend):
+    b = load_backend(backend)
+    for case in curated_cases():
+        r = run_case(b, case, backend_name=backend)
+        assert r.verdict == "pass", (case.id, r.reason)
+
+
+class WrongScale(TorchBackend):
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+        return super().mla_decode(q, kv, d_v=d_v, scale=scale * 1.02, causal=causal)
+
+
+class Log2Lse(TorchBackend):
+    def attention(self, q, k, v, *, scale, causal=False, mask=None):
+        out, lse = super().attention(q, k, v, scale=scale, causal=causal)
+        return out, lse / math.log(2)
+
+
+class TopLeftCausal(TorchBackend):
+    def attention(self, q, k, v, *, scale, causal=False, mask=None):
+        if not causal:
+            return super().attention(q, k, v, scale=scale)
+        s_q, s_kv = q.shape[1], k.shape[1]
+        m = torch.ones(s_q, s_kv, dtype=torch.bool).tril()  # aligned top-left: wrong when S_q != S_kv
+        full = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float().repeat_interleave(q.shape[2] // k.shape[2], 2))
+        s = (full * scale).masked_fill(~m, -math.inf)
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+        out = torch.einsum("bhqk,bkhd->bqhd", p, v.float().repeat_interleave(q.shape[2] // k.shape[2], 2))
+        return out.to(q.dtype), lse
+
+
+class MergeWithoutInfGuard(TorchBackend):
+    def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
+        m = torch.maximum(prefix_lse, suffix_lse).float()
+        p_w, s_w = torch.exp(prefix_lse - m), torch.exp(suffix_lse - m)
+        out = prefix_output * (p_w / (p_w + s_w)).T[..., None] + suffix_output * (s_w / (p_w + s_w)).T[..., None]
+        return out.to(prefix_output.dtype), torch.log(p_w + s_w) + m
+
+
+class Raises(TorchBackend):
+    def attention(self, *a, **k):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+class WrongShape(TorchBackend):
+    def attention(self, q, k, v, **kw):
+        out, lse = super().attention(q, k, v, **kw)
+        return out, lse.transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    "mutant, op",
+    [(WrongScale, "mla_decode"), (Log2Lse, "attention"), (TopLeftCausal, "attention"),
+     (MergeWithoutInfGuard, "merge_attn_states"), (Raises, "attention"), (WrongShape, "attention")],
+)  # fmt: skip
+def test_mutants_fail(mutant, op):
+    results = [run_case(mutant(), c, backend_name="m") for c in CASES if c.op == op]
+    assert any(r.verdict in ("fail", "error") for r in results)
+    bad = next(r for r in results if r.verdict in ("fail", "error"))
+    assert bad.reason and bad.repro.startswith("mlaspec check --backend m --case ")
+
+
+def test_unsupported_is_skipped_with_reason():
+    class DecodeOnly(TorchBackend):
+        ops = frozenset({"mla_decode"})
+        dtypes = frozenset({"bfloat16"})
+
+        def unsupported(self, case):
+            return "needs 128 heads" if case.params["H_q"] != 128 and case.name == "v3-tp1" else None
+
+    results = run_cases(DecodeOnly(), curated_cases(), backend_name="d")
+    skipped = [r for r in results if r.verdict == "skip"]
+    assert skipped and all(r.reason for r in skipped)
+    assert any("does not implement attention" in r.reason for r in skipped)
+    assert any("needs 128 heads" in r.reason for r in skipped)
+    assert all(r.verdict == "pass" for r in results if r.verdict != "skip")
+
+
+def test_timeout_fails_the_case_and_the_run_goes_on():
+    class Hangs(TorchBackend):
+        def attention(self, *a, **k):
+            import time
+
+            time.sleep(5)
+
+    cases = [c for c in CASES if c.op in ("attention", "merge_attn_states")][:2] + CASES[-1:]
+    results = run_cases(Hangs(), cases, backend_name="h", timeout=0.2)
+    assert results[0].verdict == "error" and "timed out" in results[0].reason
+    assert results[-1].verdict == "pass"
+
+
+def test_cli_writes_report_and_reproducer_reruns_one_case(tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["check", "--backend", "tests.test_conformance:WrongScale", "--ops", "mla_decode",
+                 "--dtypes", "bfloat16", "--report", str(out)]) == 1  # fmt: skip
+    text = capsys.readouterr().out
+    assert "FAILED mla_decode[" in text and "rerun: mlaspec check" in text
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == len([c for c in CASES if c.op == "mla_decode"])
+    failing = next(json.loads(line) for line in lines if json.loads(line)["verdict"] == "fail")
+    page = (out / "report.html").read_text()
+    assert failing["repro"].replace("'", "&#x27;") in page and "data:image/png;base64," in page
+    # the reproducer names exactly one case, and rerunning it fails again
+    rerun = failing["repro"].split("--case ")[1].strip("'")
+    assert case_by_id(rerun).id == failing["case_id"]
+    assert main(["check", "--backend", "tests.test_conformance:WrongScale", "--case", rerun,
+                 "--report", str(tmp_path / "one")]) == 1  # fmt: skip
+    # the report can be rebuilt from the JSON lines alone
+    (out / "report.html").unlink()
+    assert main(["report", str(out)]) == 0 and (out / "report.html").exists()
+    assert [r.case_id for r in load_results(out)] == [json.loads(line)["case_id"] for line in lines]
+
+
+def test_cli_passes_on_torch(tmp_path):
+    assert main(["check", "--ops", "merge_attn_states", "--report", str(tmp_path)]) == 0
+
+
+def test_load_backend_errors():
+    with pytest.raises(ValueError, match="neither a registered name"):
+        load_backend("nonexistent")
+    with pytest.raises(ValueError, match="names no curated case"):
+        case_by_id("attention[nope-bfloat16]")
