@@ -106,8 +106,8 @@ def draw_cost_winner_map(
             ratio[i, j] = np.log2(t_mha / t_abs)
     fig = Figure(figsize=(7, 5.5), layout="constrained")
     ax = fig.add_subplot()
-    lim = float(np.nanmax(np.abs(ratio)))
-    mesh = ax.pcolormesh(axis, axis, ratio, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -lim, lim), shading="nearest")
+    lo, hi = min(float(np.nanmin(ratio)), -1e-3), max(float(np.nanmax(ratio)), 1e-3)  # each side saturates
+    mesh = ax.pcolormesh(axis, axis, ratio, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, lo, hi), shading="nearest")
     ax.contour(axis, axis, ratio, levels=[0.0], colors="black", linewidths=1.5)
     ax.set_xscale("log")
     ax.set_yscale("log")
