@@ -46,8 +46,13 @@ def draw_cost_crossover(
 
     Args:
         s_kv_values: the context lengths to draw.
-        batch, num_heads, dtype, config, causal: as :func:`mlaspec.spec.cost.mla_cost`.
-        peak_flops, bandwidth: the roofline (default: one H200, measured).
+        batch: ``B``, as :func:`mlaspec.spec.cost.mla_cost`.
+        num_heads: ``N`` (default ``config.num_heads``).
+        dtype: element type or its size in bytes.
+        config: the layer's dimensions (default DeepSeek-V3).
+        causal: count only the pairs the bottom-right causal mask keeps.
+        peak_flops: FLOP/s of the roofline (default: one H200, measured).
+        bandwidth: bytes/s of the roofline (default: one H200, measured).
         points: samples per curve (log-spaced).
     """
     kw = dict(num_heads=num_heads, dtype=dtype, config=config, causal=causal)
@@ -92,8 +97,13 @@ def draw_cost_winner_map(
 
     Args:
         s_kv_max: the largest context length (both axes run from 1 to it, log-spaced).
-        batch, num_heads, dtype, config, causal: as :func:`mlaspec.spec.cost.mla_cost`.
-        peak_flops, bandwidth: the roofline (default: one H200, measured).
+        batch: ``B``, as :func:`mlaspec.spec.cost.mla_cost`.
+        num_heads: ``N`` (default ``config.num_heads``).
+        dtype: element type or its size in bytes.
+        config: the layer's dimensions (default DeepSeek-V3).
+        causal: count only the pairs the bottom-right causal mask keeps.
+        peak_flops: FLOP/s of the roofline (default: one H200, measured).
+        bandwidth: bytes/s of the roofline (default: one H200, measured).
         points: samples per axis.
     """
     kw = dict(num_heads=num_heads, dtype=dtype, config=config, causal=causal)
