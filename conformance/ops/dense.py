@@ -1,28 +1,8 @@
-"""The ops the harness checks: a case's inputs, the float64 spec reference, and each output's error budget.
-
-An op is named after the spec function it checks, and a backend implements a method of that name taking the same
-keyword arguments (see :mod:`mlaspec.conformance.backend`). Inputs are *hostile by default*: irregular sizes,
-logits large enough that a wrong scale shows, empty rows where the op allows them.
-
-**Budgets are derived, per element, not picked.** The reference runs in float64 on the very inputs the backend
-got (already rounded to the case dtype), so input rounding is no error source. A good kernel then rounds in three
-places: the logits (fp32 accumulation of a ``D``-long dot product: ``|δs| <= D ε32 scale Σ|q||k|``), the softmax
-weights ``P`` (rounded to the case dtype before ``P @ V``: ``u`` relative), and the output (``u/2`` relative), with
-``u`` the unit roundoff of the case dtype (``2^-8`` bf16, ``2^-11`` fp16, ``2^-24`` fp32). Propagated through
-attention, with ``M = Σ_j p_j |v_j|`` the magnitude the output is averaged from (the spec's own attention over
-``|v|``) and a logit error ``δs`` perturbing each weight by at most ``2 δs`` relatively::
-
-    |out - ref| <= 2 * (u |ref| + (u + 2 δs) M)          per element (the factor 2 is headroom)
-    |lse - ref| <= 2 * (δs + ε32 |ref|)                  per row
-
-A case passes when every element is within its bound and ±inf/NaN positions agree exactly.
-"""
+"""Dense ops: attention with LSE, the absorbed decode, the compute-friendly prefill, merge_attn_states."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -31,73 +11,24 @@ from mlaspec.spec.config import MLAConfig, make_weights
 from mlaspec.spec.forms import mla_mha, mqa_latent_attention
 from mlaspec.spec.merge import merge_attn_states
 
-from .cases import Case
-
-__all__ = ["Op", "OPS", "DTYPES", "unit_roundoff"]
-
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-EPS32 = 2.0**-24
-
-
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """``2^-(mantissa bits + 1)``: the largest relative error of rounding to ``dtype``."""
-    return torch.finfo(dtype).eps / 2
-
-
-@dataclass(frozen=True)
-class Op:
-    """A checkable op.
-
-    ``make_inputs(case) -> kwargs`` (tensors in the case dtype); ``reference(**kwargs) -> tuple`` of float64
-    outputs named ``outputs``; ``bounds(kwargs, ref, u) -> tuple`` of per-element absolute error bounds, one per
-    output, broadcastable to it.
-    """
-
-    name: str
-    make_inputs: Callable[[Case], dict]
-    reference: Callable[..., tuple]
-    bounds: Callable[[dict, tuple, float], tuple]
-    outputs: tuple[str, ...] = ("out", "lse")
-    doc: str = ""
-
-
-def _randn(case: Case) -> Callable[..., torch.Tensor]:
-    g = torch.Generator().manual_seed(case.seed)
-    dtype = DTYPES[case.dtype]
-    return lambda *shape, scale=1.0: (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
-
-
-def _logit_error(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """``D ε32 scale max_j Σ_d |q_d k_jd|`` per (b, h, i): the fp32 accumulation error bound of the logits."""
-    g = q.shape[2] // k.shape[2]
-    qk = torch.einsum("bqhd,bkhd->bhqk", q.abs().double(), k.abs().double().repeat_interleave(g, 2))
-    worst = qk.amax(-1) if qk.shape[-1] else qk.sum(-1)  # no keys: 0
-    return q.shape[-1] * EPS32 * scale * worst  # [B, H, S_q]
-
-
-def _attention_bounds(q, k, v, *, scale, causal, mask=None, ref, u, extra_logit_err=0.0):
-    ds = _logit_error(q, k, scale) + extra_logit_err  # [B, H, S_q]
-    m = attention(q, k, v.abs(), scale=scale, causal=causal, mask=mask).out  # [B, S_q, H, D_v]
-    out_bound = 2 * (u * ref[0].abs() + (u + 2 * ds.transpose(1, 2)[..., None]) * m)
-    lse_bound = 2 * (ds + EPS32 * ref[1].abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
-    return out_bound, lse_bound
-
+from ..cases import Case
+from .common import DTYPES, EPS32, Op, attention_bounds, logit_error, randn
 
 # -- attention ----------------------------------------------------------------------------------------------------
 def _attention_inputs(c: Case) -> dict:
-    p, r = c.params, _randn(c)
+    p, r = c.params, randn(c)
     b, s_q, s_kv, h_q, h_kv, d, dv = (p[k] for k in ("B", "S_q", "S_kv", "H_q", "H_kv", "D_qk", "D_v"))
     return dict(q=r(b, s_q, h_q, d, scale=2.0), k=r(b, s_kv, h_kv, d), v=r(b, s_kv, h_kv, dv),
                 scale=p.get("scale", d**-0.5), causal=p["causal"])  # fmt: skip
 
 
 def _attention_bounds_op(kw, ref, u):
-    return _attention_bounds(kw["q"], kw["k"], kw["v"], scale=kw["scale"], causal=kw["causal"], ref=ref, u=u)
+    return attention_bounds(kw["q"], kw["k"], kw["v"], scale=kw["scale"], causal=kw["causal"], ref=ref, u=u)
 
 
 # -- mla_decode: FlashMLA's dense decode on gathered cache entries -------------------------------------------------
 def _decode_inputs(c: Case) -> dict:
-    p, r = c.params, _randn(c)
+    p, r = c.params, randn(c)
     b, s_q, s_kv, h, d, dv = (p[k] for k in ("B", "S_q", "S_kv", "H_q", "D_qk", "D_v"))
     return dict(q=r(b, s_q, h, d, scale=3.0), kv=r(b, s_kv, d), d_v=dv,
                 scale=p.get("scale", 192**-0.5), causal=p["causal"])  # fmt: skip
@@ -105,12 +36,12 @@ def _decode_inputs(c: Case) -> dict:
 
 def _decode_bounds(kw, ref, u):
     k = kw["kv"][:, :, None]
-    return _attention_bounds(kw["q"], k, k[..., : kw["d_v"]], scale=kw["scale"], causal=kw["causal"], ref=ref, u=u)
+    return attention_bounds(kw["q"], k, k[..., : kw["d_v"]], scale=kw["scale"], causal=kw["causal"], ref=ref, u=u)
 
 
 # -- mla_prefill: the compute-friendly form ----------------------------------------------------------------------
 def _prefill_inputs(c: Case) -> dict:
-    p, r = c.params, _randn(c)
+    p, r = c.params, randn(c)
     cfg = MLAConfig.tiny(num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"],
                          qk_rope_head_dim=p["R"], v_head_dim=p["V"])  # fmt: skip
     w = make_weights(cfg, seed=c.seed, dtype=DTYPES[c.dtype])
@@ -128,15 +59,15 @@ def _prefill_bounds(kw, ref, u):
     n = k_nope.shape[2]
     q = torch.cat([kw["q_nope"].double(), kw["q_pe"].double()], -1)
     k = torch.cat([k_nope, kw["k_pe"].double()[:, :, None].expand(-1, -1, n, -1)], -1)
-    rounding = u / 2 * _logit_error(q, k, kw["scale"]) / (q.shape[-1] * EPS32)  # k_nope rounding in the logits
-    out_b, lse_b = _attention_bounds(q, k, v, scale=kw["scale"], causal=kw["causal"], ref=ref, u=1.5 * u,
+    rounding = u / 2 * logit_error(q, k, kw["scale"]) / (q.shape[-1] * EPS32)  # k_nope rounding in the logits
+    out_b, lse_b = attention_bounds(q, k, v, scale=kw["scale"], causal=kw["causal"], ref=ref, u=1.5 * u,
                                      extra_logit_err=rounding)  # fmt: skip
     return out_b, lse_b
 
 
 # -- merge_attn_states --------------------------------------------------------------------------------------------
 def _merge_inputs(c: Case) -> dict:
-    p, r = c.params, _randn(c)
+    p, r = c.params, randn(c)
     t, h, d = p["T"], p["H"], p["D"]
     lse = [r(h, t, scale=4.0).float() for _ in range(2)]
     g = torch.Generator().manual_seed(c.seed + 1)
@@ -154,9 +85,7 @@ def _merge_bounds(kw, ref, u):
     return out_bound, lse_bound
 
 
-OPS: dict[str, Op] = {
-    op.name: op
-    for op in [
+OPS = [
         Op("attention", _attention_inputs, attention, _attention_bounds_op,
            doc="Attention with natural-log LSE, bottom-right causal (spec.attention.attention)"),
         Op("mla_decode", _decode_inputs, mqa_latent_attention, _decode_bounds,
@@ -165,5 +94,4 @@ OPS: dict[str, Op] = {
            doc="Compute-friendly form: up-project, MHA with qk 192 / v 128 (spec.forms.mla_mha)"),
         Op("merge_attn_states", _merge_inputs, merge_attn_states, _merge_bounds,
            doc="Two-way LSE merge with vLLM's ±inf rules (spec.merge.merge_attn_states)"),
-    ]
-}  # fmt: skip
+]  # fmt: skip

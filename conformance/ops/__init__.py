@@ -1,0 +1,26 @@
+"""The ops the harness checks: a case's inputs, the float64 spec reference, and each output's error budget.
+
+An op is named after the spec function it checks, and a backend implements a method of that name taking the same
+keyword arguments (see :mod:`mlaspec.conformance.backend`). Inputs are *hostile by default*: irregular sizes,
+logits large enough that a wrong scale shows, empty rows where the op allows them.
+
+**Budgets are derived, per element, not picked.** The reference runs in float64 on the very inputs the backend
+got (already rounded to the case dtype), so input rounding is no error source. A good kernel then rounds in three
+places: the logits (fp32 accumulation of a ``D``-long dot product: ``|δs| <= D ε32 scale Σ|q||k|``), the softmax
+weights ``P`` (rounded to the case dtype before ``P @ V``: ``u`` relative), and the output (``u/2`` relative), with
+``u`` the unit roundoff of the case dtype (``2^-8`` bf16, ``2^-11`` fp16, ``2^-24`` fp32). Propagated through
+attention, with ``M = Σ_j p_j |v_j|`` the magnitude the output is averaged from (the spec's own attention over
+``|v|``) and a logit error ``δs`` perturbing each weight by at most ``2 δs`` relatively::
+
+    |out - ref| <= 2 * (u |ref| + (u + 2 δs) M)          per element (the factor 2 is headroom)
+    |lse - ref| <= 2 * (δs + ε32 |ref|)                  per row
+
+A case passes when every element is within its bound and ±inf/NaN positions agree exactly.
+"""
+
+from .common import DTYPES, EPS32, Op, unit_roundoff
+from .dense import OPS as _DENSE
+
+__all__ = ["Op", "OPS", "DTYPES", "EPS32", "unit_roundoff"]
+
+OPS: dict[str, Op] = {op.name: op for op in [*_DENSE]}

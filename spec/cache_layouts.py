@@ -1,0 +1,753 @@
+"""Byte layouts of the quantized MLA KV caches, described once as data, with generic quantize / dequantize.
+
+A cache *entry* is one token's latent: ``[D]`` values (``D = D_qk = 576`` for DeepSeek V3/V3.2: 512 normed latent
+then 64 RoPE; ``D = 512`` for DeepSeek V4/V4.1, whose last 64 dims carry the RoPE). A layout says how an entry becomes
+``token_bytes`` bytes: a tuple of :class:`Field` records (name, byte offset, byte length, dtype, element count, the
+entry elements it holds, what it holds). Everything below -- quantize, dequantize, the error bound, page packing,
+the plausibility check and the byte diagrams in the docs -- is driven by those records.
+
+Layouts (and the source each comes from):
+
+* :data:`FP8_PER_TENSOR` (``kv_cache_dtype="fp8"`` / ``"fp8_e4m3"``) and :data:`FP8_E5M2_PER_TENSOR`: every one of
+  the 576 values stored as one fp8 byte, ``e4m3(x / scale)`` with one fp32 ``scale`` for the whole tensor (the
+  layer's ``k_scale``), saturating at ±448; read back as ``e4m3 * scale``. vLLM ``csrc/cache_kernels.cu``
+  ``concat_and_cache_mla_kernel`` (latent at ``[0, 512)``, RoPE at ``[512, 576)``, both through
+  ``fp8::scaled_convert``) and ``csrc/quantization/fp8/nvidia/quant_utils.cuh`` (``__nv_cvt_float_to_fp8(a / scale,
+  __NV_SATFINITE, ...)``).
+* :data:`FP8_DS_MLA_V32` (``kv_cache_dtype="fp8_ds_mla"``, 656 B, DeepSeek V3/V3.2 sparse decode): 512 e4m3, 4 fp32
+  scales (one per 128 values), 64 bf16 RoPE values stored verbatim. vLLM's writer (``concat_and_cache_ds_mla_kernel``
+  in ``csrc/cache_kernels.cu``) uses the raw fp32 scale ``max(amax / 448, FLT_MIN)``; FlashMLA's test quantizer
+  (``tests/quant.py``, ``quantize_k_cache``) instead rounds the scale *up to a power of two* with a floor
+  ``2^ceil(log2(max(amax / 448, 1e-4)))``. Pass ``pow2_scales=True`` to :func:`quantize` for the latter. The
+  format itself: FlashMLA ``README.md`` and ``flash_mla/flash_mla_interface.py``.
+* :data:`FP8_DS_MLA_V4` (584 B, DeepSeek V4, FlashMLA's ``MODEL1_FP8Sparse``): 448 e4m3 NoPE values, 64 bf16 RoPE
+  values, then 7 e8m0 scales (one per 64 values) and 1 zero pad byte. *Not* token-interleaved: within a page block
+  the 576-byte data rows of all ``P`` tokens come first, then the 8-byte scale rows, and the page is rounded up to a
+  multiple of 576 bytes. vLLM ``vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py``
+  (``_rope_quant_insert_kernel``), ``vllm/v1/attention/backends/mla/flashmla_sparse.py`` (layout note) and FlashMLA
+  ``tests/quant.py``.
+* :data:`MXFP8_DS_MLA_V41` (528 B, DeepSeek V4.1): all 512 dims (RoPE included, rotated before quantization) as
+  e4m3, then 16 e8m0 scales (one per 32 values, i.e. MXFP8), *interleaved*: each token's scales directly follow its
+  own data. vLLM ``fused_compress_quant_cache.py`` (``_rope_quant_insert_mxfp8_kernel``) and the layout note in
+  ``flashmla_sparse.py``. (So V4 and V4.1 do *not* share a record width: 584 vs 528 bytes; FlashMLA's snapshot of
+  April 2026 knows only the 584-byte ``MODEL1`` layout.)
+
+e8m0 scales (vLLM's V4 / V4.1 writers): ``e = ceil(log2(max(amax, 1e-4) / 448))``, byte ``clamp(e + 127, 0, 255)``,
+scale ``2^(byte - 127)``; the values are ``e4m3(clamp(x * 2^-e, -448, 448))``.
+
+Error bound (:func:`error_bound`): for a value ``x`` stored in a float format with ``m`` mantissa bits under scale
+``s`` (``s = 1`` when unscaled), round-to-nearest-even gives::
+
+    |x_hat - x| <= max(2^-(m+1) * |x|, 2^(e_min - m - 1) * s)  +  max(0, |x| - max_finite * s)
+                   ^ normal range       ^ subnormal range         ^ saturation (per-tensor scales only)
+
+e4m3: ``m = 3, e_min = -6, max_finite = 448`` (half-ulp ``2^-4`` relative, ``2^-10 s`` absolute); e5m2: ``m = 2,
+e_min = -14, max_finite = 57344``; bf16: ``m = 7`` (``2^-8`` relative). Group scales (fp32 ``amax/448`` or e8m0
+``>= amax/448``) never saturate, so the error of every value in a group is at most ``2^-4`` of the group's amax.
+
+The spec rounds in float64, exactly, once (round half to even); kernels divide in fp32 first, which can differ
+from the spec by one fp8 step when ``x / s`` falls within an fp32 rounding of a tie.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ._checks import FLOAT, Dims, finite_float, positive_int
+
+__all__ = [
+    "BF16",
+    "E4M3",
+    "E5M2",
+    "FP32",
+    "FP8_DS_MLA_V32",
+    "FP8_DS_MLA_V4",
+    "FP8_E5M2_PER_TENSOR",
+    "FP8_PER_TENSOR",
+    "LAYOUTS",
+    "MXFP8_DS_MLA_V41",
+    "CacheLayout",
+    "Dequantized",
+    "Field",
+    "FloatFormat",
+    "LayoutCheck",
+    "Quantized",
+    "ScaleRule",
+    "TokenRows",
+    "decode_e8m0",
+    "dequantize",
+    "detect_layout",
+    "error_bound",
+    "from_pages",
+    "page_bytes",
+    "quantize",
+    "read_tokens",
+    "round_to_format",
+    "to_pages",
+    "validate_layout",
+    "write_pages",
+]
+
+
+# ----------------------------------------------------------------------------------------------- number formats
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary floating-point storage format: ``mantissa_bits`` explicit bits, smallest normal exponent ``e_min``."""
+
+    name: str
+    nbytes: int
+    mantissa_bits: int
+    e_min: int
+    max_finite: float
+    torch_dtype: torch.dtype
+    saturates: bool  # True: finite overflow clamps to ±max_finite (SATFINITE); False: becomes ±inf
+
+    def decode(self, raw: torch.Tensor) -> torch.Tensor:
+        """``[..., n * nbytes]`` uint8 (little-endian) -> ``[..., n]`` float64."""
+        return raw.contiguous().view(self.torch_dtype).to(torch.float64)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., n]`` float64 values already representable in this format -> ``[..., n * nbytes]`` uint8."""
+        # float64 -> float32 -> format is exact for representable values (and keeps NaN / inf).
+        return x.to(torch.float32).to(self.torch_dtype).contiguous().view(torch.uint8)
+
+
+E4M3 = FloatFormat("e4m3", 1, 3, -6, 448.0, torch.float8_e4m3fn, True)
+E5M2 = FloatFormat("e5m2", 1, 2, -14, 57344.0, torch.float8_e5m2, True)
+BF16 = FloatFormat("bf16", 2, 7, -126, float(torch.finfo(torch.bfloat16).max), torch.bfloat16, False)
+FP32 = FloatFormat("fp32", 4, 23, -126, float(torch.finfo(torch.float32).max), torch.float32, False)
+_FORMATS = {f.name: f for f in (E4M3, E5M2, BF16, FP32)}
+_FLT_MIN = float(torch.finfo(torch.float32).tiny)
+
+
+def round_to_format(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Round float64 ``x`` to the nearest value of ``fmt`` (ties to even), exactly, in float64.
+
+    ``quantum = 2^(max(floor(log2|x|), e_min) - mantissa_bits)``; ``x_hat = round_half_even(x / quantum) * quantum``.
+    Overflow saturates to ``±max_finite`` for fp8 (``__NV_SATFINITE``) and becomes ``±inf`` for bf16 / fp32.
+    NaN stays NaN.
+    """
+    x = x.to(torch.float64)
+    _, e = torch.frexp(x.abs())  # |x| = m * 2^e, m in [0.5, 1): leading bit is 2^(e - 1)
+    exponent = torch.clamp(e.to(torch.float64) - 1, min=fmt.e_min)
+    quantum = torch.exp2(exponent - fmt.mantissa_bits)
+    y = torch.round(x / quantum) * quantum  # torch.round rounds half to even; the divisions are exact
+    over = y.abs() > fmt.max_finite
+    if fmt.saturates:
+        return torch.where(over, torch.sign(y) * fmt.max_finite, y)
+    return torch.where(over, torch.sign(y) * math.inf, y)
+
+
+def decode_e8m0(raw: torch.Tensor) -> torch.Tensor:
+    """e8m0 scale bytes -> float64 ``2^(byte - 127)``; byte 255 is NaN (OCP MX)."""
+    code = raw.to(torch.float64)
+    return torch.where(raw == 255, math.nan, torch.exp2(code - 127.0))
+
+
+# --------------------------------------------------------------------------------------------------- layout data
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a token record.
+
+    Attributes:
+        name: short name (``"nope"``, ``"scales"``, ``"rope"``, ``"pad"``).
+        offset: byte offset inside the token record.
+        nbytes: byte length.
+        dtype: ``"e4m3" | "e5m2" | "bf16" | "fp32" | "e8m0" | "pad"``.
+        count: number of elements of ``dtype`` (``nbytes = count * itemsize``).
+        holds: what it holds, in words.
+        elements: ``(start, stop)``: the entry elements a value field stores; None for scales and padding.
+        group: values per scale for a quantized value field (None: unscaled or per-tensor).
+        scale_field: name of the field holding this field's group scales.
+    """
+
+    name: str
+    offset: int
+    nbytes: int
+    dtype: str
+    count: int
+    holds: str
+    elements: tuple[int, int] | None = None
+    group: int | None = None
+    scale_field: str | None = None
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True)
+class ScaleRule:
+    """How a group scale is chosen from the group's ``amax`` and how it is stored.
+
+    ``kind="per_tensor"``: one scale given by the caller, not stored in the bytes.
+    ``kind="fp32"``: ``s = max(fp32(amax / max_q), FLT_MIN)`` stored as fp32 (vLLM ``fp8_ds_mla``).
+    ``kind="e8m0"``: ``s = 2^ceil(log2(max(amax, amax_floor) / max_q))`` stored as the byte ``exponent + 127``.
+    """
+
+    kind: str
+    max_q: float = 448.0
+    amax_floor: float = 0.0
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """A cache layout: per-token record fields plus how records are placed in a page block.
+
+    Attributes:
+        name: our name for it.
+        kv_cache_dtype: vLLM's ``kv_cache_dtype`` string (or the model family) that selects it.
+        entry_dim: ``D``, the entry width (576 or 512).
+        token_bytes: bytes per token record.
+        fields: the record's fields, in byte order, covering ``[0, token_bytes)`` exactly.
+        scale_rule: see :class:`ScaleRule`.
+        split_at: None for token-interleaved pages (token ``t`` at ``t * token_bytes``). Otherwise bytes
+            ``[0, split_at)`` of each record are data rows at ``t * split_at`` and bytes ``[split_at, token_bytes)``
+            are scale rows at ``P * split_at + t * (token_bytes - split_at)`` (DeepSeek V4).
+        page_alignment: a page block's bytes are ``round_up(P * token_bytes, page_alignment)``.
+        source: where the layout is defined.
+    """
+
+    name: str
+    kv_cache_dtype: str
+    entry_dim: int
+    token_bytes: int
+    fields: tuple[Field, ...]
+    scale_rule: ScaleRule
+    split_at: int | None = None
+    page_alignment: int = 1
+    source: str = ""
+
+    def __post_init__(self) -> None:  # the data must describe every byte exactly once
+        pos = 0
+        for f in self.fields:
+            if f.offset != pos:
+                raise ValueError(f"layout {self.name}: field {f.name} starts at {f.offset}, expected {pos}")
+            item = 1 if f.dtype in ("pad", "e8m0") else _FORMATS[f.dtype].nbytes
+            if f.nbytes != f.count * item:
+                raise ValueError(f"layout {self.name}: field {f.name} has {f.nbytes} bytes for {f.count} x {f.dtype}")
+            pos = f.end
+        if pos != self.token_bytes:
+            raise ValueError(f"layout {self.name}: fields cover {pos} bytes, token_bytes is {self.token_bytes}")
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @property
+    def value_fields(self) -> tuple[Field, ...]:
+        return tuple(f for f in self.fields if f.elements is not None)
+
+    @property
+    def scale_fields(self) -> tuple[Field, ...]:
+        return tuple(f for f in self.fields if f.dtype in ("e8m0",) or (f.dtype == "fp32" and f.elements is None))
+
+    @property
+    def num_groups(self) -> int:
+        """Scales per token (0 for per-tensor layouts)."""
+        return sum(f.count for f in self.scale_fields)
+
+
+FP8_PER_TENSOR = CacheLayout(
+    name="fp8_e4m3_per_tensor",
+    kv_cache_dtype="fp8",
+    entry_dim=576,
+    token_bytes=576,
+    fields=(
+        Field("latent", 0, 512, "e4m3", 512, "normed latent kv_c, e4m3(x / k_scale)", (0, 512)),
+        Field("rope", 512, 64, "e4m3", 64, "k_pe after RoPE, e4m3(x / k_scale)", (512, 576)),
+    ),
+    scale_rule=ScaleRule("per_tensor"),
+    source="vllm csrc/cache_kernels.cu concat_and_cache_mla_kernel; csrc/quantization/fp8/nvidia/quant_utils.cuh",
+)
+
+FP8_E5M2_PER_TENSOR = CacheLayout(
+    name="fp8_e5m2_per_tensor",
+    kv_cache_dtype="fp8_e5m2",
+    entry_dim=576,
+    token_bytes=576,
+    fields=(
+        Field("latent", 0, 512, "e5m2", 512, "normed latent kv_c, e5m2(x / k_scale)", (0, 512)),
+        Field("rope", 512, 64, "e5m2", 64, "k_pe after RoPE, e5m2(x / k_scale)", (512, 576)),
+    ),
+    scale_rule=ScaleRule("per_tensor", max_q=57344.0),
+    source="vllm csrc/cache_kernels.cu concat_and_cache_mla_kernel (kv_cache_dtype='fp8_e5m2')",
+)
+
+FP8_DS_MLA_V32 = CacheLayout(
+    name="fp8_ds_mla_v32",
+    kv_cache_dtype="fp8_ds_mla",
+    entry_dim=576,
+    token_bytes=656,
+    fields=(
+        Field("nope", 0, 512, "e4m3", 512, "normed latent, e4m3(x / s_g), 4 groups of 128", (0, 512), 128, "scales"),
+        Field("scales", 512, 16, "fp32", 4, "s_g = max(amax_g / 448, FLT_MIN), one per 128 values"),
+        Field("rope", 528, 128, "bf16", 64, "k_pe after RoPE, bf16, not quantized", (512, 576)),
+    ),
+    scale_rule=ScaleRule("fp32"),
+    source="FlashMLA README.md / flash_mla_interface.py (656-byte token); vllm csrc/cache_kernels.cu "
+    "concat_and_cache_ds_mla_kernel",
+)
+
+FP8_DS_MLA_V4 = CacheLayout(
+    name="fp8_ds_mla_v4",
+    kv_cache_dtype="fp8_ds_mla (DeepSeek V4)",
+    entry_dim=512,
+    token_bytes=584,
+    fields=(
+        Field("nope", 0, 448, "e4m3", 448, "NoPE dims, e4m3(x * 2^-e_g), 7 groups of 64", (0, 448), 64, "scales"),
+        Field("rope", 448, 128, "bf16", 64, "RoPE dims 448..511, bf16, not quantized", (448, 512)),
+        Field("scales", 576, 7, "e8m0", 7, "e_g + 127, one per 64 NoPE values (scale row)"),
+        Field("pad", 583, 1, "pad", 1, "zero padding byte (scale row)"),
+    ),
+    scale_rule=ScaleRule("e8m0", amax_floor=1e-4),
+    split_at=576,
+    page_alignment=576,
+    source="vllm vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py _rope_quant_insert_kernel; "
+    "vllm/v1/attention/backends/mla/flashmla_sparse.py; FlashMLA tests/quant.py (MODEL1_FP8Sparse)",
+)
+
+MXFP8_DS_MLA_V41 = CacheLayout(
+    name="mxfp8_ds_mla_v41",
+    kv_cache_dtype="fp8_ds_mla (DeepSeek V4.1)",
+    entry_dim=512,
+    token_bytes=528,
+    fields=(
+        Field("values", 0, 512, "e4m3", 512, "all 512 dims (RoPE rotated first), 16 groups of 32", (0, 512), 32,
+              "scales"),
+        Field("scales", 512, 16, "e8m0", 16, "e_g + 127, one per 32 values (MXFP8)"),
+    ),
+    scale_rule=ScaleRule("e8m0", amax_floor=1e-4),
+    source="vllm vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py _rope_quant_insert_mxfp8_kernel; "
+    "vllm/v1/attention/backends/mla/flashmla_sparse.py",
+)
+
+LAYOUTS: dict[str, CacheLayout] = {
+    l.name: l for l in (FP8_PER_TENSOR, FP8_E5M2_PER_TENSOR, FP8_DS_MLA_V32, FP8_DS_MLA_V4, MXFP8_DS_MLA_V41)
+}
+
+
+# ---------------------------------------------------------------------------------------------- quantize / back
+
+
+class Quantized(NamedTuple):
+    """``raw [T, token_bytes]`` uint8 records and the ``scales [T, G]`` float64 used (``G = 0`` per-tensor)."""
+
+    raw: torch.Tensor
+    scales: torch.Tensor
+
+
+class Dequantized(NamedTuple):
+    """``entries [T, D]`` float64 and the decoded ``scales [T, G]`` float64."""
+
+    entries: torch.Tensor
+    scales: torch.Tensor
+
+
+def _layout(layout: object) -> CacheLayout:
+    if isinstance(layout, str):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+        return LAYOUTS[layout]
+    if not isinstance(layout, CacheLayout):
+        raise TypeError(f"layout must be a CacheLayout or a name, got {type(layout).__name__}")
+    return layout
+
+
+def _tensor_scale(layout: CacheLayout, scale: object) -> float | None:
+    if layout.scale_rule.kind == "per_tensor":
+        if scale is None:
+            raise ValueError(f"scale is required for the per-tensor layout {layout.name}")
+        if isinstance(scale, torch.Tensor):
+            if scale.numel() != 1:
+                raise ValueError(f"scale must hold one value, got shape {list(scale.shape)}")
+            scale = float(scale.reshape(()))
+        s = finite_float("scale", scale)
+        if s <= 0:
+            raise ValueError(f"scale must be positive, got {s}")
+        return float(round_to_format(torch.tensor(s, dtype=torch.float64), FP32))  # vLLM keeps k_scale in fp32
+    if scale is not None:
+        raise ValueError(f"scale must be None for {layout.name}: its scales are per group and stored in the bytes")
+    return None
+
+
+def _group_scales(amax: torch.Tensor, rule: ScaleRule, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group scales float64 and, for e8m0, their bytes (else an empty tensor)."""
+    if rule.kind == "e8m0":
+        a = torch.clamp(amax, min=rule.amax_floor)
+        _, e = torch.frexp(a / rule.max_q)  # ceil(log2(y)) = e - 1 if y is a power of two else e
+        y = a / rule.max_q
+        exact_pow2 = torch.ldexp(torch.ones_like(y), e - 1) == y
+        expo = torch.where(exact_pow2, e - 1, e).to(torch.float64)
+        code = torch.clamp(expo + 127.0, 0.0, 255.0)
+        code = torch.where(torch.isnan(amax) | torch.isinf(amax), 255.0, code)
+        return decode_e8m0(code.to(torch.uint8)), code.to(torch.uint8)
+    s = round_to_format(amax / rule.max_q, FP32)  # the kernel divides in fp32 and stores fp32
+    if pow2:  # FlashMLA tests/quant.py: 2^ceil(log2(max(amax / 448, 1e-4)))
+        y = torch.clamp(amax / rule.max_q, min=1e-4)
+        _, e = torch.frexp(y)
+        exact = torch.ldexp(torch.ones_like(y), e - 1) == y
+        s = torch.exp2(torch.where(exact, e - 1, e).to(torch.float64))
+    else:
+        s = torch.clamp(s, min=_FLT_MIN)
+    return s, torch.empty(0, dtype=torch.uint8)
+
+
+def quantize(
+    entries: torch.Tensor,
+    layout: CacheLayout | str,
+    *,
+    scale: float | torch.Tensor | None = None,
+    pow2_scales: bool = False,
+) -> Quantized:
+    """Quantize cache entries into token records of ``layout``.
+
+    Pseudocode, for each value field ``f`` over entry elements ``[a, b)``::
+
+        x = entries[:, a:b]                              # float64
+        if f is unscaled (bf16 / fp32): q = round_to_format(x, f.dtype)
+        elif per-tensor:                 q = round_to_format(x / scale, fp8)              # saturating
+        else, per group g of f.group values:
+            s_g = rule(amax_g)                           # fp32 amax/448, or e8m0 2^ceil(log2(max(amax,1e-4)/448))
+            q   = round_to_format(x / s_g, e4m3)         # saturating at ±448
+        raw[:, f.offset:f.end] = bytes(q);  raw[:, scales] = bytes(s);  raw[:, pad] = 0
+
+    Args:
+        entries: ``[T, D]`` float (``D = layout.entry_dim``): for V3/V3.2 the normed latent (512) then the RoPE'd
+            ``k_pe`` (64); for V4/V4.1 the 512-dim latent with RoPE already applied to dims 448..511.
+        layout: a :class:`CacheLayout` or its name in :data:`LAYOUTS`.
+        scale: the per-tensor fp32 scale (``k_scale``); required for per-tensor layouts, None otherwise.
+        pow2_scales: for the fp32-scale layout (656 B): round scales up to powers of two with FlashMLA's
+            ``tests/quant.py`` floor ``1e-4`` instead of vLLM's raw ``amax / 448``.
+
+    Returns:
+        ``raw [T, token_bytes]`` uint8 and ``scales [T, G]`` float64 (the group scales, in field order).
+    """
+    layout = _layout(layout)
+    Dims().tensor("entries", entries, ("T", layout.entry_dim), FLOAT)
+    if not isinstance(pow2_scales, bool):
+        raise TypeError(f"pow2_scales must be a bool, got {type(pow2_scales).__name__}")
+    if pow2_scales and layout.scale_rule.kind != "fp32":
+        raise ValueError(f"pow2_scales applies only to fp32-scale layouts, not {layout.name}")
+    s_tensor = _tensor_scale(layout, scale)
+    x = entries.to(torch.float64)
+    t = x.shape[0]
+    raw = torch.zeros(t, layout.token_bytes, dtype=torch.uint8, device=x.device)
+    all_scales = []
+    for f in layout.value_fields:
+        a, b = f.elements
+        fmt = _FORMATS[f.dtype]
+        v = x[:, a:b]
+        if f.group is None and s_tensor is None:  # stored verbatim (bf16 RoPE)
+            q = round_to_format(v, fmt)
+        elif f.group is None:  # per-tensor scale
+            q = round_to_format(v / s_tensor, fmt)
+        else:
+            g = v.reshape(t, (b - a) // f.group, f.group)  # [T, groups, group]
+            amax = g.abs().amax(dim=-1)  # NaN propagates into amax
+            s, code = _group_scales(amax, layout.scale_rule, pow2_scales)
+            q = round_to_format(g / s[..., None], fmt).reshape(t, b - a)
+            sf = layout.field(f.scale_field)
+            raw[:, sf.offset : sf.end] = code if sf.dtype == "e8m0" else FP32.encode(s)
+            all_scales.append(s)
+        raw[:, f.offset : f.end] = fmt.encode(q)
+    scales = torch.cat(all_scales, dim=1) if all_scales else torch.zeros(t, 0, dtype=torch.float64, device=x.device)
+    return Quantized(raw, scales)
+
+
+def dequantize(
+    raw: torch.Tensor,
+    layout: CacheLayout | str,
+    *,
+    scale: float | torch.Tensor | None = None,
+) -> Dequantized:
+    """Read token records back: ``x_hat = decode(q) * s`` (``s`` the group or per-tensor scale; 1 if unscaled).
+
+    Args:
+        raw: ``[T, token_bytes]`` uint8 records (see :func:`from_pages` to get them out of page blocks).
+        layout: the layout the records were written in.
+        scale: the per-tensor scale for per-tensor layouts; None otherwise.
+
+    Returns:
+        ``entries [T, D]`` float64 and ``scales [T, G]`` float64. Pad bytes are ignored here; see
+        :func:`validate_layout` to check them.
+    """
+    layout = _layout(layout)
+    Dims().tensor("raw", raw, ("T", layout.token_bytes), (torch.uint8,))
+    s_tensor = _tensor_scale(layout, scale)
+    t = raw.shape[0]
+    out = torch.empty(t, layout.entry_dim, dtype=torch.float64, device=raw.device)
+    all_scales = []
+    for f in layout.value_fields:
+        a, b = f.elements
+        q = _FORMATS[f.dtype].decode(raw[:, f.offset : f.end])
+        if f.group is None:
+            out[:, a:b] = q if s_tensor is None else q * s_tensor
+            continue
+        sf = layout.field(f.scale_field)
+        sb = raw[:, sf.offset : sf.end]
+        s = decode_e8m0(sb) if sf.dtype == "e8m0" else FP32.decode(sb)
+        out[:, a:b] = (q.reshape(t, (b - a) // f.group, f.group) * s[..., None]).reshape(t, b - a)
+        all_scales.append(s)
+    scales = torch.cat(all_scales, dim=1) if all_scales else torch.zeros(t, 0, dtype=torch.float64, device=raw.device)
+    return Dequantized(out, scales)
+
+
+def error_bound(
+    entries: torch.Tensor,
+    layout: CacheLayout | str,
+    *,
+    scale: float | torch.Tensor | None = None,
+    pow2_scales: bool = False,
+) -> torch.Tensor:
+    """Per-element bound on ``|dequantize(quantize(x)) - x|``, ``[T, D]`` float64 (see the module docstring)::
+
+        bound = max(2^-(m+1) |x|, 2^(e_min-m-1) s) + max(0, |x| - max_finite s)
+
+    with ``s`` the element's scale (group, per-tensor, or 1). Same arguments as :func:`quantize`.
+    """
+    layout = _layout(layout)
+    Dims().tensor("entries", entries, ("T", layout.entry_dim), FLOAT)
+    s_tensor = _tensor_scale(layout, scale)
+    q = quantize(entries, layout, scale=scale, pow2_scales=pow2_scales)
+    x = entries.to(torch.float64).abs()
+    t = x.shape[0]
+    bound = torch.empty_like(x)
+    col = 0
+    for f in layout.value_fields:
+        a, b = f.elements
+        fmt = _FORMATS[f.dtype]
+        if f.group is None:
+            s = torch.full((t, b - a), 1.0 if s_tensor is None else s_tensor, dtype=torch.float64, device=x.device)
+        else:
+            n = (b - a) // f.group
+            s = q.scales[:, col : col + n].repeat_interleave(f.group, dim=1)
+            col += n
+        v = x[:, a:b]
+        rel = 2.0 ** -(fmt.mantissa_bits + 1)
+        sub = 2.0 ** (fmt.e_min - fmt.mantissa_bits - 1)
+        bound[:, a:b] = torch.maximum(rel * v, sub * s) + torch.clamp(v - fmt.max_finite * s, min=0.0)
+    return bound
+
+
+# ---------------------------------------------------------------------------------------------------- pages
+
+
+def page_bytes(layout: CacheLayout | str, block_size: int) -> int:
+    """Bytes of one page block: ``round_up(P * token_bytes, page_alignment)``."""
+    layout = _layout(layout)
+    p = positive_int("block_size", block_size)
+    n = p * layout.token_bytes
+    return -(-n // layout.page_alignment) * layout.page_alignment
+
+
+def _record_byte_index(layout: CacheLayout, block_size: int) -> torch.Tensor:
+    """``[P, token_bytes]`` int64: where byte ``j`` of token ``t``'s record lives inside the page block."""
+    p, tb = block_size, layout.token_bytes
+    t = torch.arange(p)[:, None]
+    j = torch.arange(tb)[None, :]
+    if layout.split_at is None:
+        return t * tb + j
+    data = layout.split_at
+    return torch.where(j < data, t * data + j, p * data + t * (tb - data) + (j - data))
+
+
+def to_pages(raw: torch.Tensor, layout: CacheLayout | str, block_size: int) -> torch.Tensor:
+    """Place token records into page blocks.
+
+    Token ``t = block * P + offset`` goes to page ``block``. Token-interleaved layouts put record ``offset`` at byte
+    ``offset * token_bytes``; split layouts (V4) put its data row at ``offset * split_at`` and its scale row at
+    ``P * split_at + offset * (token_bytes - split_at)``. Bytes past ``P * token_bytes`` (alignment padding) are 0.
+
+    Args:
+        raw: ``[num_blocks * P, token_bytes]`` uint8.
+        block_size: ``P``.
+
+    Returns:
+        ``pages [num_blocks, page_bytes]`` uint8. For token-interleaved layouts ``pages.view(num_blocks, P,
+        token_bytes)`` is vLLM's ``[num_blocks, P, token_bytes]`` cache tensor.
+    """
+    layout = _layout(layout)
+    p = positive_int("block_size", block_size)
+    Dims().tensor("raw", raw, ("T", layout.token_bytes), (torch.uint8,))
+    if raw.shape[0] % p:
+        raise ValueError(f"raw must hold a whole number of blocks of block_size={p} tokens, got {raw.shape[0]} rows")
+    nb = raw.shape[0] // p
+    pages = torch.zeros(nb, page_bytes(layout, p), dtype=torch.uint8, device=raw.device)
+    idx = _record_byte_index(layout, p).to(raw.device).reshape(-1)
+    pages[:, idx] = raw.reshape(nb, -1)
+    return pages
+
+
+def from_pages(pages: torch.Tensor, layout: CacheLayout | str, block_size: int) -> torch.Tensor:
+    """Inverse of :func:`to_pages`: ``pages [num_blocks, page_bytes]`` -> records ``[num_blocks * P, token_bytes]``."""
+    layout = _layout(layout)
+    p = positive_int("block_size", block_size)
+    Dims().tensor("pages", pages, ("num_blocks", page_bytes(layout, p)), (torch.uint8,))
+    idx = _record_byte_index(layout, p).to(pages.device).reshape(-1)
+    return pages[:, idx].reshape(-1, layout.token_bytes)
+
+
+class TokenRows(NamedTuple):
+    """``raw [N, token_bytes]`` uint8 (zeros where invalid) and ``valid [N]`` bool."""
+
+    raw: torch.Tensor
+    valid: torch.Tensor
+
+
+def read_tokens(pages: torch.Tensor, layout: CacheLayout | str, block_size: int, slots: torch.Tensor) -> TokenRows:
+    """Read the records at ``slots`` the way FlashMLA's sparse decode does.
+
+    FlashMLA takes ``indices_in_kvcache = block * P + offset`` (``flash_mla/flash_mla_interface.py``); ``-1`` (or any
+    negative index) is invalid and contributes nothing. For the 656-byte layout the kernel reads
+    ``k_cache.view(-1, 656)[index]`` and requires each page block to be contiguous (``stride(1) == 656``); for V4 it
+    reads the data row at ``block * stride + offset * 576`` and the scale row at ``block * stride + P * 576 +
+    offset * 8`` (``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh``).
+
+    Args:
+        pages: ``[num_blocks, page_bytes]`` uint8.
+        slots: ``[N]`` int; ``-1`` marks an invalid index; others must be in ``[0, num_blocks * P)``.
+    """
+    layout = _layout(layout)
+    p = positive_int("block_size", block_size)
+    dims = Dims()
+    dims.tensor("pages", pages, ("num_blocks", page_bytes(layout, p)), (torch.uint8,))
+    dims.tensor("slots", slots, ("N",), (torch.int64, torch.int32, torch.int16))
+    total = dims["num_blocks"] * p
+    s = slots.to(torch.int64)
+    if bool(((s >= total) | (s < -1)).any()):
+        raise ValueError(f"slots must be -1 or in [0, num_blocks * P = {total}), got {s.tolist()}")
+    valid = s >= 0
+    records = from_pages(pages, layout, p)
+    raw = torch.where(valid[:, None], records[s.clamp(min=0)], 0)
+    return TokenRows(raw.to(torch.uint8), valid)
+
+
+def write_pages(
+    pages: torch.Tensor,
+    entries: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    layout: CacheLayout | str,
+    block_size: int,
+    *,
+    scale: float | torch.Tensor | None = None,
+    pow2_scales: bool = False,
+) -> torch.Tensor:
+    """Quantize ``entries`` and write them at ``slot_mapping`` into a *copy* of ``pages`` (slot ``-1``: skipped).
+
+    The quantized analogue of vLLM's cache writers (``concat_and_cache_mla`` for V3/V3.2, ``rope_quant_insert`` for
+    V4/V4.1). Args as :func:`quantize` and :func:`read_tokens`; ``slot_mapping [T]`` int, entries ``[T, D]``.
+
+    Returns:
+        the new ``pages [num_blocks, page_bytes]`` uint8.
+    """
+    layout = _layout(layout)
+    p = positive_int("block_size", block_size)
+    dims = Dims()
+    dims.tensor("pages", pages, ("num_blocks", page_bytes(layout, p)), (torch.uint8,))
+    dims.tensor("entries", entries, ("T", layout.entry_dim), FLOAT)
+    dims.tensor("slot_mapping", slot_mapping, ("T",), (torch.int64, torch.int32))
+    s = slot_mapping.to(torch.int64)
+    total = dims["num_blocks"] * p
+    if bool(((s >= total) | (s < -1)).any()):
+        raise ValueError(f"slot_mapping must be -1 or in [0, num_blocks * P = {total}), got {s.tolist()}")
+    keep = s >= 0
+    if keep.sum() != torch.unique(s[keep]).numel():
+        raise ValueError(f"slot_mapping must not repeat a slot (the kernels would race), got {s.tolist()}")
+    records = from_pages(pages, layout, p).clone()
+    records[s[keep]] = quantize(entries[keep], layout, scale=scale, pow2_scales=pow2_scales).raw
+    out = to_pages(records, layout, p)
+    tail = p * layout.token_bytes  # alignment padding keeps whatever the old pages had there
+    out[:, tail:] = pages[:, tail:]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ detection
+
+
+class LayoutCheck(NamedTuple):
+    """``ok``; ``plausible``: fraction of tokens whose scale / pad bytes look right; ``problems``: what did not."""
+
+    ok: bool
+    plausible: float
+    problems: tuple[str, ...]
+
+
+def validate_layout(
+    raw: torch.Tensor,
+    layout: CacheLayout | str,
+    *,
+    e8m0_range: tuple[int, int] = (127 - 40, 127 + 20),
+    fp32_range: tuple[float, float] = (_FLT_MIN, 2.0**20),
+    min_plausible: float = 1.0,
+) -> LayoutCheck:
+    """Check that bytes written as ``layout`` look like ``layout``, using only scale and pad bytes.
+
+    Per token: e8m0 scale bytes in ``e8m0_range`` (written scales are ``>= 2^(log2(1e-4 / 448))``, i.e. byte
+    ``>= 105``, and an RMS-normed latent never needs more than ``2^20``); fp32 scales finite and in ``fp32_range``;
+    pad bytes zero; fp8 value bytes not NaN (``0x7F`` / ``0xFF`` for e4m3). A token passes when all its checks pass;
+    the layout passes when at least ``min_plausible`` of the tokens do. Per-tensor layouts carry no scale bytes, so
+    only the NaN check applies to them.
+
+    Args:
+        raw: ``[T, token_bytes]`` uint8 records, or ``[num_blocks, page_bytes]`` pages (read through
+            :func:`from_pages`, so pass ``block_size``) -- a width that is neither is itself a failed check.
+    """
+    layout = _layout(layout)
+    if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or raw.dim() != 2:
+        raise TypeError("raw must be a 2-D uint8 tensor")
+    if raw.shape[1] != layout.token_bytes:
+        return LayoutCheck(False, 0.0, (f"record width {raw.shape[1]} != {layout.token_bytes} bytes",))
+    t = raw.shape[0]
+    good = torch.ones(t, dtype=torch.bool, device=raw.device)
+    problems = []
+    for f in layout.fields:
+        b = raw[:, f.offset : f.end]
+        if f.dtype == "pad":
+            bad = (b != 0).any(dim=1)
+            what = "non-zero pad byte"
+        elif f.dtype == "e8m0":
+            lo, hi = e8m0_range
+            bad = ((b < lo) | (b > hi)).any(dim=1)
+            what = f"e8m0 scale byte outside [{lo}, {hi}]"
+        elif f.dtype == "fp32" and f.elements is None:
+            s = FP32.decode(b)
+            bad = (~torch.isfinite(s) | (s < fp32_range[0]) | (s > fp32_range[1])).any(dim=1)
+            what = f"fp32 scale not finite in [{fp32_range[0]:.3g}, {fp32_range[1]:.3g}]"
+        elif f.dtype in ("e4m3", "e5m2"):
+            bad = torch.isnan(_FORMATS[f.dtype].decode(b)).any(dim=1)
+            what = f"NaN {f.dtype} value"
+        else:
+            continue
+        if bool(bad.any()):
+            problems.append(f"{f.name}: {what} in {int(bad.sum())} of {t} tokens")
+        good &= ~bad
+    frac = float(good.to(torch.float64).mean()) if t else 1.0
+    return LayoutCheck(frac >= min_plausible, frac, tuple(problems))
+
+
+def detect_layout(raw_pages: torch.Tensor, block_size: int) -> tuple[str, ...]:
+    """Names of the layouts (with group scales) under which ``raw_pages [num_blocks, page_bytes]`` uint8 look valid.
+
+    Only layouts whose page size matches ``page_bytes`` are tried, then :func:`validate_layout` on their records.
+    """
+    p = positive_int("block_size", block_size)
+    if not isinstance(raw_pages, torch.Tensor) or raw_pages.dtype != torch.uint8 or raw_pages.dim() != 2:
+        raise TypeError("raw_pages must be a 2-D uint8 tensor [num_blocks, page_bytes]")
+    found = []
+    for name, layout in LAYOUTS.items():
+        if layout.num_groups == 0 or raw_pages.shape[1] != page_bytes(layout, p):
+            continue
+        if validate_layout(from_pages(raw_pages, layout, p), layout).ok:
+            found.append(name)
+    return tuple(found)

@@ -1,0 +1,277 @@
+"""Tests for mlaspec.spec.cache_layouts: the byte layouts as data, quantize / dequantize, pages, detection."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlaspec.spec import cache_layouts as cl
+
+F64 = torch.float64
+GROUPED = [cl.FP8_DS_MLA_V32, cl.FP8_DS_MLA_V4, cl.MXFP8_DS_MLA_V41]
+PER_TENSOR = [cl.FP8_PER_TENSOR, cl.FP8_E5M2_PER_TENSOR]
+PER_TENSOR_RULE = cl.ScaleRule("per_tensor")
+
+
+# ------------------------------------------------------------------------------------------ layouts as data
+
+
+def test_flashmla_656_byte_token_fields():
+    # FlashMLA README: 512 e4m3, then 4 fp32 scales (one per 128), then 64 bf16 RoPE = 656 bytes.
+    lay = cl.FP8_DS_MLA_V32
+    assert lay.token_bytes == 656 == 512 + 16 + 128
+    assert [(f.name, f.offset, f.nbytes, f.dtype, f.count) for f in lay.fields] == [
+        ("nope", 0, 512, "e4m3", 512),
+        ("scales", 512, 16, "fp32", 4),
+        ("rope", 528, 128, "bf16", 64),
+    ]
+
+
+def test_v4_and_v41_record_widths_and_pages():
+    # vLLM flashmla_sparse.py: V4 = 448 e4m3 + 64 bf16 + 7 ue8m0 + 1 pad = 584; V4.1 = 512 e4m3 + 16 ue8m0 = 528.
+    assert cl.FP8_DS_MLA_V4.token_bytes == 448 + 128 + 7 + 1 == 584
+    assert cl.MXFP8_DS_MLA_V41.token_bytes == 512 + 16 == 528
+    # a V4 page of 64 tokens is 64 * 584 = 37376 bytes rounded up to the 576-byte TMA stride: 65 * 576
+    assert cl.page_bytes(cl.FP8_DS_MLA_V4, 64) == 37440
+    assert cl.page_bytes(cl.MXFP8_DS_MLA_V41, 64) == 64 * 528
+    assert cl.page_bytes(cl.FP8_DS_MLA_V32, 64) == 64 * 656
+
+
+def test_malformed_layout_is_rejected():
+    with pytest.raises(ValueError, match="token_bytes"):
+        cl.CacheLayout("bad", "x", 4, 5, (cl.Field("v", 0, 4, "e4m3", 4, "values", (0, 4)),), PER_TENSOR_RULE)
+    with pytest.raises(ValueError, match="starts at"):
+        cl.CacheLayout("bad", "x", 4, 4, (cl.Field("v", 1, 3, "e4m3", 3, "values", (0, 3)),), PER_TENSOR_RULE)
+
+
+def test_v4_page_puts_scale_rows_after_all_data_rows():
+    p = 4
+    x = torch.randn(p, 512, dtype=F64)
+    q = cl.quantize(x, cl.FP8_DS_MLA_V4)
+    page = cl.to_pages(q.raw, cl.FP8_DS_MLA_V4, p)[0]
+    for t in range(p):
+        assert torch.equal(page[t * 576 : (t + 1) * 576], q.raw[t, :576])
+        assert torch.equal(page[p * 576 + t * 8 : p * 576 + t * 8 + 8], q.raw[t, 576:])
+    assert page[p * 576 + 7] == 0 and page[p * 584 :].sum() == 0  # pad byte and alignment tail are zero
+
+
+# ------------------------------------------------------------------------------------------ scale rules
+
+
+def test_scale_formats_are_told_apart_by_336():
+    # amax 336 = 0.75 * 448: vLLM's fp8_ds_mla scale is the raw fp32 0.75, FlashMLA's test quantizer and the
+    # e8m0 layouts round it up to 1.0.
+    x576 = torch.zeros(1, 576, dtype=F64)
+    x576[0, 0] = 336.0
+    assert cl.quantize(x576, cl.FP8_DS_MLA_V32).scales[0, 0] == 0.75
+    raw = cl.quantize(x576, cl.FP8_DS_MLA_V32).raw
+    assert raw[0, 512:516].view(torch.float32).item() == 0.75
+    assert cl.quantize(x576, cl.FP8_DS_MLA_V32, pow2_scales=True).scales[0, 0] == 1.0
+    x512 = torch.zeros(1, 512, dtype=F64)
+    x512[0, 0] = 336.0
+    q = cl.quantize(x512, cl.FP8_DS_MLA_V4)
+    assert q.scales[0, 0] == 1.0 and q.raw[0, 576] == 127  # e8m0 byte = exponent + 127
+    assert q.raw[0, 577] == 105  # all-zero group: amax floored at 1e-4 -> 2^ceil(log2(1e-4 / 448)) = 2^-22
+
+
+def test_nan_propagates_into_e8m0_scale_byte_255():
+    x = torch.zeros(1, 512, dtype=F64)
+    x[0, 40] = math.nan
+    q = cl.quantize(x, cl.MXFP8_DS_MLA_V41)
+    assert q.raw[0, 512 + 1] == 255
+    assert torch.isnan(cl.dequantize(q.raw, cl.MXFP8_DS_MLA_V41).entries[0, 32:64]).all()
+
+
+# ------------------------------------------------------------------------------------------ round trips
+
+E4M3_BYTES = st.integers(0, 255).filter(lambda b: b not in (0x7F, 0xFF))
+
+
+def _e4m3(byte_list):
+    return torch.tensor(byte_list, dtype=torch.uint8).view(torch.float8_e4m3fn).to(F64)
+
+
+@st.composite
+def representable_entries(draw, layout):
+    """Entries that every rule maps to scale 2^k exactly: each group holds ±448 * 2^k; unscaled parts are bf16."""
+    t = draw(st.integers(1, 3))
+    x = torch.empty(t, layout.entry_dim, dtype=F64)
+    for f in layout.value_fields:
+        a, b = f.elements
+        n = b - a
+        if f.dtype == "bf16":
+            bits = draw(st.lists(st.integers(0, 2**16 - 1), min_size=t * n, max_size=t * n))
+            v = torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(F64)
+            v = torch.where(torch.isfinite(v), v, 1.0)
+            x[:, a:b] = v.reshape(t, n)
+            continue
+        q = _e4m3(draw(st.lists(E4M3_BYTES, min_size=t * n, max_size=t * n))).reshape(t, -1, f.group)
+        q[:, :, 0] = 448.0 * torch.sign(q[:, :, 0] + 0.5)
+        k = draw(st.lists(st.integers(-20, 12), min_size=t * q.shape[1], max_size=t * q.shape[1]))
+        x[:, a:b] = (q * torch.exp2(torch.tensor(k, dtype=F64).reshape(t, -1, 1))).reshape(t, n)
+    return x
+
+
+@pytest.mark.parametrize("layout", GROUPED, ids=lambda l: l.name)
+@given(data=st.data())
+def test_representable_inputs_round_trip_exactly(layout, data):
+    x = data.draw(representable_entries(layout))
+    q = cl.quantize(x, layout)
+    assert torch.equal(cl.dequantize(q.raw, layout).entries, x)
+    assert cl.validate_layout(q.raw, layout).ok
+
+
+@pytest.mark.parametrize("layout", PER_TENSOR, ids=lambda l: l.name)
+@given(st.lists(st.integers(0, 255), min_size=576, max_size=576), st.integers(-8, 8))
+def test_per_tensor_representable_inputs_round_trip_exactly(layout, codes, k):
+    fmt = cl.E4M3 if layout is cl.FP8_PER_TENSOR else cl.E5M2
+    v = torch.tensor(codes, dtype=torch.uint8).view(fmt.torch_dtype).to(F64)
+    v = torch.where(torch.isfinite(v), v, 0.0)[None]
+    scale = 2.0**k
+    q = cl.quantize(v * scale, layout, scale=scale)
+    assert torch.equal(cl.dequantize(q.raw, layout, scale=scale).entries, v * scale)
+
+
+@pytest.mark.parametrize("layout", GROUPED + PER_TENSOR, ids=lambda l: l.name)
+@given(seed=st.integers(0, 2**16), log_mag=st.floats(-12, 6), pow2=st.booleans())
+def test_error_within_documented_bound(layout, seed, log_mag, pow2):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, layout.entry_dim, generator=g, dtype=F64) * 2.0**log_mag
+    x[:, 5] *= 2.0**10  # an outlier: other groups differ, and the per-tensor layouts saturate
+    kw = {"scale": 2.0**log_mag / 64} if layout.scale_rule.kind == "per_tensor" else {}
+    if layout.scale_rule.kind == "fp32":
+        kw["pow2_scales"] = pow2
+    err = (cl.dequantize(cl.quantize(x, layout, **kw).raw, layout, scale=kw.get("scale")).entries - x).abs()
+    bound = cl.error_bound(x, layout, **kw)
+    assert torch.all(err <= bound), f"worst excess {float((err - bound).max())}"
+    for f in layout.value_fields:  # grouped e4m3: within 2^-4 of the group amax
+        if f.group is None:
+            continue
+        a, b = f.elements
+        amax = x[:, a:b].abs().reshape(3, -1, f.group).amax(-1).repeat_interleave(f.group, 1)
+        floor = 2.0**-10 * 2.0 ** math.ceil(math.log2(1e-4 / 448))  # amax floor of the e8m0 rule
+        assert torch.all(err[:, a:b] <= 2.0**-4 * amax + floor)
+
+
+def test_round_to_format_ties_to_even_and_saturates():
+    x = torch.tensor([1.0625, 1.1875, 464.0, 10000.0, -10000.0, 2.0**-10, 3 * 2.0**-11], dtype=F64)
+    # e4m3 step at 1 is 1/8: 1.0625 ties to 1.0 (even), 1.1875 ties to 1.25; 2^-9 is the subnormal step
+    y = cl.round_to_format(x, cl.E4M3)
+    assert y.tolist() == [1.0, 1.25, 448.0, 448.0, -448.0, 0.0, 2.0**-9]
+    assert cl.round_to_format(torch.tensor([1e39], dtype=F64), cl.BF16).item() == math.inf
+
+
+# ------------------------------------------------------------------------------------------ pages
+
+
+@pytest.mark.parametrize("layout", GROUPED + PER_TENSOR, ids=lambda l: l.name)
+@given(p=st.integers(1, 5), nb=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_pages_round_trip(layout, p, nb, seed):
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (nb * p, layout.token_bytes), generator=g, dtype=torch.uint8)
+    assert torch.equal(cl.from_pages(cl.to_pages(raw, layout, p), layout, p), raw)
+
+
+@given(p=st.integers(1, 4), seed=st.integers(0, 2**16), n_pad=st.integers(1, 3))
+def test_write_pages_padding_and_read_tokens(p, seed, n_pad):
+    lay = cl.FP8_DS_MLA_V4
+    g = torch.Generator().manual_seed(seed)
+    pages = torch.randint(0, 256, (3, cl.page_bytes(lay, p)), generator=g, dtype=torch.uint8)
+    x = torch.randn(n_pad + 1, 512, generator=g, dtype=F64)
+    slots = torch.tensor([-1] * n_pad + [p + 1 if p > 1 else 1])
+    new = cl.write_pages(pages, x, slots, lay, p)
+    rows = cl.read_tokens(new, lay, p, torch.tensor([-1, int(slots[-1])]))
+    assert rows.valid.tolist() == [False, True] and torch.count_nonzero(rows.raw[0]) == 0
+    assert torch.equal(rows.raw[1], cl.quantize(x[-1:], lay).raw[0])
+    untouched = cl.from_pages(pages, lay, p)
+    mask = torch.ones(3 * p, dtype=torch.bool)
+    mask[int(slots[-1])] = False
+    assert torch.equal(cl.from_pages(new, lay, p)[mask], untouched[mask])
+    assert torch.equal(cl.write_pages(pages, x[:n_pad], slots[:n_pad], lay, p), pages)
+
+
+# ------------------------------------------------------------------------------------------ detection
+
+
+@settings(max_examples=10)  # 128 tokens of both layouts per example
+@given(seed=st.integers(0, 2**16), log_mag=st.floats(-6, 4))
+def test_v41_bytes_read_as_v4_and_back_are_detected(seed, log_mag):
+    g = torch.Generator().manual_seed(seed)
+    p = 64
+    x = torch.randn(p * 2, 512, generator=g, dtype=F64) * 2.0**log_mag
+    v4 = cl.to_pages(cl.quantize(x, cl.FP8_DS_MLA_V4).raw, cl.FP8_DS_MLA_V4, p)
+    v41 = cl.to_pages(cl.quantize(x, cl.MXFP8_DS_MLA_V41).raw, cl.MXFP8_DS_MLA_V41, p)
+    assert cl.detect_layout(v4, p) == ("fp8_ds_mla_v4",)
+    assert cl.detect_layout(v41, p) == ("mxfp8_ds_mla_v41",)
+    # the same bytes under the other geometry: V4.1 bytes cut into 584-byte records, V4 bytes into 528-byte ones
+    as_v4 = v41.reshape(-1)[: (v41.numel() // 584) * 584].reshape(-1, 584)
+    as_v41 = v4.reshape(-1)[: (v4.numel() // 528) * 528].reshape(-1, 528)
+    assert not cl.validate_layout(as_v4, cl.FP8_DS_MLA_V4).ok
+    assert not cl.validate_layout(as_v41, cl.MXFP8_DS_MLA_V41).ok
+    # pages of one layout never match the other's page size either (for block size 64)
+    assert v4.shape[1] != v41.shape[1]
+
+
+def test_656_bytes_read_as_v41_are_detected():
+    x = torch.randn(8, 576, dtype=F64)
+    raw = cl.quantize(x, cl.FP8_DS_MLA_V32).raw
+    check = cl.validate_layout(raw, cl.MXFP8_DS_MLA_V41)
+    assert not check.ok and "528" in check.problems[0]
+    reread = raw.reshape(-1)[: (raw.numel() // 528) * 528].reshape(-1, 528)
+    assert not cl.validate_layout(reread, cl.MXFP8_DS_MLA_V41).ok
+
+
+def test_bad_scale_bytes_are_reported():
+    raw = cl.quantize(torch.randn(4, 576, dtype=F64), cl.FP8_DS_MLA_V32).raw.clone()
+    raw[2, 512:516] = torch.tensor([0.0], dtype=torch.float32).view(torch.uint8)  # zero scale
+    check = cl.validate_layout(raw, cl.FP8_DS_MLA_V32)
+    assert not check.ok and check.plausible == 0.75 and "scales" in check.problems[0]
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def test_bad_input_raises_naming_the_argument():
+    x = torch.zeros(2, 576, dtype=F64)
+    with pytest.raises(ValueError, match="entries"):
+        cl.quantize(torch.zeros(2, 512, dtype=F64), cl.FP8_DS_MLA_V32)
+    with pytest.raises(TypeError, match="entries"):
+        cl.quantize(x.to(torch.int32), cl.FP8_DS_MLA_V32)
+    with pytest.raises(ValueError, match="scale"):
+        cl.quantize(x, cl.FP8_PER_TENSOR)
+    with pytest.raises(ValueError, match="scale"):
+        cl.quantize(x, cl.FP8_PER_TENSOR, scale=-1.0)
+    with pytest.raises(ValueError, match="scale"):
+        cl.quantize(x, cl.FP8_DS_MLA_V32, scale=1.0)
+    with pytest.raises(ValueError, match="pow2_scales"):
+        cl.quantize(torch.zeros(1, 512, dtype=F64), cl.FP8_DS_MLA_V4, pow2_scales=True)
+    with pytest.raises(ValueError, match="layout"):
+        cl.quantize(x, "fp9")
+    with pytest.raises(TypeError, match="raw"):
+        cl.dequantize(torch.zeros(2, 656, dtype=F64), cl.FP8_DS_MLA_V32)
+    with pytest.raises(ValueError, match="raw"):
+        cl.to_pages(torch.zeros(3, 656, dtype=torch.uint8), cl.FP8_DS_MLA_V32, 2)
+    with pytest.raises(ValueError, match="pages"):
+        cl.from_pages(torch.zeros(1, 100, dtype=torch.uint8), cl.FP8_DS_MLA_V32, 2)
+    pages = torch.zeros(2, cl.page_bytes(cl.FP8_DS_MLA_V32, 2), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="slots"):
+        cl.read_tokens(pages, cl.FP8_DS_MLA_V32, 2, torch.tensor([4]))
+    with pytest.raises(ValueError, match="slot_mapping"):
+        cl.write_pages(pages, x[:2], torch.tensor([1, 1]), cl.FP8_DS_MLA_V32, 2)
+    with pytest.raises(ValueError, match="block_size"):
+        cl.page_bytes(cl.FP8_DS_MLA_V32, 0)
+
+
+# ------------------------------------------------------------------------------------------ viz
+
+
+def test_byte_diagram_is_drawn_from_the_layout_data():
+    from mlaspec.conformance.viz.layouts import draw_block_table, draw_byte_layout
+
+    fig = draw_byte_layout(cl.FP8_DS_MLA_V32)
+    assert len(fig.axes[0].patches) == len(cl.FP8_DS_MLA_V32.fields)
+    assert len(draw_byte_layout(cl.FP8_DS_MLA_V4, block_size=2).axes) == 2  # record + page panel
+    fig = draw_block_table(torch.tensor([[3, 1], [0, 0]]), torch.tensor([5, 2]), 4)
+    assert len(fig.axes) == 2

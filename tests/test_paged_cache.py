@@ -1,0 +1,232 @@
+"""Tests for mlaspec.spec.paged_cache: slot mapping, concat_and_cache_mla, gather_cache."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlaspec.spec import cache_layouts
+from mlaspec.spec.paged_cache import (
+    concat_and_cache_mla,
+    gather_cache,
+    slot_mapping_from_block_table,
+    token_positions,
+)
+
+F64 = torch.float64
+
+
+# ------------------------------------------------------------------------------------------ worked examples
+
+
+def test_slot_mapping_worked_example():
+    # Two requests, P = 4. Request 0: context 5 + 2 new tokens (positions 5, 6) on pages [7, 2];
+    # request 1: a fresh prompt of 3 tokens (positions 0..2) on page [5]. Padded to 8 for a CUDA graph.
+    block_table = torch.tensor([[7, 2, 0], [5, 0, 0]], dtype=torch.int32)
+    query_start_loc = torch.tensor([0, 2, 5], dtype=torch.int32)
+    seq_lens = torch.tensor([7, 3], dtype=torch.int32)
+    pos = token_positions(query_start_loc, seq_lens)
+    assert pos.positions.tolist() == [5, 6, 0, 1, 2]
+    assert pos.req_indices.tolist() == [0, 0, 1, 1, 1]
+    sm = slot_mapping_from_block_table(block_table, 4, query_start_loc, pos.positions, pad_to=8)
+    # position 5 -> logical block 1 -> page 2, offset 1 -> slot 9
+    assert sm.slot_mapping.tolist() == [9, 10, 20, 21, 22, -1, -1, -1]
+    assert sm.block_ids.tolist() == [2, 2, 5, 5, 5, -1, -1, -1]
+    assert sm.block_offsets.tolist() == [1, 2, 0, 1, 2, -1, -1, -1]
+
+
+def test_gather_worked_example_seq_starts_in_tokens():
+    # P = 2; cache entry value = its slot number, so the gathered values are the slots read.
+    cache = torch.arange(6 * 2, dtype=F64).reshape(6, 2, 1).expand(6, 2, 3).clone()
+    block_table = torch.tensor([[4, 1, 3], [0, 5, 2]], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    out = gather_cache(cache, block_table, cu, 2, torch.tensor([1, 2], dtype=torch.int32))
+    # request 0 reads positions 1, 2, 3: (page 4, off 1), (page 1, off 0), (page 1, off 1) -> slots 9, 2, 3
+    # request 1 reads positions 2, 3: (page 5, off 0), (page 5, off 1) -> slots 10, 11
+    assert out.slots.tolist() == [9, 2, 3, 10, 11]
+    assert out.entries[:, 0].tolist() == [9.0, 2.0, 3.0, 10.0, 11.0]
+    assert out.entries.shape == (5, 3)
+
+
+def test_concat_and_cache_mla_latent_first_rope_after():
+    kv_c = torch.full((1, 512), 1.0, dtype=F64)
+    k_pe = torch.full((1, 64), 2.0, dtype=F64)
+    cache = torch.zeros(2, 2, 576, dtype=F64)
+    new = concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([3]))
+    assert torch.all(new[1, 1, :512] == 1.0) and torch.all(new[1, 1, 512:] == 2.0)
+    assert torch.count_nonzero(new[0]) == 0 and torch.count_nonzero(new[1, 0]) == 0
+    assert torch.count_nonzero(cache) == 0  # the input is not written
+
+
+def test_concat_and_cache_mla_fp8_per_tensor_divides_by_scale():
+    # 336 / 448 tells "x / scale" from "x * scale": with scale 0.75, 336 -> 448 (e4m3 max), read back 336.
+    kv_c = torch.zeros(1, 512, dtype=F64)
+    kv_c[0, 0] = 336.0
+    k_pe = torch.zeros(1, 64, dtype=F64)
+    cache = torch.zeros(1, 4, 576, dtype=torch.uint8)
+    new = concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([2]), kv_cache_dtype="fp8", scale=0.75)
+    stored = new[0, 2].view(torch.float8_e4m3fn).to(F64)
+    assert stored[0] == 448.0
+    back = cache_layouts.dequantize(new[0, 2:3], "fp8_e4m3_per_tensor", scale=0.75).entries
+    assert back[0, 0] == 336.0
+
+
+def test_concat_and_cache_mla_fp8_ds_mla_record():
+    kv_c = torch.randn(3, 512, dtype=F64)
+    k_pe = torch.randn(3, 64, dtype=F64).to(torch.bfloat16).to(F64)
+    cache = torch.zeros(2, 2, 656, dtype=torch.uint8)
+    new = concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([0, -1, 3]), kv_cache_dtype="fp8_ds_mla")
+    want = cache_layouts.quantize(torch.cat([kv_c, k_pe], 1), "fp8_ds_mla_v32").raw
+    assert torch.equal(new.view(4, 656)[0], want[0]) and torch.equal(new.view(4, 656)[3], want[2])
+    assert torch.count_nonzero(new.view(4, 656)[1:3]) == 0
+
+
+# ------------------------------------------------------------------------------------------ properties
+
+
+@st.composite
+def paged_problem(draw):
+    """A batch with a random page allocation; returns everything needed to write then gather."""
+    p = draw(st.integers(1, 4))
+    b = draw(st.integers(1, 3))
+    lens = draw(st.lists(st.integers(0, 7), min_size=b, max_size=b))
+    max_blocks = max(1, max(-(-n // p) for n in lens))
+    used = sum(-(-n // p) for n in lens)
+    num_blocks = used + draw(st.integers(1, 3))  # spare pages stay unused (NaN)
+    perm = draw(st.permutations(range(num_blocks)))
+    table = torch.zeros(b, max_blocks, dtype=torch.int32)
+    k = 0
+    for i, n in enumerate(lens):
+        for j in range(-(-n // p)):
+            table[i, j] = perm[k]
+            k += 1
+    seed = draw(st.integers(0, 2**16))
+    return p, lens, table, num_blocks, seed
+
+
+def _write_all(p, lens, table, num_blocks, seed, d=6):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lens)
+    qsl = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
+    pos = token_positions(qsl, torch.tensor(lens))
+    sm = slot_mapping_from_block_table(table, p, qsl, pos.positions, num_blocks=num_blocks)
+    kv_c = torch.randn(t, d - 2, generator=g, dtype=F64)
+    k_pe = torch.randn(t, 2, generator=g, dtype=F64)
+    cache = torch.full((num_blocks, p, d), math.nan, dtype=F64)
+    return qsl, sm, kv_c, k_pe, concat_and_cache_mla(kv_c, k_pe, cache, sm.slot_mapping)
+
+
+@given(paged_problem())
+def test_write_then_gather_round_trips_and_nan_pages_never_leak(problem):
+    p, lens, table, num_blocks, seed = problem
+    qsl, _, kv_c, k_pe, cache = _write_all(*problem)
+    out = gather_cache(cache, table, qsl, len(lens))
+    assert torch.equal(out.entries, torch.cat([kv_c, k_pe], 1))  # exact, and no NaN from unused pages
+    assert not torch.isnan(out.entries).any()
+
+
+@given(paged_problem(), st.data())
+def test_chunked_gather_equals_full_gather(problem, data):
+    # vLLM's chunked context: chunk i of request b reads [start, start + len) via seq_starts.
+    p, lens, table, num_blocks, seed = problem
+    qsl, _, _, _, cache = _write_all(*problem)
+    full = gather_cache(cache, table, qsl).entries
+    cut = [data.draw(st.integers(0, n)) for n in lens]
+    first = gather_cache(cache, table, torch.tensor([0] + torch.tensor(cut).cumsum(0).tolist()))
+    rest = [n - c for n, c in zip(lens, cut)]
+    second = gather_cache(
+        cache, table, torch.tensor([0] + torch.tensor(rest).cumsum(0).tolist()), seq_starts=torch.tensor(cut)
+    )
+    for b in range(len(lens)):
+        a0, a1 = sum(cut[:b]), sum(cut[: b + 1])
+        r0, r1 = sum(rest[:b]), sum(rest[: b + 1])
+        assert torch.equal(torch.cat([first.entries[a0:a1], second.entries[r0:r1]]), full[qsl[b] : qsl[b + 1]])
+
+
+@given(paged_problem(), st.data())
+def test_permuting_physical_pages_changes_nothing(problem, data):
+    p, lens, table, num_blocks, seed = problem
+    qsl, _, _, _, cache = _write_all(*problem)
+    perm = torch.tensor(data.draw(st.permutations(range(num_blocks))))
+    moved = torch.empty_like(cache)
+    moved[perm] = cache  # page q now lives at perm[q]
+    out = gather_cache(cache, table, qsl).entries
+    out_moved = gather_cache(moved, perm[table.long()].to(torch.int32), qsl).entries
+    assert torch.equal(out, out_moved)
+
+
+@given(paged_problem(), st.integers(1, 4))
+def test_padding_slots_leave_the_cache_unchanged(problem, n_pad):
+    p, lens, table, num_blocks, seed = problem
+    cache = torch.randn(num_blocks, p, 6, dtype=F64)
+    slots = torch.full((n_pad,), -1)
+    new = concat_and_cache_mla(torch.randn(n_pad, 4, dtype=F64), torch.randn(n_pad, 2, dtype=F64), cache, slots)
+    assert torch.equal(new, cache)
+
+
+@given(st.integers(1, 4), st.integers(0, 5), st.integers(0, 9))
+def test_gather_kernels_agree_on_block_aligned_starts(p, start_blocks, n):
+    num_blocks = start_blocks + -(-n // p) + 1
+    cache = torch.randn(num_blocks, p, 3, dtype=F64)
+    table = torch.arange(num_blocks, dtype=torch.int32).flip(0)[None]
+    cu, starts = torch.tensor([0, n]), torch.tensor([start_blocks * p])
+    a = gather_cache(cache, table, cu, seq_starts=starts)
+    b = gather_cache(cache, table, cu, seq_starts=starts, kernel="gather_and_maybe_dequant_cache")
+    assert torch.equal(a.entries, b.entries)
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def test_bad_slot_mapping_raises():
+    kv_c, k_pe, cache = torch.zeros(2, 4, dtype=F64), torch.zeros(2, 2, dtype=F64), torch.zeros(2, 2, 6, dtype=F64)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([0, 4]))  # past the cache
+    with pytest.raises(ValueError, match="slot_mapping"):
+        concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([1, 1]))  # repeated slot
+    with pytest.raises(ValueError, match="slot_mapping"):
+        concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([0, -2]))
+    with pytest.raises(ValueError, match="kv_cache"):
+        concat_and_cache_mla(kv_c, k_pe, torch.zeros(2, 2, 7, dtype=F64), torch.tensor([0, 1]))
+    with pytest.raises(TypeError, match="slot_mapping"):
+        concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([0, 1]), kv_cache_dtype="int4")
+
+
+def test_bad_gather_metadata_raises():
+    cache = torch.zeros(3, 2, 4, dtype=F64)
+    table = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seq_lens"):
+        gather_cache(cache, table, torch.tensor([0, 3, 2]))  # non-monotonic
+    with pytest.raises(ValueError, match="cu_seq_lens"):
+        gather_cache(cache, table, torch.tensor([0, 3]))  # B disagrees with block_table
+    with pytest.raises(ValueError, match="batch_size"):
+        gather_cache(cache, table, torch.tensor([0, 1, 2]), 3)
+    with pytest.raises(ValueError, match="block_table"):
+        gather_cache(cache, torch.tensor([[0, 7], [2, 0]]), torch.tensor([0, 4, 5]))  # page 7 out of range
+    with pytest.raises(ValueError, match="block_table"):
+        gather_cache(cache, table, torch.tensor([0, 5, 6]))  # needs 3 blocks, table has 2
+    with pytest.raises(ValueError, match="seq_starts"):
+        gather_cache(cache, table, torch.tensor([0, 1, 2]), seq_starts=torch.tensor([-1, 0]))
+    with pytest.raises(ValueError, match="seq_starts"):
+        gather_cache(cache, table, torch.tensor([0, 1, 2]), seq_starts=torch.tensor([1, 0]),
+                     kernel="gather_and_maybe_dequant_cache")
+
+
+def test_bad_slot_mapping_metadata_raises():
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        slot_mapping_from_block_table(table, 2, torch.tensor([0, 2]), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="block_table"):
+        slot_mapping_from_block_table(table, 2, torch.tensor([0, 1]), torch.tensor([4]))
+    with pytest.raises(ValueError, match="block_table"):
+        slot_mapping_from_block_table(table, 2, torch.tensor([0, 1]), torch.tensor([3]), num_blocks=1)
+    with pytest.raises(ValueError, match="positions"):
+        slot_mapping_from_block_table(table, 2, torch.tensor([0, 1]), torch.tensor([-1]))
+    with pytest.raises(ValueError, match="pad_to"):
+        slot_mapping_from_block_table(table, 2, torch.tensor([0, 1]), torch.tensor([0]), pad_to=0)
+    with pytest.raises(ValueError, match="seq_lens"):
+        token_positions(torch.tensor([0, 3]), torch.tensor([2]))
