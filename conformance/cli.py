@@ -1,10 +1,12 @@
 """``mlaspec``: check a backend against the spec and report.
 
     mlaspec check [--backend torch] [--ops attention,mla_decode] [--dtypes bfloat16] [--case ID] [--report DIR]
+    mlaspec check --backend torch --op attention --name hyp-3 --dtypes bfloat16 --params '{"B": 1, ...}'
     mlaspec backends
     mlaspec report DIR
 
-``check`` exits 1 when any case fails or errors, so it can gate a CI job.
+``check`` exits 1 when any case fails or errors, so it can gate a CI job. ``--op`` with ``--params`` runs one case
+that is not in the curated list (a generated case's reproducer: see :mod:`mlaspec.conformance.generated`).
 """
 
 from __future__ import annotations
@@ -24,20 +26,27 @@ def _check(args: argparse.Namespace) -> int:
     from .runner import run_cases
 
     backend = load_backend(args.backend)
-    if args.case:
+    if args.params is not None or args.op is not None:
+        cases = _param_cases(args)
+    elif args.case:
         cases = [case_by_id(c, scale=args.scale) for c in args.case]
     else:
         ops = tuple(args.ops.split(",")) if args.ops else None
         cases = curated_cases(scale=args.scale, dtypes=tuple(args.dtypes.split(",")), ops=ops)
     out_dir = Path(args.report)
+    for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
+        stale.unlink()
     env = environment()
     print(f"mlaspec check: backend {backend.name} ({backend.version}), {len(cases)} cases, report in {out_dir}/")
 
     def progress(i: int, r) -> None:
         print(f"[{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}", flush=True)
 
-    results = run_cases(backend, cases, backend_name=args.backend, out_dir=out_dir, scale=args.scale,
-                        timeout=args.timeout, on_result=progress)  # fmt: skip
+    if args.params is not None:
+        results = _run_param_cases(backend, cases, args, out_dir, progress)
+    else:
+        results = run_cases(backend, cases, backend_name=args.backend, out_dir=out_dir, scale=args.scale,
+                            timeout=args.timeout, on_result=progress)  # fmt: skip
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
     print()
     print(summary_table(results))
@@ -47,6 +56,43 @@ def _check(args: argparse.Namespace) -> int:
     for r in failed:
         print(f"FAILED {r.case_id}: {r.reason}\n  rerun: {r.repro}")
     return 1 if failed else 0
+
+
+def _param_cases(args: argparse.Namespace) -> list:
+    """One case per dtype from ``--op``, ``--name`` and ``--params`` (a JSON object of the op's sizes and flags)."""
+    from .cases import Case
+    from .ops import OPS
+
+    if args.op is None or args.params is None:
+        raise SystemExit("mlaspec check: --op and --params go together (--params '{\"B\": 1, ...}' --op attention)")
+    if args.op not in OPS:
+        raise SystemExit(f"mlaspec check: --op must be one of {', '.join(OPS)}, got {args.op!r}")
+    try:
+        params = json.loads(args.params)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"mlaspec check: --params is not valid JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise SystemExit(f"mlaspec check: --params must be a JSON object, got {args.params!r}")
+    return [Case(args.op, args.name, dtype, params) for dtype in args.dtypes.split(",")]
+
+
+def _run_param_cases(backend, cases, args, out_dir: Path, progress) -> list:
+    """Like ``run_cases``, with each result's reproducer naming the parameters rather than a curated id."""
+    from .generated import repro_command
+    from .runner import run_case
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    with open(out_dir / "results.jsonl", "w") as sink:
+        for i, case in enumerate(cases):
+            r = run_case(backend, case, backend_name=args.backend, scale=args.scale, timeout=args.timeout,
+                         figure_dir=out_dir / "figures")  # fmt: skip
+            r.repro = repro_command(args.backend, case)
+            results.append(r)
+            sink.write(json.dumps(r.to_json()) + "\n")
+            sink.flush()
+            progress(i, r)
+    return results
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -86,9 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--scale", default="tiny", choices=["tiny", "full"], help="case sizes (full: real DeepSeek)")
     check.add_argument("--report", default="mlaspec-report", help="output directory (default: mlaspec-report)")
     check.add_argument("--timeout", type=float, default=120.0, help="per-case timeout in seconds")
+    check.add_argument("--op", help="with --params: the op of a case that is not curated")
+    check.add_argument("--params", help="with --op: the case's sizes and flags as a JSON object")
+    check.add_argument("--name", default="custom", help="with --params: the case name (it seeds the inputs)")
     check.set_defaults(func=_check)
     sub.add_parser("backends", help="list registered backends").set_defaults(func=_backends)
-    rep = sub.add_parser("report", help="rebuild the report from DIR/results.jsonl")
+    rep = sub.add_parser("report", help="rebuild the report from DIR/results*.jsonl")
     rep.add_argument("dir")
     rep.set_defaults(func=_report)
     args = parser.parse_args(argv)

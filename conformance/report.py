@@ -1,6 +1,7 @@
 """The report: a summary table for the terminal and one self-contained HTML page (figures embedded, no network).
 
-Both are built from ``results.jsonl`` alone, so a report can be rebuilt after a crash: ``mlaspec report DIR``.
+Both are built from ``results.jsonl`` alone (or the per-worker ``results-<worker>.jsonl`` files of a sharded pytest
+run, merged), so a report can be rebuilt after a crash: ``mlaspec report DIR``.
 """
 
 from __future__ import annotations
@@ -33,9 +34,23 @@ def environment() -> dict[str, str]:
     return env
 
 
+def _curated_rank() -> dict[str, int]:
+    from .cases import curated_cases
+
+    return {c.id: i for i, c in enumerate(curated_cases(dtypes=("bfloat16", "float16", "float32")))}
+
+
 def load_results(out_dir: Path) -> list[Result]:
-    lines = (Path(out_dir) / "results.jsonl").read_text().splitlines()
-    return [Result.from_json(json.loads(line)) for line in lines if line.strip()]
+    """The verdicts in ``out_dir/results.jsonl``, or merged from every ``results*.jsonl`` there (one per pytest-xdist
+    worker: ``results-gw0.jsonl``, ...) in the curated order, generated cases after the curated ones."""
+    files = sorted(Path(out_dir).glob("results*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"no results.jsonl (or results-<worker>.jsonl) in {out_dir}")
+    results = [Result.from_json(json.loads(line)) for f in files for line in f.read_text().splitlines() if line.strip()]
+    if len(files) > 1:
+        rank = _curated_rank()
+        results.sort(key=lambda r: rank.get(r.case_id, len(rank)))  # stable: generated cases keep their order
+    return results
 
 
 def _worst(r: Result) -> tuple[str, str]:

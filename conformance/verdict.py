@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-__all__ = ["Metric", "Result", "judge"]
+__all__ = ["Metric", "Result", "judge", "judge_exact"]
 
 
 @dataclass
@@ -103,3 +103,27 @@ def judge(names: tuple[str, ...], got: object, ref: tuple, bounds: tuple) -> tup
             reasons.append(f"{name}: max |error|/bound = {worst_ratio:.3g} at {w['index']}: got {w['got']:.6g}, "
                            f"spec {w['spec']:.6g}, bound {w['bound']:.3g}")  # fmt: skip
     return ("fail" if reasons else "pass"), "; ".join(reasons), metrics, worst, ratios
+
+
+def judge_exact(names: tuple[str, ...], got: object, ref: tuple) -> tuple[str, str, list[Metric], dict, dict]:
+    """Exact equality, for integer metadata (slot mappings, start locations, indices, counts).
+
+    Each output may be a tensor or a plain int / list; the first differing position is reported.
+    """
+    if not isinstance(got, (tuple, list)) or len(got) != len(names):
+        return "error", f"expected {len(names)} outputs ({', '.join(names)}), got {type(got).__name__}", [], {}, {}
+    metrics, worst, reasons = [], {}, []
+    for name, g, r in zip(names, got, ref):
+        g = torch.as_tensor(g).detach().cpu()
+        r = torch.as_tensor(r).cpu()
+        if tuple(g.shape) != tuple(r.shape):
+            return "error", f"{name}: shape {list(g.shape)}, spec {list(r.shape)}", [], {}, {}
+        differ = g.to(r.dtype) != r if g.dtype != torch.bool else g != r.bool()
+        n = int(differ.sum())
+        metrics.append(Metric(name, "mismatches", float(n), 0.0))
+        if n:
+            idx = [int(i) for i in differ.nonzero()[0]]
+            worst[name] = dict(index=idx, got=g[tuple(idx)].item(), spec=r[tuple(idx)].item(), bound=0.0)
+            reasons.append(f"{name}: {n} of {r.numel()} entries differ; first at {idx}: got {worst[name]['got']}, "
+                           f"spec {worst[name]['spec']}")  # fmt: skip
+    return ("fail" if reasons else "pass"), "; ".join(reasons), metrics, worst, {}

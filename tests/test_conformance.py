@@ -140,3 +140,17 @@ def test_load_backend_errors():
         load_backend("nonexistent")
     with pytest.raises(ValueError, match="names no curated case"):
         case_by_id("attention[nope-bfloat16]")
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    # a regular (non-editable) install ships only the listed packages
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    cfg = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    for pkg, folder in cfg["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(root / folder).parts
+            assert ".".join((pkg, *rel)) in listed, f"{init.parent} is not listed in pyproject packages"

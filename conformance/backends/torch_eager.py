@@ -14,12 +14,20 @@ import torch
 
 from mlaspec.spec.attention import causal_mask
 
+from ..ops import OPS
+from .torch_serving import TorchServing
+from .torch_sparse import TorchSparse
 
-class TorchBackend:
+
+class TorchBackend(TorchServing, TorchSparse):
     name = "torch"
     version = f"torch {torch.__version__}"
-    ops = frozenset({"attention", "mla_decode", "mla_prefill", "merge_attn_states"})
     dtypes = frozenset({"bfloat16", "float16", "float32"})
+
+    @property
+    def ops(self) -> frozenset[str]:
+        """Every op this class implements a method for."""
+        return frozenset(op for op in OPS if callable(getattr(type(self), op, None)))
 
     def __init__(self, device: str | None = None):
         self.device = torch.device(device or os.environ.get("MLASPEC_DEVICE", "cpu"))

@@ -20,7 +20,10 @@ A case passes when every element is within its bound and ±inf/NaN positions agr
 
 from .common import DTYPES, EPS32, Op, unit_roundoff
 from .dense import OPS as _DENSE
+from .indexer import OPS as _INDEXER
+from .serving import OPS as _SERVING
+from .sparse import OPS as _SPARSE
 
 __all__ = ["Op", "OPS", "DTYPES", "EPS32", "unit_roundoff"]
 
-OPS: dict[str, Op] = {op.name: op for op in [*_DENSE]}
+OPS: dict[str, Op] = {op.name: op for op in [*_DENSE, *_SERVING, *_INDEXER, *_SPARSE]}

@@ -26,15 +26,21 @@ class Op:
 
     ``make_inputs(case) -> kwargs`` (tensors in the case dtype); ``reference(**kwargs) -> tuple`` of float64
     outputs named ``outputs``; ``bounds(kwargs, ref, u) -> tuple`` of per-element absolute error bounds, one per
-    output, broadcastable to it.
+    output, broadcastable to it (``None`` for ops judged by ``compare`` alone).
+
+    ``compare(kwargs, got, ref) -> (verdict, reason, metrics, worst, ratios)`` replaces the default per-element
+    judgement (:func:`mlaspec.conformance.verdict.judge`) where equality is not the right question: exact
+    equality for integer metadata (:func:`~mlaspec.conformance.verdict.judge_exact`), tie-aware agreement for
+    top-k indices.
     """
 
     name: str
     make_inputs: Callable[[Case], dict]
     reference: Callable[..., tuple]
-    bounds: Callable[[dict, tuple, float], tuple]
+    bounds: Callable[[dict, tuple, float], tuple] | None
     outputs: tuple[str, ...] = ("out", "lse")
     doc: str = ""
+    compare: Callable[[dict, object, tuple], tuple] | None = None
 
 
 def randn(case: Case) -> Callable[..., torch.Tensor]:

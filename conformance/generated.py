@@ -1,0 +1,95 @@
+"""Hypothesis strategies that generate conformance cases beyond the curated list.
+
+Each strategy draws a whole :class:`~mlaspec.conformance.cases.Case` for one op: sizes within small limits (so a
+case runs in milliseconds on a CPU), a dtype, the causal flag, and for ``merge_attn_states`` the fraction of empty
+(``±inf`` LSE) parts. A case's inputs come from its seed, which is derived from its id, and the id carries a drawn
+``name`` (``hyp-<n>``): the same drawn parameters always mean the same tensors, so a case found by hypothesis is
+rerun exactly by :func:`repro_command` (``mlaspec check --op OP --name NAME --dtypes D --params JSON``).
+
+Hypothesis shrinks a failing case towards fewer batches, shorter sequences, fewer heads and narrower heads, and
+:func:`describe` prints the minimal one as a ``Case(...)`` literal plus that command.
+
+Limits (``LIMITS``) keep each dimension small; the decode keeps DeepSeek's 576 / 512 widths, which a real MLA
+kernel needs, and varies everything else.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from hypothesis import strategies as st
+
+from .cases import Case
+
+__all__ = ["LIMITS", "case_strategy", "cases", "repro_command", "describe", "GENERATED_OPS"]
+
+GENERATED_OPS = ("attention", "mla_decode", "mla_prefill", "merge_attn_states")
+
+#: Inclusive upper limits of the drawn sizes.
+LIMITS = dict(B=3, S_q=6, S_kv=24, H_kv=3, group=3, D_qk=40, D_v=24, H_decode=16, Lkv=32, P=16, R=8, V=16,
+              T=9, H=4, D=64, tag=999)  # fmt: skip
+
+
+@st.composite
+def _attention(draw) -> dict:
+    h_kv = draw(st.integers(1, LIMITS["H_kv"]))
+    return dict(B=draw(st.integers(1, LIMITS["B"])), S_q=draw(st.integers(1, LIMITS["S_q"])),
+                S_kv=draw(st.integers(0, LIMITS["S_kv"])), H_q=h_kv * draw(st.integers(1, LIMITS["group"])),
+                H_kv=h_kv, D_qk=draw(st.integers(1, LIMITS["D_qk"])), D_v=draw(st.integers(1, LIMITS["D_v"])),
+                causal=draw(st.booleans()))  # fmt: skip
+
+
+@st.composite
+def _mla_decode(draw) -> dict:
+    return dict(B=draw(st.integers(1, LIMITS["B"])), S_q=draw(st.integers(1, 4)),
+                S_kv=draw(st.integers(1, LIMITS["S_kv"])), H_q=draw(st.integers(1, LIMITS["H_decode"])),
+                D_qk=576, D_v=512, causal=draw(st.booleans()))  # fmt: skip
+
+
+@st.composite
+def _mla_prefill(draw) -> dict:
+    s_q = draw(st.integers(1, LIMITS["S_q"]))
+    return dict(B=draw(st.integers(1, 2)), S_q=s_q, S_kv=s_q + draw(st.integers(0, LIMITS["S_kv"] // 2)),
+                H_q=draw(st.integers(1, LIMITS["H"])), Lkv=draw(st.integers(1, LIMITS["Lkv"])),
+                P=draw(st.integers(1, LIMITS["P"])), R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
+                V=draw(st.integers(1, LIMITS["V"])), causal=draw(st.booleans()))  # fmt: skip
+
+
+@st.composite
+def _merge_attn_states(draw) -> dict:
+    return dict(T=draw(st.integers(1, LIMITS["T"])), H=draw(st.integers(1, LIMITS["H"])),
+                D=draw(st.integers(1, LIMITS["D"])), empty=draw(st.sampled_from([0.0, 0.3, 1.0])))  # fmt: skip
+
+
+_PARAMS = {"attention": _attention, "mla_decode": _mla_decode, "mla_prefill": _mla_prefill,
+           "merge_attn_states": _merge_attn_states}  # fmt: skip
+
+
+def case_strategy(op: str, dtypes: tuple[str, ...] = ("bfloat16", "float16")) -> st.SearchStrategy[Case]:
+    """Cases of ``op`` with drawn sizes, one of ``dtypes`` and a drawn name ``hyp-<n>`` (which seeds the inputs)."""
+    if op not in _PARAMS:
+        raise ValueError(f"op must be one of {', '.join(_PARAMS)}, got {op!r}")
+    if not dtypes:
+        raise ValueError("dtypes must name at least one dtype")
+    return st.builds(
+        lambda params, dtype, tag: Case(op, f"hyp-{tag}", dtype, params),
+        _PARAMS[op](), st.sampled_from(tuple(dtypes)), st.integers(0, LIMITS["tag"]),
+    )  # fmt: skip
+
+
+def cases(ops: tuple[str, ...] = GENERATED_OPS, dtypes: tuple[str, ...] = ("bfloat16", "float16")):
+    """Cases of any of ``ops``."""
+    return st.one_of(*(case_strategy(op, dtypes) for op in ops))
+
+
+def repro_command(backend: str, case: Case) -> str:
+    """The one-line command that reruns exactly ``case`` (name, dtype and parameters)."""
+    params = json.dumps(case.params, sort_keys=True, separators=(",", ":"))
+    return (f"mlaspec check --backend {shlex.quote(backend)} --op {case.op} --name {shlex.quote(case.name)} "
+            f"--dtypes {case.dtype} --params {shlex.quote(params)}")  # fmt: skip
+
+
+def describe(case: Case, backend: str) -> str:
+    """``Case(...)`` literal and the rerun command, as a failing generated case prints them."""
+    return f"{case!r}\n  rerun: {repro_command(backend, case)}"

@@ -1,0 +1,7 @@
+"""Conformance ops for the sparse spec (being written: this module's OPS list grows as the ops land)."""
+
+from __future__ import annotations
+
+from .common import Op
+
+OPS: list[Op] = []
