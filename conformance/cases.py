@@ -53,6 +53,11 @@ def _cases(scale: str) -> list[tuple[str, str, dict]]:
         ("mla_prefill", "v3-tp8-chunk", dict(B=1, S_q=7 if not full else 512, S_kv=(7 if not full else 512) + ctx,
                                              H_q=16, Lkv=512, P=128, R=64, V=128, causal=True)),  # fmt: skip
         ("mla_prefill", "tiny-noncausal", dict(B=2, S_q=5, S_kv=13, H_q=4, Lkv=32, P=16, R=8, V=16, causal=False)),
+        # the whole absorbed decode form; TP1 has N = V = 128 heads, so a transposed W_UV still fits its shape
+        ("mla_absorbed", "v3-tp8-mtp2", dict(B=2, S_q=2, S_kv=ctx, H_q=16, Lkv=512, P=128, R=64, V=128, causal=True)),
+        ("mla_absorbed", "n-equals-v", dict(B=1, S_q=1, S_kv=ctx, H_q=128 if full else 16, Lkv=512 if full else 64,
+                                            P=128 if full else 16, R=64 if full else 8, V=128 if full else 16,
+                                            causal=True)),  # fmt: skip
         # merge_attn_states: vLLM's layouts, some parts empty (±inf)
         ("merge_attn_states", "tp8", dict(T=9, H=16, D=512, empty=0.0)),
         ("merge_attn_states", "empty-parts", dict(T=7, H=4, D=128, empty=0.4)),

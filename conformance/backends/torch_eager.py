@@ -58,6 +58,14 @@ class TorchBackend(TorchServing, TorchSparse):
         k = torch.cat([k_nope, k_pe[:, :, None].expand(-1, -1, k_nope.shape[2], -1)], -1)
         return self.attention(q, k, v, scale=scale, causal=causal)
 
+    def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
+        dtype = q_nope.dtype
+        ql_nope = torch.einsum("bsnp,lnp->bsnl", q_nope.float(), W_UK.float()).to(dtype)  # as vLLM's bmm with W_UK_T
+        o_lat, lse = self.mla_decode(torch.cat([ql_nope, q_pe], -1), torch.cat([kv_c, k_pe], -1),
+                                     d_v=kv_c.shape[-1], scale=scale, causal=causal)  # fmt: skip
+        out = torch.einsum("bsnl,lnv->bsnv", o_lat.float(), W_UV.float())
+        return out.to(dtype), lse
+
     def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
         p_lse, s_lse = (l.float().masked_fill(l == math.inf, -math.inf) for l in (prefix_lse, suffix_lse))
         m = torch.maximum(p_lse, s_lse)

@@ -8,7 +8,7 @@ import torch
 
 from mlaspec.spec.attention import attention
 from mlaspec.spec.config import MLAConfig, make_weights
-from mlaspec.spec.forms import mla_mha, mqa_latent_attention
+from mlaspec.spec.forms import absorb_query, mla_absorbed, mla_mha, mqa_latent_attention
 from mlaspec.spec.merge import merge_attn_states
 
 from ..cases import Case
@@ -65,6 +65,21 @@ def _prefill_bounds(kw, ref, u):
     return out_b, lse_b
 
 
+# -- mla_absorbed: the whole decode form (absorb W_UK, MQA over the entries, W_UV) --------------------------------
+def _absorbed_bounds(kw, ref, u):
+    # vLLM materialises the absorbed query ql_nope and the latent output in the case dtype (u/2 each), then the
+    # W_UV product rounds once more; the latent error reaches the output through |W_UV|.
+    q = absorb_query(kw["q_nope"].double(), kw["q_pe"].double(), kw["W_UK"].double())  # [B, S_q, N, Lkv + R]
+    kv = torch.cat([kw["kv_c"].double(), kw["k_pe"].double()], -1)[:, :, None]  # [B, S_kv, 1, Lkv + R]
+    lkv = kw["kv_c"].shape[-1]
+    ds = logit_error(q, kv, kw["scale"]) * (1 + u / 2 / (q.shape[-1] * EPS32))  # fp32 sums + ql rounding
+    o_lat, lse = attention(q, kv, kv[..., :lkv], scale=kw["scale"], causal=kw["causal"])
+    m_lat = attention(q, kv, kv[..., :lkv].abs(), scale=kw["scale"], causal=kw["causal"]).out
+    err_lat = (u + 2 * ds.transpose(1, 2)[..., None]) * m_lat + u / 2 * o_lat.abs()  # [B, S_q, N, Lkv]
+    err = torch.einsum("bsnl,lnv->bsnv", err_lat, kw["W_UV"].double().abs())
+    return 2 * (err + u / 2 * ref[0].abs()), 2 * (ds + EPS32 * ref[1].abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
+
+
 # -- merge_attn_states --------------------------------------------------------------------------------------------
 def _merge_inputs(c: Case) -> dict:
     p, r = c.params, randn(c)
@@ -92,6 +107,8 @@ OPS = [
            doc="Absorbed-form MQA over 576-wide entries, v = first 512 (spec.forms.mqa_latent_attention)"),
         Op("mla_prefill", _prefill_inputs, mla_mha, _prefill_bounds,
            doc="Compute-friendly form: up-project, MHA with qk 192 / v 128 (spec.forms.mla_mha)"),
+        Op("mla_absorbed", _prefill_inputs, mla_absorbed, _absorbed_bounds,
+           doc="The whole decode form: absorb W_UK into q, MQA over the 576-wide entries, W_UV (spec.forms.mla_absorbed)"),
         Op("merge_attn_states", _merge_inputs, merge_attn_states, _merge_bounds,
            doc="Two-way LSE merge with vLLM's ±inf rules (spec.merge.merge_attn_states)"),
 ]  # fmt: skip
