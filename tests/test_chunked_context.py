@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlaspec.spec.batch import Request, build_metadata, reorder_batch_to_split_decodes_and_prefills
@@ -289,3 +289,64 @@ def test_mixed_batch_bad_input():
                         workspace_size=8)  # fmt: skip
     with pytest.raises(TypeError, match="metadata"):
         mla_mixed_batch(**new, metadata=None, context=ctx, **w, scale=SCALE, workspace_size=8)
+
+
+# -- chunked context through an fp8 cache -------------------------------------------------------------------------
+
+
+@settings(max_examples=6)  # 576-wide entries: each example quantizes a real cache
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=3), st.integers(0, 2**16))
+def test_chunked_through_fp8_cache_is_within_the_quantization_bound(contexts, seed):
+    # contexts written to FlashMLA's 656-byte fp8 cache, read back chunk by chunk through gather_cache +
+    # dequantize: (1) equals full attention over the dequantized context exactly; (2) differs from attention
+    # over the unquantized context by at most the cache's error bound carried through the logits and values.
+    from mlaspec.spec.cache_layouts import FP8_DS_MLA_V32, dequantize, error_bound
+    from mlaspec.spec.paged_cache import concat_and_cache_mla, gather_cache
+
+    lkv, r, page = 512, 64, 4
+    g = torch.Generator().manual_seed(seed)
+    new_tokens = [2] * len(contexts)
+    t = sum(new_tokens)
+    new = dict(q_nope=randn(g, t, N, P_NOPE), q_pe=randn(g, t, N, r), kv_c=randn(g, t, lkv), k_pe=randn(g, t, r))
+    w = dict(W_UK=randn(g, lkv, N, P_NOPE) / 20, W_UV=randn(g, lkv, N, V) / 20)
+    ctx = [(randn(g, c, lkv), randn(g, c, r)) for c in contexts]
+    # pages: request b owns pages b*3 .. b*3+2 (shuffled), unused bytes are 0xFF (NaN scales / values)
+    n_pages = 3 * len(contexts)
+    perm = torch.randperm(n_pages, generator=g)
+    block_table = perm.reshape(len(contexts), 3)
+    cache = torch.full((n_pages, page, FP8_DS_MLA_V32.token_bytes), 255, dtype=torch.uint8)
+    for b, (kv, pe) in enumerate(ctx):
+        pos = torch.arange(kv.shape[0])
+        slots = block_table[b, pos // page] * page + pos % page
+        cache = concat_and_cache_mla(kv, pe, cache, slots, kv_cache_dtype="fp8_ds_mla")
+
+    def gather(b, start, length):
+        rows = gather_cache(cache, block_table[b : b + 1], torch.tensor([0, length]), seq_starts=torch.tensor([start]))
+        e = dequantize(rows.entries, FP8_DS_MLA_V32).entries
+        return e[:, :lkv], e[:, lkv:]
+
+    plan = plan_context_chunks(contexts, 4 * len(contexts), page)
+    out, lse = chunked_prefill_attention(**new, cu_seqlens_q=cu(new_tokens), context=gather, plan=plan, **w, scale=SCALE)
+    deq = [gather(b, 0, c) for b, c in enumerate(contexts)]
+    ref_deq, _ = full_attention(new, deq, w, new_tokens)
+    torch.testing.assert_close(out, ref_deq, rtol=1e-12, atol=1e-12)
+
+    exact, _ = full_attention(new, ctx, w, new_tokens)
+    s = 0
+    for (kv, pe), q in zip(ctx, new_tokens):
+        e = s + q
+        if kv.shape[0]:
+            d = error_bound(torch.cat([kv, pe], 1), FP8_DS_MLA_V32)  # [C, 576]
+            dk_nope = torch.einsum("cl,lnp->cnp", d[:, :lkv], w["W_UK"].abs())
+            dv = torch.einsum("cl,lnv->cnv", d[:, :lkv], w["W_UV"].abs())
+            ds = SCALE * (torch.einsum("tnp,cnp->tnc", new["q_nope"][s:e].abs(), dk_nope)
+                          + torch.einsum("tnr,cr->tnc", new["q_pe"][s:e].abs(), d[:, lkv:]))  # fmt: skip
+            delta = ds.amax(-1)  # [q, N]: the largest logit perturbation per row
+            v_all = torch.cat([torch.einsum("cl,lnv->cnv", kv, w["W_UV"]).abs() + dv,
+                               torch.einsum("tl,lnv->tnv", new["kv_c"][s:e], w["W_UV"]).abs()])  # fmt: skip
+            bound = torch.expm1(2 * delta)[..., None] * v_all.amax(0) + dv.amax(0)  # [q, N, V]
+            assert ((out[s:e] - exact[s:e]).abs() <= bound).all()
+        else:
+            torch.testing.assert_close(out[s:e], exact[s:e], rtol=1e-12, atol=1e-12)
+        s = e
+
