@@ -61,6 +61,140 @@ def _cases(scale: str) -> list[tuple[str, str, dict]]:
         # merge_attn_states: vLLM's layouts, some parts empty (±inf)
         ("merge_attn_states", "tp8", dict(T=9, H=16, D=512, empty=0.0)),
         ("merge_attn_states", "empty-parts", dict(T=7, H=4, D=128, empty=0.4)),
+        # serving: paged cache writes (NaN in unused slots, padding slots -1), fp8 layouts, gathers
+        ("concat_and_cache_mla", "v3-bf16-page64-padding",
+         dict(T=300 if full else 13, pad=20 if full else 3, P=64 if full else 16, num_blocks=12 if full else 3,
+              kv_cache_dtype="auto")),
+        ("concat_and_cache_mla", "v3-fp8-per-tensor",
+         dict(T=300 if full else 13, pad=4, P=64 if full else 16, num_blocks=12 if full else 3,
+              kv_cache_dtype="fp8", scale=0.09375)),
+        ("concat_and_cache_mla", "v32-fp8-ds-mla-656",
+         dict(T=300 if full else 13, pad=4, P=64 if full else 16, num_blocks=12 if full else 3,
+              kv_cache_dtype="fp8_ds_mla")),
+        ("gather_cache", "v3-context-chunk-seq-starts",
+         dict(P=64 if full else 16, lens=[300, 0, 1000, 64] if full else [5, 0, 21, 9],
+              starts=[70, 5, 640, 1000] if full else [3, 7, 16, 40])),
+        ("gather_cache", "v3-dequant-gather-aligned",
+         dict(P=64 if full else 16, lens=[100, 640, 33] if full else [7, 16, 19],
+              starts=[0, 64, 640] if full else [0, 16, 32], kernel="gather_and_maybe_dequant_cache")),
+        ("gather_cache", "v32-fp8-ds-mla-raw",
+         dict(P=64 if full else 16, lens=[130, 700, 9] if full else [6, 13, 4],
+              starts=[1, 0, 65] if full else [1, 0, 9], entry="fp8_ds_mla")),
+        ("slot_mapping_from_block_table", "mixed-batch-cudagraph-pad",
+         dict(P=64 if full else 16, pad=5, requests=(mixed := [[0, 9, 9], [12, 1, 5], [8, 7, 20], [30, 2, 10],
+              [6, 3, 16], [0, 1, 7], [40, 4, 33], [3, 1, None], [0, 13, 13]]))),  # fmt: skip
+        ("quantize", "v32-656", dict(T=6, layout="fp8_ds_mla_v32")),
+        ("quantize", "v4-584", dict(T=6, layout="fp8_ds_mla_v4")),
+        ("quantize", "v41-528", dict(T=6, layout="mxfp8_ds_mla_v41")),
+        ("quantize", "fp8-per-tensor", dict(T=6, layout="fp8_e4m3_per_tensor", scale=0.09375)),
+        ("dequantize", "v32-656", dict(T=6, layout="fp8_ds_mla_v32")),
+        ("dequantize", "v4-584", dict(T=6, layout="fp8_ds_mla_v4")),
+        ("dequantize", "v41-528", dict(T=6, layout="mxfp8_ds_mla_v41")),
+        ("dequantize", "fp8-per-tensor", dict(T=6, layout="fp8_e4m3_per_tensor", scale=0.09375)),
+        ("write_pages", "v4-584-paged", dict(T=40 if full else 13, pad=2, P=64 if full else 16, num_blocks=3,
+                                             layout="fp8_ds_mla_v4")),  # fmt: skip
+        ("write_pages", "v41-528-paged", dict(T=40 if full else 13, pad=2, P=64 if full else 16, num_blocks=3,
+                                              layout="mxfp8_ds_mla_v41")),  # fmt: skip
+        ("write_pages", "v32-656-paged", dict(T=40 if full else 13, pad=2, P=64 if full else 16, num_blocks=3,
+                                              layout="fp8_ds_mla_v32")),  # fmt: skip
+        ("read_tokens", "v4-584-paged", dict(T=40 if full else 13, P=64 if full else 16, num_blocks=3, N=12,
+                                             layout="fp8_ds_mla_v4")),  # fmt: skip
+        ("read_tokens", "v41-528-paged", dict(T=40 if full else 13, P=64 if full else 16, num_blocks=3, N=12,
+                                              layout="mxfp8_ds_mla_v41")),  # fmt: skip
+        # serving: chunked-prefill context (3+ chunks, a prefill without context), batch metadata
+        ("chunked_prefill_attention", "v3-workspace-chunks-no-context",
+         dict(H_q=16, Lkv=512, P=128, R=64, V=128, contexts=[4096, 0, 1000, 300], q_lens=[64, 128, 17, 33],
+              block_size=64, workspace_size=2048) if full else
+         dict(H_q=4, Lkv=32, P=16, R=8, V=16, contexts=[37, 0, 20, 9], q_lens=[3, 5, 1, 4], block_size=4,
+              workspace_size=24)),  # fmt: skip
+        ("chunked_prefill_attention", "first-chunks-only",
+         dict(H_q=4, Lkv=32, P=16, R=8, V=16, contexts=[0, 0], q_lens=[4, 2], block_size=4, workspace_size=16)),
+        ("build_metadata", "v3-mixed-default-pages", dict(P=64 if full else 16, requests=mixed)),
+        ("build_metadata", "mixed-shuffled-table", dict(P=64 if full else 4, requests=mixed, shuffle=True)),
+        ("split_decodes_and_prefills", "mtp4-mixed",
+         dict(P=16, decode_threshold=4, requests=(reordered := [[12, 1, 5], [30, 2, 10], [40, 4, 33], [3, 1, None],
+              [6, 3, 16], [8, 7, 20], [0, 9, 9], [0, 1, 7], [0, 13, 13]]))),  # fmt: skip
+        ("split_decodes_and_prefills", "mtp4-short-extends-as-prefills",
+         dict(P=16, decode_threshold=4, requests=reordered, treat_short_extends_as_decodes=False)),
+        ("split_decodes_and_prefills", "mtp4-require-uniform",
+         dict(P=16, decode_threshold=4, requests=reordered, require_uniform=True)),
+        ("split_decodes_and_prefills", "mtp2-uniform-cudagraph-pad",
+         dict(P=16, decode_threshold=2, requests=[[5, 2, None], [7, 2, None], [9, 0, None]], require_uniform=True)),
+        ("reorder_batch_to_split_decodes_and_prefills", "mtp4-mixed-4-regions",
+         dict(requests=mixed, decode_threshold=4, regions=4)),
+        ("reorder_batch_to_split_decodes_and_prefills", "mtp4-mixed-2-regions",
+         dict(requests=mixed, decode_threshold=4, regions=2)),
+        ("reorder_batch_to_split_decodes_and_prefills", "decode-1-2-regions",
+         dict(requests=mixed, decode_threshold=1, regions=2)),
+        ("make_local_attention_virtual_batches", "seed-example-chunk4",
+         dict(attn_chunk_size=4, P=2, requests=[[2, 4, None], [7, 10, None], [4, 5, None]],
+              block_table=[list(range(10 * b, 10 * b + 10)) for b in range(3)])),
+        ("make_local_attention_virtual_batches", "chunk8-shuffled",
+         dict(attn_chunk_size=8, P=4, requests=mixed, shuffle=True)),
+        # sparse MLA prefill (FlashMLA flash_mla_sparse_fwd): V3.2 top-2048 (tiny: 64), invalid sentinels, sinks.
+        # Full sizes keep S_q * K * H_q small: the float64 reference materialises the gathered keys per query head.
+        ("sparse_prefill", "v32-top2048", dict(S_q=3 if full else 4, S_kv=ctx if full else 150, H_q=64 if full else 8,
+                                               H_kv=1, D_qk=576, D_v=512, K=2048 if full else 64)),  # fmt: skip
+        ("sparse_prefill", "topk-length-shorter", dict(S_q=8 if full else 5, S_kv=ctx if full else 90,
+                                                       H_q=16 if full else 8, H_kv=1, D_qk=576, D_v=512,
+                                                       K=2048 if full else 32, topk_length=True)),  # fmt: skip
+        ("sparse_prefill", "empty-rows", dict(S_q=5, S_kv=ctx if full else 60, H_q=16 if full else 4, H_kv=1,
+                                              D_qk=576, D_v=512, K=2048 if full else 24, topk_length=True,
+                                              empty=2)),  # fmt: skip
+        ("sparse_prefill", "sink-finite", dict(S_q=4, S_kv=ctx if full else 60, H_q=16 if full else 4, H_kv=1,
+                                               D_qk=576, D_v=512, K=2048 if full else 24, sink="finite")),  # fmt: skip
+        ("sparse_prefill", "sink-inf-empty", dict(S_q=4, S_kv=ctx if full else 60, H_q=16 if full else 4, H_kv=1,
+                                                  D_qk=576, D_v=512, K=2048 if full else 24, sink="inf",
+                                                  empty=1)),  # fmt: skip
+        ("sparse_prefill", "v4-d512", dict(S_q=4, S_kv=ctx if full else 50, H_q=64 if full else 4,
+                                           H_kv=1, D_qk=512, D_v=512, K=640 if full else 24, topk_length=True,
+                                           sink="finite")),  # fmt: skip
+        # sparse MLA decode over a paged cache (flash_mla_with_kvcache with indices): V3.2 and V4 with extra cache
+        ("sparse_decode", "v32-top2048", dict(B=2, S_q=1, S_kv=ctx if full else 150,
+                                              H_q=64 if full else 8, D_qk=576, D_v=512, K=2048 if full else 64,
+                                              P=64 if full else 16)),  # fmt: skip
+        ("sparse_decode", "v32-mtp2", dict(B=3, S_q=2, S_kv=ctx if full else 100, H_q=32 if full else 4, D_qk=576,
+                                           D_v=512, K=2048 if full else 32, P=64 if full else 16,
+                                           short_request=True, topk_length=True)),  # fmt: skip
+        ("sparse_decode", "topk-length-empty", dict(B=3, S_q=1, S_kv=ctx if full else 70, H_q=16 if full else 4,
+                                                    D_qk=576, D_v=512, K=2048 if full else 24, P=64 if full else 16,
+                                                    topk_length=True, empty=1, sink="inf")),  # fmt: skip
+        ("sparse_decode", "v4-swa-c4a", dict(B=3, S_q=1, S_kv=ctx if full else 60, H_q=64 if full else 4, D_qk=512,
+                                             D_v=512, P=64 if full else 16, layer=4, window=128 if full else 8,
+                                             P_extra=64 if full else 8, K_extra=512 if full else 8,
+                                             sink="finite")),  # fmt: skip
+        ("sparse_decode", "v4-c128a-mtp2", dict(B=2, S_q=2, S_kv=8192 if full else 300, H_q=64 if full else 4,
+                                                D_qk=512, D_v=512, P=64 if full else 16, layer=128,
+                                                window=128 if full else 8, P_extra=64 if full else 8,
+                                                K_extra=64 if full else 4, sink="finite")),  # fmt: skip
+        # one DeepSeek V4 layer: sliding window (W = 128, tiny 8) over raw keys, plus compressed entries
+        ("v4_attention", "swaonly", dict(S_q=1, S_kv=ctx + 37 if full else 37, H_q=64 if full else 8, D_qk=512,
+                                         D_v=512, window=128 if full else 8, layer=1, sink="finite")),  # fmt: skip
+        ("v4_attention", "c4a-mtp2", dict(S_q=2, S_kv=ctx + 37 if full else 45, H_q=64 if full else 8, D_qk=512,
+                                          D_v=512, window=128 if full else 8, layer=4, K=512 if full else 4,
+                                          sink="finite")),  # fmt: skip
+        ("v4_attention", "c128a-mtp2", dict(S_q=2, S_kv=ctx if full else 256, H_q=64 if full else 8, D_qk=512,
+                                            D_v=512, window=128 if full else 8, layer=128, sink="inf")),  # fmt: skip
+        ("v4_attention", "prefill-shorter-than-window", dict(S_q=5, S_kv=5, H_q=8, D_qk=512, D_v=512,
+                                                             window=128 if full else 8, layer=1)),  # fmt: skip
+        # lightning indexer (DeepGEMM fp8_mqa_logits / fp8_paged_mqa_logits) and the top-k over its logits
+        ("indexer_logits", "v32-prefill-ragged", dict(H=64 if full else 8, D=128,
+                                                      query_lens=[64, 16, 7] if full else [3, 1, 4],
+                                                      seq_lens=[2048, 300, 7] if full else [5, 9, 4],
+                                                      empty=True)),  # fmt: skip
+        ("indexer_logits", "one-request", dict(H=64 if full else 8, D=128, query_lens=[32 if full else 6],
+                                               seq_lens=[ctx if full else 40])),  # fmt: skip
+        ("paged_indexer_logits", "v32-decode", dict(B=8 if full else 3, next_n=1, S_kv=ctx if full else 37,
+                                                    P=64 if full else 16, H=64 if full else 8, D=128)),  # fmt: skip
+        ("paged_indexer_logits", "v32-mtp2", dict(B=4 if full else 3, next_n=2, S_kv=ctx if full else 37,
+                                                  P=64 if full else 16, H=64 if full else 8, D=128,
+                                                  padded=True)),  # fmt: skip
+        ("topk_indices", "v32-prefill-ties", dict(mode="prefill", K=2048 if full else 16,
+                                                  query_lens=[8, 4] if full else [3, 1, 4, 2],
+                                                  seq_lens=[4096, 1000] if full else [40, 9, 30, 20])),  # fmt: skip
+        ("topk_indices", "v32-decode-ties", dict(mode="decode", M=8 if full else 9, N=ctx + 37 if full else 70,
+                                                 K=2048 if full else 16)),  # fmt: skip
+        ("topk_indices", "short-rows", dict(mode="decode", M=5, N=10, K=2048 if full else 16)),
     ]
 
 

@@ -4,6 +4,7 @@
     mlaspec check --backend torch --op attention --name hyp-3 --dtypes bfloat16 --params '{"B": 1, ...}'
     mlaspec backends
     mlaspec report DIR
+    mlaspec matrix --backends flashmla,deepgemm,flashinfer,vllm,torch_sdpa,torch,spec --scale full --out docs/matrix
 
 ``check`` exits 1 when any case fails or errors, so it can gate a CI job. ``--op`` with ``--params`` runs one case
 that is not in the curated list (a generated case's reproducer: see :mod:`mlaspec.conformance.generated`).
@@ -121,6 +122,18 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _matrix(args: argparse.Namespace) -> int:
+    from .matrix import run_matrix, write_matrix
+
+    names = [n for n in args.backends.split(",") if n]
+    ops = tuple(args.ops.split(",")) if args.ops else None
+    data = run_matrix(names, out_dir=Path(args.out), scale=args.scale, dtypes=tuple(args.dtypes.split(",")),
+                      ops=ops, timeout=args.timeout, progress=lambda line: print(line, flush=True))  # fmt: skip
+    md, js = write_matrix(data, Path(args.out), merge=args.merge)
+    print(f"matrix: {md} and {js}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mlaspec", description="Check an MLA backend against the mlaspec spec.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,6 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report", help="rebuild the report from DIR/results*.jsonl")
     rep.add_argument("dir")
     rep.set_defaults(func=_report)
+    mat = sub.add_parser("matrix", help="run the curated cases on several backends; write OUT/matrix.md and .json")
+    mat.add_argument("--backends", default="spec,torch,torch_sdpa,flashmla,deepgemm,flashinfer,vllm",
+                     help="comma-separated backend names or module:attr (default: every shipped adapter)")
+    mat.add_argument("--ops", help="comma-separated op names (default: all)")
+    mat.add_argument("--dtypes", default="bfloat16", help="comma-separated case dtypes (default: bfloat16)")
+    mat.add_argument("--scale", default="tiny", choices=["tiny", "full"], help="case sizes (full: real DeepSeek)")
+    mat.add_argument("--out", default="docs/matrix", help="output directory (default: docs/matrix)")
+    mat.add_argument("--timeout", type=float, default=300.0, help="per-case timeout in seconds")
+    mat.add_argument("--merge", action="store_true", help="keep other backends already in OUT/matrix.json")
+    mat.set_defaults(func=_matrix)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -14,7 +14,10 @@ combine their splits. Conventions follow vLLM's kernels (``csrc/attention/merge_
   an empty row as ``+inf``, FlashAttention-3 as ``-inf``.
 * A part with LSE ``-inf`` gets weight 0.
 * When *every* part is empty the result is the first part's output and LSE ``-inf`` (the CUDA kernel's
-  guard; the Triton kernel without it produces NaN there).
+  guard, vLLM PR #28181). vLLM 0.33's Triton kernel writes zeros there instead, and older Triton versions
+  produced NaN; since an empty part's output is itself 0 (every attention kernel writes it so), the CUDA and
+  0.33 Triton conventions agree on real inputs. vLLM's dispatcher takes the CUDA kernel for fp32/fp16/bf16 with
+  head sizes that are multiples of 4 (fp32) or 8 (16-bit), the Triton one otherwise.
 * Layouts: outputs ``[T, H, D]``, LSEs ``[H, T]``.
 
 Computed in float64, returned float64.

@@ -90,7 +90,10 @@ def _merge_inputs(c: Case) -> dict:
         empty = torch.rand(h, t, generator=g) < p.get("empty", 0.0)
         sign = torch.where(torch.rand(h, t, generator=g) < 0.5, math.inf, -math.inf)
         l[empty] = sign[empty]
-    return dict(prefix_output=r(t, h, d), prefix_lse=lse[0], suffix_output=r(t, h, d), suffix_lse=lse[1])
+    outs = [r(t, h, d) for _ in range(2)]
+    for o, l in zip(outs, lse):  # an empty part's output is 0, as every attention kernel writes it
+        o[~torch.isfinite(l).T] = 0
+    return dict(prefix_output=outs[0], prefix_lse=lse[0], suffix_output=outs[1], suffix_lse=lse[1])
 
 
 def _merge_bounds(kw, ref, u):

@@ -1,7 +1,239 @@
-"""Conformance ops for the indexer spec (being written: this module's OPS list grows as the ops land)."""
+"""Indexer ops: DeepSeek V3.2's lightning-indexer logits (ragged prefill and paged decode) and the top-k over them.
+
+* ``indexer_logits`` checks :func:`mlaspec.spec.indexer.indexer_logits` (DeepGEMM ``fp8_mqa_logits``): the backend
+  gets ``q`` and ``k`` already fp8 e4m3 (quantized by the spec's own quantizers, ue8m0 scales), the folded
+  ``weights [M, H]`` fp32, the per-key ``k_scale [N]`` fp32 and the ragged spans ``ks, ke [M]``, and returns
+  ``logits [M, N]`` in **absolute** columns with ``-inf`` outside each row's span;
+* ``paged_indexer_logits`` checks :func:`mlaspec.spec.indexer.paged_indexer_logits` (DeepGEMM
+  ``fp8_paged_mqa_logits``) over the byte-level paged cache ``uint8 [num_blocks, P, D + 4]`` (a block is ``P * D``
+  fp8 values, then ``P`` fp32 scales), with 1-D or 2-D (MTP, vLLM 0.33) ``context_lens``;
+* ``topk_indices`` checks :func:`mlaspec.spec.topk.topk_indices` (vLLM ``top_k_per_row_prefill`` /
+  ``top_k_per_row_decode``) with a tie-aware comparison (:func:`mlaspec.spec.topk.topk_agreement`): any valid choice
+  among logits tied at the ``K``-th value passes, in any order; ``-1`` padding must be trailing; the backend may
+  return the indices tensor alone or a tuple whose first item is it.
+
+**Budget derivation (logits).** The reference computes in float64 from the *same* fp8 values and fp32 scales, so
+quantization is no error source; what is left is fp32 arithmetic: each head's ``D``-long dot product
+(``D ε32 Σ_d |q_hd k_d|``), the ReLU (1-Lipschitz), the weighted sum over ``H`` heads and the two products with
+``weights`` and ``k_scale``. With ``S[m, n] = |k_scale[n]| Σ_h |w_mh| Σ_d |q_mhd| |k_nd|``::
+
+    |logits - ref| <= 2 (D + H + 2) ε32 S[m, n]                 (the factor 2 is headroom)
+
+This assumes true fp32 accumulation. Hopper's FP8 tensor-core MMA accumulates with fewer bits (DeepSeek-V3
+report, section 3.3.2); DeepGEMM's indexer logits reduce only ``D = 128`` per MMA chain, and a kernel that fails
+by a small ratio here should be read with that in mind. ``-inf`` positions (outside ``[ks, ke)``, past a context
+length, past the row) are compared exactly.
+
+**Hostile inputs.** Keys outside every span (the tail of the K buffer, unwritten cache slots, block 0 and the last
+block of the paged cache) are fp8 NaN with NaN scales; keys get very different magnitudes so their ue8m0 scales
+differ (a scale applied to the wrong key shows); some rows start at ``ks > 0`` (a kernel that returns compressed
+columns shifts them); one row has an empty span. Top-k logits sit on a coarse grid so ties are everywhere, and
+each row long enough has a tie straddling the ``K``-th position; some rows have fewer than ``K`` valid keys,
+``-inf`` inside their range, and columns outside ``[row_starts, row_ends)`` hold garbage (``+inf``, ``1e30``),
+as DeepGEMM leaves them uninitialised.
+"""
 
 from __future__ import annotations
 
-from .common import Op
+import math
 
-OPS: list[Op] = []
+import torch
+
+from mlaspec.spec.indexer import (
+    IndexerCacheLayout,
+    decode_context_lens_native,
+    indexer_logits,
+    kv_spans_from_batches,
+    paged_indexer_logits,
+    quantize_indexer_k,
+    quantize_indexer_q,
+    read_indexer_k_cache,
+    write_indexer_k_cache,
+)
+from mlaspec.spec.topk import topk_agreement, topk_indices
+
+from ..cases import Case
+from ..verdict import Metric
+from .common import DTYPES, EPS32, Op
+from .sparse import judged
+
+FP8_NAN = 0x7F  # e4m3fn NaN bit pattern
+
+
+def _gen(c: Case, offset: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(c.seed + offset)
+
+
+def _queries(c: Case, m: int, h: int, d: int, g: torch.Generator):
+    """fp8 queries and their folded fp32 weights, from case-dtype queries (what vLLM's fused kernel quantizes)."""
+    q = (torch.randn(m, h, d, generator=g, dtype=torch.float64) * 2.0).to(DTYPES[c.dtype])
+    w = torch.randn(m, h, generator=g, dtype=torch.float64).to(DTYPES[c.dtype])
+    quant = quantize_indexer_q(q, w)
+    return quant.q_fp8, quant.weights.to(torch.float32)
+
+
+def _keys(c: Case, n: int, d: int, g: torch.Generator) -> torch.Tensor:
+    """Case-dtype keys whose magnitudes span ~2^±4, so per-token ue8m0 scales differ."""
+    mag = torch.exp2(torch.randint(-4, 5, (n, 1), generator=g).to(torch.float64))
+    return (torch.randn(n, d, generator=g, dtype=torch.float64) * mag).to(DTYPES[c.dtype])
+
+
+def logits_bound(q, k, weights, k_scale) -> torch.Tensor:
+    """``2 (D + H + 2) ε32 |k_scale[n]| Σ_h |w_mh| Σ_d |q_mhd| |k_nd|`` as ``[M, N]`` (NaN keys count as 0)."""
+    h, d = q.shape[1], q.shape[2]
+    k64 = k.to(torch.float64).nan_to_num(0.0).abs()
+    s = torch.einsum("mhd,nd->mhn", q.to(torch.float64).abs(), k64)
+    s = torch.einsum("mhn,mh->mn", s, weights.to(torch.float64).abs())
+    if k_scale is not None:
+        s = s * k_scale.to(torch.float64).nan_to_num(0.0).abs()[None, :]
+    return 2 * (d + h + 2) * EPS32 * s
+
+
+def _indexer_reference(q, k, weights, ks, ke, k_scale=None) -> tuple:
+    return (indexer_logits(q, k, weights, ks, ke, k_scale),)
+
+
+def _paged_reference(q, cache, block_table, context_lens, weights, *, max_context_len=None) -> tuple:
+    return (paged_indexer_logits(q, cache, block_table, context_lens, weights, max_context_len=max_context_len),)
+
+
+_LOGITS_MAP = {"logits": lambda r: r[..., None]}  # [M, N] -> heat map [keys, query rows]
+
+
+# -- indexer_logits ----------------------------------------------------------------------------------------------
+def _indexer_inputs(c: Case) -> dict:
+    p, g = c.params, _gen(c)
+    qlens, slens = p["query_lens"], p["seq_lens"]
+    ks, ke = kv_spans_from_batches(torch.tensor([0, *qlens]).cumsum(0), torch.tensor(slens))
+    if p.get("empty"):  # a padded query row: empty span, inside the buffer
+        ks, ke = torch.cat([ks, torch.tensor([3])]), torch.cat([ke, torch.tensor([3])])
+    n = sum(slens) + p.get("tail", 5)  # the tail belongs to no span: NaN
+    q, w = _queries(c, ks.numel(), p["H"], p["D"], g)
+    k_fp8, k_scale = quantize_indexer_k(_keys(c, n, p["D"], g))
+    tail = torch.arange(n) >= sum(slens)
+    k_fp8 = k_fp8.view(torch.uint8).masked_fill(tail[:, None], FP8_NAN).view(torch.float8_e4m3fn)
+    k_scale = k_scale.masked_fill(tail, math.nan)
+    return dict(q=q, k=k_fp8, weights=w, ks=ks.to(torch.int32), ke=ke.to(torch.int32), k_scale=k_scale)
+
+
+def _indexer_bounds(kw, ref, u):
+    return (logits_bound(kw["q"], kw["k"], kw["weights"], kw["k_scale"]),)
+
+
+# -- paged_indexer_logits ------------------------------------------------------------------------------------------
+def _paged_inputs(c: Case) -> dict:
+    p, g = c.params, _gen(c)
+    b_, next_n, block, h, d = p["B"], p["next_n"], p["P"], p["H"], p["D"]
+    seq_lens = torch.randint(next_n, p["S_kv"] + 1, (b_,), generator=g)
+    seq_lens[0] = p["S_kv"]
+    if p.get("padded"):
+        seq_lens[-1] = 0  # a CUDA-graph padding request
+    need = [-(-int(s) // block) for s in seq_lens]
+    num_blocks = sum(need) + 2
+    pool = 1 + torch.randperm(num_blocks - 2, generator=g)  # blocks 0 and num_blocks - 1 stay NaN (0xFF)
+    table = torch.zeros(b_, max(need) + 1, dtype=torch.int64)  # unused entries name block 0
+    at = 0
+    for b, k in enumerate(need):
+        table[b, :k] = pool[at : at + k]
+        at += k
+    pos = [torch.arange(int(s)) for s in seq_lens]
+    slots = torch.cat([table[b, x // block] * block + x % block for b, x in enumerate(pos)])
+    cache = write_indexer_k_cache(IndexerCacheLayout(block, d).empty(num_blocks), _keys(c, slots.numel(), d, g),
+                                  slots)  # fmt: skip
+    q, w = _queries(c, b_ * next_n, h, d, g)
+    if p.get("lens_2d", next_n > 1):
+        context_lens = decode_context_lens_native(seq_lens, next_n)
+    else:
+        context_lens = seq_lens
+    longest = int(seq_lens.max())
+    return dict(q=q.reshape(b_, next_n, h, d), cache=cache, block_table=table.to(torch.int32),
+                context_lens=context_lens.to(torch.int32), weights=w,
+                max_context_len=longest + p.get("extra_cols", 3))  # fmt: skip
+
+
+def _paged_bounds(kw, ref, u):
+    q, table, lens2 = kw["q"], kw["block_table"].long(), kw["context_lens"].long()
+    b_, next_n, h, d = q.shape
+    block = kw["cache"].shape[1]
+    lens = lens2 if lens2.dim() == 2 else (lens2[:, None] - next_n + 1 + torch.arange(next_n)).clamp_min(0)
+    bound = torch.zeros(ref[0].shape, dtype=torch.float64)
+    for b in range(b_):
+        n = int(lens[b].max())
+        if n == 0:
+            continue
+        x = torch.arange(n)
+        k_fp8, k_scale = read_indexer_k_cache(kw["cache"], table[b, x // block] * block + x % block)
+        rows = slice(b * next_n, (b + 1) * next_n)
+        bound[rows, :n] = logits_bound(q[b], k_fp8, kw["weights"][rows], k_scale)
+    return (bound,)
+
+
+# -- topk_indices ----------------------------------------------------------------------------------------------------
+def _topk_inputs(c: Case) -> dict:
+    p, g = c.params, _gen(c)
+    k = p["K"]
+    if p["mode"] == "prefill":  # ragged spans, relative indices as top_k_per_row_prefill writes them
+        qlens, slens = p["query_lens"], p["seq_lens"]
+        starts, ends = kv_spans_from_batches(torch.tensor([0, *qlens]).cumsum(0), torch.tensor(slens))
+        m, n = starts.numel(), sum(slens) + 2
+    else:  # decode rows: [0, context length)
+        m, n = p["M"], p["N"]
+        starts, ends = None, torch.randint(1, n + 1, (m,), generator=g)
+        ends[: m // 3] = torch.randint(1, k, (m // 3,), generator=g)  # short rows: fewer than K keys
+    logits = torch.round(torch.randn(m, n, generator=g, dtype=torch.float64) * 3.0) / 2.0  # a coarse grid: ties
+    logits = logits.masked_fill(torch.rand(m, n, generator=g) < 0.05, -math.inf)  # masked keys inside a range
+    lo = torch.zeros(m, dtype=torch.int64) if starts is None else starts
+    cols = torch.arange(n)[None, :]
+    inside = (cols >= lo[:, None]) & (cols < ends[:, None])
+    for row in range(m):  # a tie straddling the K-th position, wherever a row has more than K valid keys
+        vals = torch.where(inside[row], logits[row], -math.inf)
+        order = torch.sort(vals, descending=True, stable=True).indices
+        if int((vals > -math.inf).sum()) > k:
+            logits[row, order[k]] = logits[row, order[k - 1]]
+    garbage = torch.where(torch.rand(m, n, generator=g) < 0.5, math.inf, 1e30).to(torch.float64)
+    logits = torch.where(inside, logits, garbage)  # uninitialised columns: never read
+    return dict(logits=logits.to(torch.float32), k=k, row_starts=None if starts is None else starts.to(torch.int32),
+                row_ends=ends.to(torch.int32), relative=p["mode"] == "prefill")  # fmt: skip
+
+
+def _topk_reference(logits, k, *, row_starts=None, row_ends=None, relative=False) -> tuple:
+    return (topk_indices(logits, k, row_starts=row_starts, row_ends=row_ends, relative=relative).indices,)
+
+
+def _topk_compare(kw, got, ref):
+    """Tie-aware: :func:`mlaspec.spec.topk.topk_agreement` on the logits the backend got (fp32, read exactly)."""
+    if isinstance(got, (tuple, list)) and got:
+        got = got[0]
+    if not isinstance(got, torch.Tensor):
+        return "error", f"indices: expected a tensor, got {type(got).__name__}", [], {}, {}
+    if tuple(got.shape) != tuple(ref[0].shape):
+        return "error", f"indices: shape {list(got.shape)}, spec {list(ref[0].shape)}", [], {}, {}
+    if got.dtype.is_floating_point or got.dtype == torch.bool:
+        return "error", f"indices: dtype {got.dtype} is not an integer type", [], {}, {}
+    a = topk_agreement(got.detach().cpu(), kw["logits"].to(torch.float64), kw["k"], row_starts=kw["row_starts"],
+                       row_ends=kw["row_ends"], relative=kw["relative"])  # fmt: skip
+    metrics = [Metric("indices", "bad_rows", float(len(a.bad_rows)), 0.0)]
+    if a.ok:
+        return "pass", "", metrics, {}, {}
+    row = a.worst_row
+    worst = {"indices": dict(index=[row], got=str(got[row].tolist()[:8]), spec=str(ref[0][row].tolist()[:8]),
+                             bound=0.0)}  # fmt: skip
+    reason = f"indices: {len(a.bad_rows)} of {got.shape[0]} rows are not a valid top-k; {a.reason}"
+    return "fail", reason, metrics, worst, {}
+
+
+OPS = [
+    Op("indexer_logits", _indexer_inputs, _indexer_reference, None, outputs=("logits",),
+       compare=judged(("logits",), _indexer_bounds, _LOGITS_MAP),
+       doc="Lightning-indexer logits over a ragged fp8 K buffer, absolute columns, -inf outside [ks, ke) "
+           "(spec.indexer.indexer_logits)"),
+    Op("paged_indexer_logits", _paged_inputs, _paged_reference, None, outputs=("logits",),
+       compare=judged(("logits",), _paged_bounds, _LOGITS_MAP),
+       doc="Decode indexer logits read from the paged fp8 cache (values then scales per block), MTP context "
+           "lengths (spec.indexer.paged_indexer_logits)"),
+    Op("topk_indices", _topk_inputs, _topk_reference, None, outputs=("indices",), compare=_topk_compare,
+       doc="Top-k per row with -1 padding; any choice among tied logits passes (spec.topk.topk_indices, "
+           "judged by spec.topk.topk_agreement)"),
+]  # fmt: skip
+
+__all__ = ["OPS", "logits_bound"]

@@ -1,7 +1,558 @@
-"""Conformance ops for the serving spec (being written: this module's OPS list grows as the ops land)."""
+"""Serving ops: the paged cache writer and gathers, the fp8 cache layouts, chunked-prefill context, batch metadata.
+
+Each op wraps one spec function (same name, same keyword arguments) from :mod:`mlaspec.spec.paged_cache`,
+:mod:`mlaspec.spec.cache_layouts`, :mod:`mlaspec.spec.chunked_context` or :mod:`mlaspec.spec.batch`. Most outputs
+here are bytes or integers, so most ops judge with a ``compare`` hook rather than a float budget:
+
+* **Integer metadata** (slot mappings, query offsets, block tables, split counts, reorders, local virtual batches)
+  and **gathers** (bytes copied bit for bit) must be exactly equal (:func:`~mlaspec.conformance.verdict.judge_exact`;
+  float caches are compared as their bit patterns, so NaN in a slot that should be untouched stays NaN).
+* **Cache writers** (``concat_and_cache_mla``, ``write_pages``, ``quantize``) are judged field by field, from the
+  layout records of :mod:`mlaspec.spec.cache_layouts`:
+
+  - every byte of a slot that no token maps to (unused slots, padding tokens' ``slot -1``) must be unchanged;
+  - ``kv_cache_dtype="auto"`` caches, scale bytes, bf16 RoPE and pad bytes must be exact: they are deterministic
+    functions of the inputs (a group's amax is exact, ``fp32(amax / 448)`` and ``ceil(log2(amax / 448))`` are
+    correctly rounded, a bf16 copy rounds to nearest even). A power-of-two scale where vLLM stores ``amax / 448``
+    fails here: the inputs plant a group of amax 336 (``336 / 448 = 0.75``, not a power of two);
+  - fp8 values are judged *after dequantization* against the entry: a kernel divides in fp32 first and can land
+    one fp8 step from the spec at a tie, so the per-element budget is the spec's documented error bound
+    (:func:`~mlaspec.spec.cache_layouts.error_bound`) plus ``2^-22 |x|`` for the fp32 division (or the
+    multiplication by a reciprocal): ``|y - x/s| <= 2^-23 |x/s|``, then rounding ``y`` costs at most the spec's
+    half step of ``y``.
+* **Dequantization** is deterministic: the backend's values must equal the spec's float64 values rounded once to
+  the dtype the backend returns, ``|got - ref| <= (u_out + ε32) |ref|`` (``u_out`` the unit roundoff of the
+  returned dtype; ``ε32`` for an fp32 product before it; 0 for float64 output, i.e. exact).
+* **Chunked-prefill attention** equals causal attention over ``context + new tokens`` (a spec property), so it is
+  budgeted as that attention (:func:`~mlaspec.conformance.ops.common.attention_bounds`, with the up-projected
+  ``k_nope`` / ``v`` materialised in the case dtype as in ``mla_prefill``) plus the merges: every one of the
+  ``n_chunks + 1`` parts has its output rounded to the case dtype (``u/2`` of a magnitude at most ``M``) and is
+  merged with fp32 weights (``4 ε32 M``), and each merge's LSE costs ``2 ε32 (|lse| + 1)``. The op returns only
+  ``(out, lse)``, so the workspace limit is not checked here (the plan is an input; the spec checks its chunks
+  fit).
+
+Inputs are hostile by default: NaN (all ``0xFF`` bytes) in every cache slot nobody writes, padding slots ``-1``,
+the last slot left unused so a ``-1`` that wraps shows, shuffled block tables whose unused columns point at a NaN
+page, irregular sizes, groups of amax 336, 448 (a power-of-two boundary for e8m0), 0 and ``1e-3`` (fp8 subnormals),
+values past the per-tensor fp8 range (saturation).
+"""
 
 from __future__ import annotations
 
-from .common import Op
+import math
 
-OPS: list[Op] = []
+import torch
+
+from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec.attention import attention
+from mlaspec.spec.batch import (
+    Request,
+    build_metadata,
+    make_local_attention_virtual_batches,
+    reorder_batch_to_split_decodes_and_prefills,
+    split_decodes_and_prefills,
+)
+from mlaspec.spec.chunked_context import chunked_prefill_attention, plan_context_chunks
+from mlaspec.spec.config import MLAConfig, make_weights
+from mlaspec.spec.paged_cache import (
+    concat_and_cache_mla,
+    gather_cache,
+    slot_mapping_from_block_table,
+    token_positions,
+)
+
+from ..cases import Case
+from ..verdict import Metric, judge, judge_exact
+from .common import DTYPES, EPS32, Op, attention_bounds, logit_error, randn
+
+QUANTIZED_CACHE = {"fp8": cl.FP8_PER_TENSOR, "fp8_e4m3": cl.FP8_PER_TENSOR, "fp8_e5m2": cl.FP8_E5M2_PER_TENSOR,
+                   "fp8_ds_mla": cl.FP8_DS_MLA_V32}  # fmt: skip
+FILL = 0xFF  # every field of every layout decodes 0xFF bytes as NaN (e4m3 0x7F/0xFF, fp32 / bf16 all-ones)
+DIVISION = 2.0**-22  # a kernel's fp32 x / s (or x * (1 / s)) before rounding to fp8, relative to |x|
+
+
+# -- shared helpers --------------------------------------------------------------------------------------------
+def _gen(c: Case, salt: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(c.seed + salt)
+
+
+def _normalise(got: object, names: tuple[str, ...]) -> object:
+    """A backend may return the spec's record (attributes named like the outputs), a tuple, or one tensor."""
+    if isinstance(got, torch.Tensor) and len(names) == 1:
+        return (got,)
+    if all(hasattr(got, n) for n in names) and not isinstance(got, torch.Tensor):
+        return tuple(getattr(got, n) for n in names)
+    return got
+
+
+def _bits(t: object) -> object:
+    """Floating tensors as their bit patterns (so NaN equals NaN and -0 differs from 0); others unchanged."""
+    if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        return t.detach().cpu().contiguous().view(ints[t.element_size()])
+    return t
+
+
+def _exact(names: tuple[str, ...], *, bits: bool = False):
+    def compare(kw, got, ref):
+        got = _normalise(got, names)
+        if bits:
+            if not isinstance(got, (tuple, list)) or len(got) != len(names):
+                return judge_exact(names, got, ref)
+            for n, g, r in zip(names, got, ref):
+                if isinstance(g, torch.Tensor) and isinstance(r, torch.Tensor) and g.dtype != r.dtype:
+                    return "error", f"{n}: dtype {g.dtype}, spec {r.dtype} (a gather copies bit for bit)", [], {}, {}
+            got, ref = tuple(_bits(g) for g in got), tuple(_bits(r) for r in ref)
+            return judge_exact(tuple(f"{n} (bit patterns)" for n in names), got, ref)
+        return judge_exact(names, got, ref)
+
+    return compare
+
+
+def _records(cache: torch.Tensor) -> torch.Tensor:
+    """``[num_blocks, P, width]`` (any dtype) -> ``[num_blocks * P, bytes]`` uint8."""
+    flat = cache.detach().cpu().contiguous().reshape(cache.shape[0] * cache.shape[1], -1)
+    return flat.view(torch.uint8)
+
+
+def _hostile_entries(c: Case, t: int, d: int, group: int, *, saturate: float | None = None) -> torch.Tensor:
+    """``[t, d]`` in the case dtype: random values of per-token magnitude ``2^k``, with planted groups.
+
+    Token 0's first group has amax 336 (``336/448`` separates an fp32 scale from a power of two), token 1's second
+    group is all zero, token 2's first group is ``~1e-3`` (fp8 subnormals, the e8m0 floor), token 3 holds 448 (a
+    power-of-two boundary of ``amax / 448``); ``saturate`` plants a value that far past the per-tensor range.
+    """
+    g = _gen(c, 1)
+    x = torch.randn(t, d, generator=g, dtype=torch.float64)
+    x *= torch.exp2(torch.randint(-3, 4, (t, 1), generator=g).to(torch.float64))
+    x[0, :group] = x[0, :group].clamp(-300, 300)
+    x[0, 3] = 336.0
+    if t > 1:
+        x[1, group : 2 * group] = 0.0
+    if t > 2:
+        x[2, :group] *= 1e-3
+    if t > 3:
+        x[3, 1] = -448.0
+    if saturate is not None:
+        x[t // 2, 5] = saturate  # mid-batch: the trailing tokens may be padding
+    return x.to(DTYPES[c.dtype])
+
+
+def _group_of(layout: cl.CacheLayout | None) -> int:
+    if layout is None:
+        return 64
+    groups = [f.group for f in layout.value_fields if f.group]
+    return groups[0] if groups else 64
+
+
+def _judge_records(names_prefix: str, got: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, slots: torch.Tensor,
+                   x: torch.Tensor, layout: cl.CacheLayout | None, scale) -> tuple:  # fmt: skip
+    """Judge a written cache given as records ``[N, token_bytes]`` uint8 (see the module docstring).
+
+    ``slots [W]`` are the written records, ``x [W, D]`` their entries.
+    """
+    metrics, worst, reasons = [], {}, []
+    written = torch.zeros(got.shape[0], dtype=torch.bool)
+    written[slots] = True
+    changed = (got[~written] != old[~written]).any(dim=1)
+    untouched_ids = (~written).nonzero().flatten()
+    metrics.append(Metric(f"{names_prefix}untouched", "slots_changed", float(changed.sum()), 0.0))
+    if bool(changed.any()):
+        s = int(untouched_ids[changed.nonzero()[0]])
+        worst["untouched"] = dict(index=[s], got=0.0, spec=0.0, bound=0.0)
+        reasons.append(f"{int(changed.sum())} slot(s) no token maps to were changed; first: slot {s} "
+                       f"(padding slot -1 written? out-of-range write?)")  # fmt: skip
+    g, r = got[slots], ref[slots]
+    if layout is None:  # a plain cast: every byte is deterministic
+        exact_cols = torch.ones(g.shape[1], dtype=torch.bool)
+    else:
+        exact_cols = torch.zeros(g.shape[1], dtype=torch.bool)
+        for f in layout.fields:
+            fp8_values = f.elements is not None and f.dtype in ("e4m3", "e5m2")
+            if not fp8_values:
+                exact_cols[f.offset : f.end] = True
+    bad = (g[:, exact_cols] != r[:, exact_cols]).any(dim=1)
+    metrics.append(Metric(f"{names_prefix}written", "records_with_wrong_exact_bytes", float(bad.sum()), 0.0))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        col = int(exact_cols.nonzero().flatten()[(g[i, exact_cols] != r[i, exact_cols]).nonzero()[0]])
+        field = "entry" if layout is None else next(f.name for f in layout.fields if f.offset <= col < f.end)
+        worst["exact_bytes"] = dict(index=[int(slots[i]), col], got=int(g[i, col]), spec=int(r[i, col]), bound=0.0)
+        reasons.append(f"{int(bad.sum())} written record(s) differ in deterministic bytes; first: slot "
+                       f"{int(slots[i])} byte {col} ({field}): got 0x{int(g[i, col]):02x}, spec 0x{int(r[i, col]):02x}")
+    if layout is not None and g.shape[0]:
+        cols = torch.zeros(layout.entry_dim, dtype=torch.bool)
+        for f in layout.value_fields:
+            if f.dtype in ("e4m3", "e5m2"):
+                cols[f.elements[0] : f.elements[1]] = True
+        xs = x.to(torch.float64)
+        deq = cl.dequantize(g.contiguous(), layout, scale=scale).entries
+        bound = cl.error_bound(xs, layout, scale=scale) + DIVISION * xs.abs()
+        err = torch.where(torch.isnan(deq), math.inf, (deq - xs).abs())[:, cols]
+        ratio = torch.where(err > 0, err / bound[:, cols].clamp_min(1e-300), 0.0)
+        w = ratio.max().item()
+        metrics.append(Metric(f"{names_prefix}values", "max_error/bound", w, 1.0))
+        if w > 1.0:
+            i, j = (int(v) for v in torch.unravel_index(ratio.argmax(), ratio.shape))
+            col = int(cols.nonzero().flatten()[j])
+            worst["values"] = dict(index=[int(slots[i]), col], got=deq[i, col].item(), spec=xs[i, col].item(),
+                                   bound=bound[i, col].item())  # fmt: skip
+            reasons.append(f"dequantized value off by {w:.3g} x its bound at slot {int(slots[i])} element {col}: "
+                           f"got {deq[i, col].item():.6g}, entry {xs[i, col].item():.6g}, "
+                           f"bound {bound[i, col].item():.3g}")  # fmt: skip
+    return ("fail" if reasons else "pass"), "; ".join(reasons), metrics, worst, {}
+
+
+def _tensor_or_error(name: str, got: object, ref: torch.Tensor):
+    if not isinstance(got, torch.Tensor):
+        return f"{name}: expected a tensor, got {type(got).__name__}"
+    if tuple(got.shape) != tuple(ref.shape) or got.dtype != ref.dtype:
+        return f"{name}: {got.dtype} {list(got.shape)}, spec {ref.dtype} {list(ref.shape)}"
+    return ""
+
+
+# -- concat_and_cache_mla --------------------------------------------------------------------------------------
+def _slots(c: Case, t: int, total: int, pad: int) -> torch.Tensor:
+    """``t`` distinct slots in ``[0, total - 1)`` (the last slot stays unused), then ``pad`` padding ``-1``."""
+    perm = torch.randperm(total - 1, generator=_gen(c, 2))[: t - pad]
+    return torch.cat([perm, torch.full((pad,), -1)]).to(torch.int64)
+
+
+def _concat_inputs(c: Case) -> dict:
+    p = c.params
+    t, blk, nb, kind = p["T"], p["P"], p["num_blocks"], p["kv_cache_dtype"]
+    layout = QUANTIZED_CACHE.get(kind)
+    scale = p.get("scale")
+    x = _hostile_entries(c, t, 576, _group_of(layout), saturate=None if scale is None else 600.0 * scale)
+    if layout is None:
+        cache = torch.full((nb, blk, 576), math.nan, dtype=DTYPES[c.dtype])
+    else:
+        cache = torch.full((nb, blk, layout.token_bytes), FILL, dtype=torch.uint8)
+    return dict(kv_c=x[:, :512].contiguous(), k_pe=x[:, 512:].contiguous(), kv_cache=cache,
+                slot_mapping=_slots(c, t, nb * blk, p.get("pad", 0)), kv_cache_dtype=kind, scale=scale)  # fmt: skip
+
+
+def _concat_reference(**kw) -> tuple:
+    return (concat_and_cache_mla(**kw),)
+
+
+def _concat_compare(kw, got, ref):
+    got = _normalise(got, ("kv_cache",))
+    if not isinstance(got, (tuple, list)) or len(got) != 1:
+        return "error", f"expected the new cache, got {type(got).__name__}", [], {}, {}
+    bad = _tensor_or_error("kv_cache", got[0], ref[0])
+    if bad:
+        return "error", bad, [], {}, {}
+    s = kw["slot_mapping"].to(torch.int64)
+    keep = s >= 0
+    x = torch.cat([kw["kv_c"], kw["k_pe"]], dim=1)[keep]
+    return _judge_records("kv_cache ", _records(got[0]), _records(kw["kv_cache"]), _records(ref[0]), s[keep], x,
+                          QUANTIZED_CACHE.get(kw["kv_cache_dtype"]), kw["scale"])  # fmt: skip
+
+
+# -- gather_cache ----------------------------------------------------------------------------------------------
+def _paged_cache(c: Case, nb: int, blk: int, entry: str, used_pages: torch.Tensor) -> torch.Tensor:
+    """A cache whose ``used_pages`` hold entries (bf16 values or 656-byte records) and every other page NaN."""
+    if entry == "fp8_ds_mla":
+        cache = torch.full((nb, blk, 656), FILL, dtype=torch.uint8)
+        x = _hostile_entries(c, used_pages.numel() * blk, 576, 128)
+        cache[used_pages] = cl.quantize(x, cl.FP8_DS_MLA_V32).raw.reshape(-1, blk, 656)
+    else:
+        cache = torch.full((nb, blk, 576), math.nan, dtype=DTYPES[c.dtype])
+        cache[used_pages] = randn(c)(used_pages.numel(), blk, 576)
+    return cache
+
+
+def _block_table(c: Case, pages_needed: list[int], nb: int, spare: int) -> torch.Tensor:
+    """Shuffled pages per request; unused columns point at the (NaN) page ``spare``."""
+    width = max(max(pages_needed, default=1), 1)
+    perm = torch.randperm(nb, generator=_gen(c, 3))
+    perm = perm[perm != spare]
+    table = torch.full((len(pages_needed), width), spare, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages_needed):
+        table[b, :n] = perm[at : at + n].to(torch.int32)
+        at += n
+    return table
+
+
+def _gather_inputs(c: Case) -> dict:
+    p = c.params
+    blk, lens, starts = p["P"], p["lens"], p.get("starts")
+    st = starts or [0] * len(lens)
+    pages = [-(-(s + n) // blk) for s, n in zip(st, lens)]
+    nb = sum(pages) + 3
+    table = _block_table(c, pages, nb, spare=nb - 1)
+    used = torch.unique(torch.cat([table[b, :n] for b, n in enumerate(pages)]).long())
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lens), 0)
+    return dict(kv_cache=_paged_cache(c, nb, blk, p.get("entry", "auto"), used), block_table=table, cu_seq_lens=cu,
+                batch_size=len(lens), seq_starts=None if starts is None else torch.tensor(starts, dtype=torch.int32),
+                kernel=p.get("kernel", "cp_gather_cache"))  # fmt: skip
+
+
+def _gather_reference(**kw) -> tuple:
+    return (gather_cache(**kw).entries,)
+
+
+# -- slot_mapping_from_block_table -----------------------------------------------------------------------------
+def _requests(p: dict) -> list[Request]:
+    return [Request(*r) for r in p["requests"]]
+
+
+def _slot_inputs(c: Case) -> dict:
+    p = c.params
+    reqs, blk = _requests(p), p["P"]
+    pages = [-(-r.seq_len // blk) for r in reqs]
+    nb = sum(pages) + 2
+    table = _block_table(c, pages, nb, spare=nb - 1)
+    qsl = torch.zeros(len(reqs) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor([r.new_tokens for r in reqs]), 0)
+    pos = token_positions(qsl, torch.tensor([r.seq_len for r in reqs])).positions
+    return dict(block_table=table, block_size=blk, query_start_loc=qsl, positions=pos, num_blocks=nb,
+                pad_to=int(qsl[-1]) + p.get("pad", 0))  # fmt: skip
+
+
+# -- quantize / dequantize / write_pages / read_tokens ---------------------------------------------------------
+def _layout_scale(p: dict) -> tuple[cl.CacheLayout, float | None]:
+    layout = cl.LAYOUTS[p["layout"]]
+    return layout, (p.get("scale") if layout.scale_rule.kind == "per_tensor" else None)
+
+
+def _quantize_inputs(c: Case) -> dict:
+    layout, scale = _layout_scale(c.params)
+    sat = None if scale is None else 600.0 * scale
+    x = _hostile_entries(c, c.params["T"], layout.entry_dim, _group_of(layout), saturate=sat)
+    return dict(entries=x, layout=layout.name, scale=scale, pow2_scales=False)
+
+
+def _quantize_reference(**kw) -> tuple:
+    return (cl.quantize(**kw).raw,)
+
+
+def _quantize_compare(kw, got, ref):
+    got = _normalise(got, ("raw",))
+    if not isinstance(got, (tuple, list)) or len(got) < 1:
+        return "error", f"expected the records, got {type(got).__name__}", [], {}, {}
+    bad = _tensor_or_error("raw", got[0], ref[0])
+    if bad:
+        return "error", bad, [], {}, {}
+    t = ref[0].shape[0]
+    return _judge_records("raw ", got[0].detach().cpu(), ref[0], ref[0], torch.arange(t), kw["entries"],
+                          cl.LAYOUTS[kw["layout"]], kw["scale"])  # fmt: skip
+
+
+def _dequantize_inputs(c: Case) -> dict:
+    q = _quantize_inputs(c)
+    raw = cl.quantize(q["entries"], q["layout"], scale=q["scale"]).raw
+    return dict(raw=raw, layout=q["layout"], scale=q["scale"])
+
+
+def _dequantize_reference(**kw) -> tuple:
+    return (cl.dequantize(**kw).entries,)
+
+
+def _dequantize_compare(kw, got, ref):
+    got = _normalise(got, ("entries",))
+    if not isinstance(got, (tuple, list)) or len(got) < 1 or not isinstance(got[0], torch.Tensor):
+        return "error", f"expected the entries tensor, got {type(got).__name__}", [], {}, {}
+    g = got[0]
+    if not g.dtype.is_floating_point:
+        return "error", f"entries: dtype {g.dtype} is not floating point", [], {}, {}
+    u = 0.0 if g.dtype == torch.float64 else torch.finfo(g.dtype).eps / 2 + (EPS32 if g.dtype != torch.float32 else 0)
+    return judge(("entries",), (g,), ref, (u * ref[0].abs().nan_to_num(0.0),))
+
+
+def _pages_inputs(c: Case) -> dict:
+    p = c.params
+    layout, scale = _layout_scale(p)
+    blk, nb, t = p["P"], p["num_blocks"], p["T"]
+    pages = torch.full((nb, cl.page_bytes(layout, blk)), FILL, dtype=torch.uint8)
+    x = _hostile_entries(c, t, layout.entry_dim, _group_of(layout))
+    return dict(pages=pages, entries=x, slot_mapping=_slots(c, t, nb * blk, p.get("pad", 0)), layout=layout.name,
+                block_size=blk, scale=scale, pow2_scales=False)  # fmt: skip
+
+
+def _write_pages_reference(**kw) -> tuple:
+    return (cl.write_pages(**kw),)
+
+
+def _write_pages_compare(kw, got, ref):
+    got = _normalise(got, ("pages",))
+    if not isinstance(got, (tuple, list)) or len(got) != 1:
+        return "error", f"expected the new pages, got {type(got).__name__}", [], {}, {}
+    bad = _tensor_or_error("pages", got[0], ref[0])
+    if bad:
+        return "error", bad, [], {}, {}
+    layout, blk = cl.LAYOUTS[kw["layout"]], kw["block_size"]
+    g = got[0].detach().cpu()
+    tail = blk * layout.token_bytes
+    verdict = list(_judge_records("pages ", cl.from_pages(g, layout, blk), cl.from_pages(kw["pages"], layout, blk),
+                                  cl.from_pages(ref[0], layout, blk), *_written(kw), layout, kw["scale"]))  # fmt: skip
+    if not torch.equal(g[:, tail:], kw["pages"][:, tail:]):
+        verdict[0] = "fail"
+        verdict[1] = "; ".join(filter(None, [verdict[1], "alignment padding bytes past P * token_bytes changed"]))
+    return tuple(verdict)
+
+
+def _written(kw) -> tuple[torch.Tensor, torch.Tensor]:
+    s = kw["slot_mapping"].to(torch.int64)
+    return s[s >= 0], kw["entries"][s >= 0]
+
+
+def _read_inputs(c: Case) -> dict:
+    p = c.params
+    kw = _pages_inputs(c)
+    pages = cl.write_pages(**kw)
+    blk, nb, n = p["P"], p["num_blocks"], p["N"]
+    slots = torch.randint(0, nb * blk, (n,), generator=_gen(c, 4))
+    slots[:: max(n // 3, 1)] = -1  # invalid indices
+    slots[1] = kw["slot_mapping"][0]  # a written one for sure
+    return dict(pages=pages, layout=kw["layout"], block_size=blk, slots=slots)
+
+
+def _read_reference(**kw) -> tuple:
+    return tuple(cl.read_tokens(**kw))
+
+
+# -- chunked_prefill_attention ---------------------------------------------------------------------------------
+def _chunked_inputs(c: Case) -> dict:
+    p, r = c.params, randn(c)
+    cfg = MLAConfig.tiny(num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"],
+                         qk_rope_head_dim=p["R"], v_head_dim=p["V"])  # fmt: skip
+    w = make_weights(cfg, seed=c.seed, dtype=DTYPES[c.dtype])
+    ctx, q_lens = p["contexts"], p["q_lens"]
+    t = sum(q_lens)
+    cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    context = [(r(n, cfg.kv_lora_rank), r(n, cfg.qk_rope_head_dim)) for n in ctx]
+    plan = plan_context_chunks(ctx, p["workspace_size"], p["block_size"])
+    return dict(q_nope=r(t, cfg.num_heads, cfg.qk_nope_head_dim, scale=2.0),
+                q_pe=r(t, cfg.num_heads, cfg.qk_rope_head_dim, scale=2.0),
+                kv_c=r(t, cfg.kv_lora_rank), k_pe=r(t, cfg.qk_rope_head_dim), cu_seqlens_q=cu, context=context,
+                plan=plan, W_UK=w.W_UK, W_UV=w.W_UV, scale=cfg.softmax_scale)  # fmt: skip
+
+
+def _chunked_bounds(kw, ref, u):
+    cu = kw["cu_seqlens_q"].long()
+    wuk, wuv = kw["W_UK"].double(), kw["W_UV"].double()
+    n_parts = kw["plan"].num_chunks + 1
+    out_b, lse_b = torch.zeros_like(ref[0]), torch.zeros_like(ref[1])
+    for b in range(cu.numel() - 1):
+        qs, qe = int(cu[b]), int(cu[b + 1])
+        if qe == qs:
+            continue
+        ckv, cpe = kw["context"][b]
+        kv = torch.cat([ckv, kw["kv_c"][qs:qe]]).double()  # context then new tokens: one causal sequence
+        pe = torch.cat([cpe, kw["k_pe"][qs:qe]]).double()
+        k_nope = torch.einsum("sl,lnp->snp", kv, wuk)
+        v = torch.einsum("sl,lnv->snv", kv, wuv)[None]
+        n = k_nope.shape[1]
+        q = torch.cat([kw["q_nope"][qs:qe], kw["q_pe"][qs:qe]], -1).double()[None]
+        k = torch.cat([k_nope, pe[:, None].expand(-1, n, -1)], -1)[None]
+        rounding = u / 2 * logit_error(q, k, kw["scale"]) / (q.shape[-1] * EPS32)  # k_nope in the case dtype
+        ref_b = (ref[0][qs:qe][None], ref[1][:, qs:qe][None])
+        o, l = attention_bounds(q, k, v, scale=kw["scale"], causal=True, ref=ref_b, u=1.5 * u,
+                                extra_logit_err=rounding)  # fmt: skip
+        m = attention(q, k, v.abs(), scale=kw["scale"], causal=True).out
+        merges_out = n_parts * (u + 8 * EPS32) * m  # each part's output rounded, fp32 merge weights
+        merges_lse = n_parts * 4 * EPS32 * (ref_b[1].abs() + 1)
+        out_b[qs:qe], lse_b[:, qs:qe] = (o + merges_out)[0], (l + merges_lse)[0]
+    return out_b, lse_b
+
+
+# -- batch metadata --------------------------------------------------------------------------------------------
+META_FIELDS = ("query_start_loc", "seq_lens", "num_computed_tokens", "block_table", "slot_mapping", "is_prefilling")
+SPLIT_FIELDS = ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens")
+REORDER_FIELDS = ("order", "regions", "modified")
+LOCAL_FIELDS = ("seqlens_q_local", "cu_seqlens_q_local", "seqlens_k_local", "block_table_local",
+                "k_seqstarts_absolute")  # fmt: skip
+
+
+def _metadata_inputs(c: Case) -> dict:
+    p = c.params
+    reqs = _requests(p)
+    table, nb = None, None
+    if p.get("shuffle"):
+        pages = [-(-r.seq_len // p["P"]) for r in reqs]
+        nb = sum(pages) + 2
+        table = _block_table(c, pages, nb, spare=nb - 1)
+    elif "block_table" in p:
+        table = torch.tensor(p["block_table"], dtype=torch.int32)
+        nb = int(table.max()) + 1
+    return dict(requests=reqs, block_size=p["P"], block_table=table, num_blocks=nb)
+
+
+def _metadata_reference(**kw) -> tuple:
+    m = build_metadata(**kw)
+    return tuple(getattr(m, f) for f in META_FIELDS)
+
+
+def _split_inputs(c: Case) -> dict:
+    p = c.params
+    return dict(metadata=build_metadata(**_metadata_inputs(c)), decode_threshold=p.get("decode_threshold", 1),
+                require_uniform=p.get("require_uniform", False),
+                treat_short_extends_as_decodes=p.get("treat_short_extends_as_decodes", True))  # fmt: skip
+
+
+def _reorder_inputs(c: Case) -> dict:
+    p = c.params
+    return dict(requests=_requests(p), decode_threshold=p.get("decode_threshold", 1), regions=p["regions"])
+
+
+def _reorder_reference(**kw) -> tuple:
+    r = reorder_batch_to_split_decodes_and_prefills(**kw)
+    return r.order, r.regions, r.modified
+
+
+def _local_inputs(c: Case) -> dict:
+    p = c.params
+    return dict(attn_chunk_size=p["attn_chunk_size"], metadata=build_metadata(**_metadata_inputs(c)),
+                block_size=p["P"])  # fmt: skip
+
+
+def _local_reference(**kw) -> tuple:
+    r = make_local_attention_virtual_batches(**kw)
+    return tuple(getattr(r, f) for f in LOCAL_FIELDS)
+
+
+OPS = [
+    Op("concat_and_cache_mla", _concat_inputs, _concat_reference, None, outputs=("kv_cache",),
+       compare=_concat_compare,
+       doc="Write [kv_c | k_pe] into a paged cache (auto / fp8 per-tensor / fp8_ds_mla 656 B); slot -1 skipped "
+           "(spec.paged_cache.concat_and_cache_mla)"),
+    Op("gather_cache", _gather_inputs, _gather_reference, None, outputs=("entries",),
+       compare=_exact(("entries",), bits=True),
+       doc="Gather each request's entries from seq_starts[b] into packed rows, bit for bit "
+           "(spec.paged_cache.gather_cache)"),
+    Op("slot_mapping_from_block_table", _slot_inputs, lambda **kw: tuple(slot_mapping_from_block_table(**kw)),
+       None, outputs=("slot_mapping", "block_ids", "block_offsets"),
+       compare=_exact(("slot_mapping", "block_ids", "block_offsets")),
+       doc="slot = block_table[b, pos // P] * P + pos % P, padded with -1 (spec.paged_cache)"),
+    Op("quantize", _quantize_inputs, _quantize_reference, None, outputs=("raw",), compare=_quantize_compare,
+       doc="Entries -> token records of a cache layout; judged after dequantization, scale bytes exact "
+           "(spec.cache_layouts.quantize)"),
+    Op("dequantize", _dequantize_inputs, _dequantize_reference, None, outputs=("entries",),
+       compare=_dequantize_compare,
+       doc="Token records -> entries; deterministic: the spec's value rounded once to the returned dtype "
+           "(spec.cache_layouts.dequantize)"),
+    Op("write_pages", _pages_inputs, _write_pages_reference, None, outputs=("pages",), compare=_write_pages_compare,
+       doc="Quantize and place records in page blocks (V4 split rows, V4.1 interleaved) "
+           "(spec.cache_layouts.write_pages)"),
+    Op("read_tokens", _read_inputs, _read_reference, None, outputs=("raw", "valid"),
+       compare=_exact(("raw", "valid")),
+       doc="Read records at slots out of page blocks, -1 invalid (spec.cache_layouts.read_tokens)"),
+    Op("chunked_prefill_attention", _chunked_inputs, chunked_prefill_attention, _chunked_bounds,
+       doc="Prefill attention with workspace-chunked context merged by LSE, then new tokens "
+           "(spec.chunked_context.chunked_prefill_attention)"),
+    Op("build_metadata", _metadata_inputs, _metadata_reference, None, outputs=META_FIELDS,
+       compare=_exact(META_FIELDS),
+       doc="CommonAttentionMetadata from a request list (spec.batch.build_metadata)"),
+    Op("split_decodes_and_prefills", _split_inputs, split_decodes_and_prefills, None, outputs=SPLIT_FIELDS,
+       compare=_exact(SPLIT_FIELDS), doc="Decode / prefill boundary of a reordered batch (spec.batch)"),
+    Op("reorder_batch_to_split_decodes_and_prefills", _reorder_inputs, _reorder_reference, None,
+       outputs=REORDER_FIELDS, compare=_exact(REORDER_FIELDS),
+       doc="Decodes first: the seed's 2 regions or 0.33's 4 (spec.batch)"),
+    Op("make_local_attention_virtual_batches", _local_inputs, _local_reference, None, outputs=LOCAL_FIELDS,
+       compare=_exact(LOCAL_FIELDS), doc="Local attention as virtual requests, one per chunk (spec.batch)"),
+]  # fmt: skip

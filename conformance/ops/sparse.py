@@ -1,7 +1,382 @@
-"""Conformance ops for the sparse spec (being written: this module's OPS list grows as the ops land)."""
+"""Sparse ops: FlashMLA's sparse prefill and sparse decode (DeepSeek V3.2 / V4), and one DeepSeek V4 layer.
+
+* ``sparse_prefill`` checks :func:`mlaspec.spec.sparse.sparse_prefill` (``flash_mla_sparse_fwd``): ``out``,
+  ``max_logits``, ``lse`` (``[S_q, H_q]``, natural log, **+inf on a row with no valid index**);
+* ``sparse_decode`` checks :func:`mlaspec.spec.sparse.sparse_decode` (``flash_mla_with_kvcache(indices=...)``)
+  over a dequantized paged cache ``[num_blocks, P, D_qk]`` with global slots ``block * P + offset``,
+  ``topk_length [B]`` per request, an attention sink and, for V4, the ``extra`` cache;
+* ``v4_attention`` checks :func:`mlaspec.spec.sliding_window.v4_attention`, the definition of one DeepSeek V4
+  layer for one request (window ``(p - W, p]`` over the raw keys, plus the compressed entries of a c4a / c128a
+  layer). An adapter for a FlashMLA-style kernel builds the window and compressed indices itself and calls its
+  sparse kernel: that translation is what this op checks.
+
+**Budget derivation.** Sparse attention *is* dense attention over the gathered keys: row ``i`` (a query and a KV
+head) is a batch of one query attending to the ``K`` keys its slots name, under the mask "slot is valid"
+(``0 <= index < S_kv``, or ``!= -1`` for decode, and ``slot < topk_length``). That is how the spec computes it,
+and it is how the budget is derived: :func:`~mlaspec.conformance.ops.common.logit_error` and the magnitude
+``M = Σ_j p_j |v_j|`` are computed over the gathered keys (zero at invalid slots, so NaN in unused cache rows
+never enters a budget), which gives the dense bound of :mod:`mlaspec.conformance.ops` unchanged::
+
+    |out - ref| <= 2 * (u |ref| + (u + 2 δs) f M + (δs + 4 ε32) |ref|)
+    |lse - ref| <= 2 * (δs + ε32 |ref|),   |max_logits - ref| <= 2 * (δs + ε32 |ref|)
+
+``f = sigmoid(lse - attn_sink)`` is the sink factor (1 without a sink): the softmax part scales by ``f``, and
+``f`` itself, computed in fp32 from an LSE that is off by ``δs``, is off by at most ``f (1 - f) δs + 4 ε32 f
+<= f (δs + 4 ε32)`` relatively, which is the last term (``|ref| = f |out without sink|``).
+
+**Exact conventions.** NaN and ±inf positions are compared exactly before any value
+(:func:`~mlaspec.conformance.verdict.judge`): an empty sparse row must give LSE ``+inf`` (FlashMLA's choice; the
+judge's ``+inf -> -inf`` allowance applies only where the *spec* says ``-inf``, which it never does here), output
+0 and ``max_logits -inf``; a sink of ``+inf`` must give an output of exactly 0.
+
+**Hostile inputs.** Every cache row no slot names is NaN, and so are row 0 and the last row (a ``-1`` read as
+index 0, or wrapped Python-style to the last key, shows up as NaN). Prefill rows mix FlashMLA's invalid sentinels
+(``-1``, ``S_kv``, ``INT_MIN``, ``INT_MAX``) at random slots, not only at the end. Slots past ``topk_length`` hold
+*valid* indices of finite rows, so a kernel that ignores ``topk_length`` attends to the wrong keys but does not hit
+FlashMLA's documented NaN caveat ("a valid topk index between topk_length[i] ~ s_kv that points to a k token
+containing NaN", ``flash_mla/flash_mla_interface.py``). Indices within a row are unique (FlashMLA's tests and
+vLLM's indexer never repeat one).
+"""
 
 from __future__ import annotations
 
-from .common import Op
+import math
 
-OPS: list[Op] = []
+import torch
+
+from mlaspec.spec.attention import attention
+from mlaspec.spec.sliding_window import c128a_topk_indices, swa_indices_and_lens, v4_attention
+from mlaspec.spec.sparse import global_slot_indices, sparse_decode, sparse_prefill, valid_slots
+
+from ..cases import Case
+from ..verdict import judge
+from .common import EPS32, Op, logit_error, randn, unit_roundoff
+
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+
+
+# -- judging: the default judge, with error maps laid out [heads, positions] for the report's heat maps --------------
+def judged(names: tuple[str, ...], bounds, layout: dict | None = None):
+    """A ``compare`` hook: :func:`~mlaspec.conformance.verdict.judge` with ``bounds(kw, ref, u)`` (``u`` from the
+    dtype of ``kw["q"]``; 0 for fp8 ``q``, whose ops do not use it), a bare tensor accepted for a single output,
+    and each ratio map reshaped by ``layout[name]`` (so the runner's heat map gets ``[heads, positions]``) and
+    capped at ``1e12``."""
+
+    def compare(kw, got, ref):
+        if len(names) == 1 and isinstance(got, torch.Tensor):
+            got = (got,)
+        q = kw.get("q")
+        u = unit_roundoff(q.dtype) if isinstance(q, torch.Tensor) and q.element_size() > 1 else 0.0  # fp8 q: unused
+        verdict = judge(names, got, ref, bounds(kw, ref, u))
+        # capped: a zero budget (an exact 0 expected, e.g. under a +inf sink) gives ratios near 1e300 otherwise
+        ratios = {k: (layout or {}).get(k, lambda r: r)(v).clamp(max=1e12) for k, v in verdict[4].items()}
+        return (*verdict[:4], ratios)
+
+    return compare
+
+
+# -- the shared budget ---------------------------------------------------------------------------------------------
+def gather_keys(rows: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``rows[indices[r, h, t], h]`` as ``[R, K, H_kv, D]`` float64, zero at invalid slots (never reads them)."""
+    safe = torch.where(valid, indices.long(), 0)
+    heads = torch.arange(rows.shape[1])[None, :, None]
+    g = torch.where(valid[..., None], rows.to(torch.float64)[safe, heads], 0.0)  # [R, H_kv, K, D]
+    return g.permute(0, 2, 1, 3)
+
+
+def sparse_bounds(q, keys, valid, *, scale, d_v, attn_sink, out, lse, max_logits=None, u):
+    """Per-element budgets of sparse attention over gathered ``keys`` (see the module docstring).
+
+    ``q [R, H_q, D]``, ``keys [R, K, H_kv, D]`` float64 (zero where invalid), ``valid [R, H_kv, K]``, the spec's
+    ``out [R, H_q, d_v]`` and ``lse [R, H_q]`` (+inf where empty). Returns ``(out_bound, lse_bound, ml_bound)``.
+    """
+    g = q.shape[1] // keys.shape[2]
+    mask = valid.repeat_interleave(g, dim=1)[:, :, None, :]  # [R, H_q, 1, K]
+    qq = q.to(torch.float64)[:, None]  # [R, 1, H_q, D]
+    ds = logit_error(qq, keys, scale)[..., 0]  # [R, H_q]
+    m = attention(qq, keys, keys[..., :d_v].abs(), scale=scale, mask=mask).out[:, 0]  # [R, H_q, d_v]
+    empty = ~torch.isfinite(lse)
+    lse0 = torch.where(empty, 0.0, lse)
+    f = torch.ones_like(lse0)
+    if attn_sink is not None:
+        f = torch.where(empty, 0.0, torch.sigmoid(lse0 - attn_sink.to(torch.float64)[None, :]))
+    ref = out.abs()
+    out_b = 2 * (u * ref + ((u + 2 * ds) * f)[..., None] * m + (ds + 4 * EPS32)[..., None] * ref)
+    lse_b = 2 * (ds + EPS32 * lse0.abs())
+    ml_b = None
+    if max_logits is not None:
+        ml_b = 2 * (ds + EPS32 * max_logits.nan_to_num(0.0, posinf=0.0, neginf=0.0).abs())
+    return out_b, lse_b, ml_b
+
+
+def _sink(c: Case, h_q: int) -> torch.Tensor | None:
+    """``[H_q]`` float32 sink: ``finite`` (|sink| ~ 2, so it matters), ``inf`` (finite with some ±inf), or None."""
+    kind = c.params.get("sink")
+    if kind is None:
+        return None
+    g = torch.Generator().manual_seed(c.seed + 7)
+    s = torch.randn(h_q, generator=g, dtype=torch.float64) * 2.0 + 1.0
+    if kind == "inf":
+        s[0], s[1 % h_q] = math.inf, -math.inf
+    return s.to(torch.float32)
+
+
+def _hostile(cache: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """NaN in every row of ``cache [S, ...]`` that ``used [S]`` does not mark."""
+    return cache.masked_fill(~used.reshape(-1, *[1] * (cache.dim() - 1)), math.nan)
+
+
+# -- sparse_prefill --------------------------------------------------------------------------------------------------
+def _prefill_inputs(c: Case) -> dict:
+    """V3.2 sparse prefill: unique indices of finite rows, invalid sentinels scattered, optional topk_length."""
+    p, r = c.params, randn(c)
+    s_q, s_kv, h_q, h_kv, d, dv, k = (p[x] for x in ("S_q", "S_kv", "H_q", "H_kv", "D_qk", "D_v", "K"))
+    g = torch.Generator().manual_seed(c.seed + 1)
+    pool = torch.arange(1, s_kv - 1)  # rows 0 and S_kv - 1 are never named: a wrapped or zeroed -1 reads NaN
+    pool = pool[torch.randperm(pool.numel(), generator=g)][: max(k, (3 * pool.numel()) // 4)]  # the rest: unused
+    idx = torch.stack([pool[torch.randperm(pool.numel(), generator=g)[:k]] for _ in range(s_q * h_kv)])
+    idx = idx.reshape(s_q, h_kv, k)
+    bad = torch.tensor([-1, s_kv, INT_MIN, INT_MAX])
+    invalid = torch.rand(s_q, h_kv, k, generator=g) < p.get("invalid", 0.2)
+    idx = torch.where(invalid, bad[torch.randint(0, 4, (s_q, h_kv, k), generator=g)], idx)
+    topk_length = None
+    if p.get("topk_length"):
+        topk_length = torch.randint(0, k + 1, (s_q,), generator=g)
+        topk_length[0] = k
+    for row in range(min(p.get("empty", 0), s_q)):  # rows with no valid slot: all -1, or topk_length 0
+        if topk_length is not None and row % 2:
+            topk_length[-1 - row] = 0
+        else:
+            idx[-1 - row] = -1
+    named = torch.where((idx >= 0) & (idx < s_kv), idx, 0).reshape(-1)
+    used = torch.zeros(s_kv, dtype=torch.bool)
+    used[named] = True
+    used[0] = used[-1] = False
+    kv = _hostile(r(s_kv, h_kv, d), used)
+    return dict(q=r(s_q, h_q, d, scale=2.0), kv=kv, indices=idx.to(torch.int32), sm_scale=p.get("scale", d**-0.5),
+                d_v=dv, attn_sink=_sink(c, h_q),
+                topk_length=None if topk_length is None else topk_length.to(torch.int32))  # fmt: skip
+
+
+def _prefill_bounds(kw, ref, u):
+    out, max_logits, lse = ref
+    valid = valid_slots(kw["indices"], kw["kv"].shape[0], kw["topk_length"])
+    keys = gather_keys(kw["kv"], kw["indices"], valid)
+    out_b, lse_b, ml_b = sparse_bounds(kw["q"], keys, valid, scale=kw["sm_scale"], d_v=kw["d_v"],
+                                       attn_sink=kw["attn_sink"], out=out, lse=lse, max_logits=max_logits,
+                                       u=u)  # fmt: skip
+    return out_b, ml_b, lse_b
+
+
+# -- sparse_decode ---------------------------------------------------------------------------------------------------
+def _paged(r, seq_lens: list[int], block: int, d: int, gen: torch.Generator):
+    """A paged cache for requests of ``seq_lens``: block table over a shuffled pool that skips the first and last
+    blocks (kept NaN), and the cache itself (finite values everywhere; callers NaN the unused slots)."""
+    need = [-(-s // block) for s in seq_lens]
+    num_blocks = sum(need) + 3
+    pool = 1 + torch.randperm(num_blocks - 2, generator=gen)
+    table = torch.full((len(seq_lens), max(need + [1])), -1, dtype=torch.int64)
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = pool[at : at + n]
+        at += n
+    return table, r(num_blocks, block, d)
+
+
+def _v32_decode_indices(seq_lens, s_q, k, table, block, gen, *, short, empty):
+    """Per request ``b`` and query ``j`` (context ``L_b - s_q + j + 1``): ``min(K, context)`` distinct positions, -1
+    padded, mapped to global slots; ``topk_length [B]`` is ``K`` or (``short``) shorter, 0 for ``empty`` requests."""
+    b_ = len(seq_lens)
+    local = torch.full((b_ * s_q, k), -1, dtype=torch.int64)
+    for b, L in enumerate(seq_lens):
+        for j in range(s_q):
+            ctx = L - s_q + j + 1
+            n = min(k, ctx)
+            local[b * s_q + j, :n] = torch.randperm(ctx, generator=gen)[:n]
+    slots = global_slot_indices(local, torch.arange(b_).repeat_interleave(s_q), table, block).long()
+    lengths = torch.full((b_,), k, dtype=torch.int64)
+    if short:
+        lengths = torch.randint(1, k + 1, (b_,), generator=gen)
+    if empty:
+        lengths[b_ - empty :] = 0
+    return slots.reshape(b_, s_q, k), lengths
+
+
+def _used_slots(num_slots: int, indices: torch.Tensor) -> torch.Tensor:
+    used = torch.zeros(num_slots, dtype=torch.bool)
+    named = indices[indices >= 0]
+    used[named.long()] = True
+    return used
+
+
+def _decode_inputs(c: Case) -> dict:
+    p, r = c.params, randn(c)
+    gen = torch.Generator().manual_seed(c.seed + 1)
+    h_q, d, dv, block = p["H_q"], p["D_qk"], p["D_v"], p["P"]
+    b_, s_q = p["B"], p["S_q"]
+    seq_lens = [int(x) for x in torch.randint(p["S_kv"] // 2, p["S_kv"] + 1, (b_,), generator=gen)]
+    seq_lens[0] = p["S_kv"]
+    if p.get("layer") is None:  # V3.2: the indexer's top-k per query
+        k = p["K"]
+        if p.get("short_request"):
+            seq_lens[-1] = max(s_q, k // 3)  # fewer tokens than K: -1 padding
+        table, cache = _paged(r, seq_lens, block, d, gen)
+        idx, lengths = _v32_decode_indices(seq_lens, s_q, k, table, block, gen, short=p.get("topk_length", False),
+                                           empty=p.get("empty", 0))  # fmt: skip
+        flat = cache.reshape(-1, d)
+        cache = _hostile(flat, _used_slots(flat.shape[0], idx)).reshape(cache.shape)
+        return dict(q=r(b_, s_q, h_q, d, scale=2.0), kv_cache=cache, indices=idx.to(torch.int32),
+                    softmax_scale=p.get("scale", d**-0.5), head_dim_v=dv, topk_length=lengths.to(torch.int32),
+                    attn_sink=_sink(c, h_q), extra_kv_cache=None, extra_indices=None,
+                    extra_topk_length=None)  # fmt: skip
+    # V4: the sliding window as the main cache, one token per row (q [T, 1, H_q, D]); compressed entries as extra
+    window, ratio = p["window"], p["layer"]
+    qsl = torch.arange(b_ + 1) * s_q
+    table, cache = _paged(r, seq_lens, block, d, gen)
+    swa = swa_indices_and_lens(qsl, torch.tensor(seq_lens), table, window=window, block_size=block)
+    t = b_ * s_q
+    flat = cache.reshape(-1, d)
+    cache = _hostile(flat, _used_slots(flat.shape[0], swa.indices)).reshape(cache.shape)
+    n_c = [s // ratio for s in seq_lens]
+    cblock = p["P_extra"]
+    ctable, ccache = _paged(r, [max(n, 1) for n in n_c], cblock, d, gen)
+    vis = (swa.positions + 1) // ratio  # [T]
+    k_e = p["K_extra"]
+    token_req = torch.arange(b_).repeat_interleave(s_q)
+    if ratio == 128:
+        local = c128a_topk_indices(swa.positions, ratio, k_e).long()
+    else:
+        local = torch.full((t, k_e), -1, dtype=torch.int64)
+        for i in range(t):
+            n = min(int(vis[i]), k_e)
+            local[i, :n] = torch.randperm(int(vis[i]), generator=gen)[:n]
+    extra_idx = global_slot_indices(local, token_req, ctable, cblock).long()
+    cflat = ccache.reshape(-1, d)
+    ccache = _hostile(cflat, _used_slots(cflat.shape[0], extra_idx)).reshape(ccache.shape)
+    return dict(q=r(t, 1, h_q, d, scale=2.0), kv_cache=cache, indices=swa.indices.to(torch.int32),
+                softmax_scale=p.get("scale", d**-0.5), head_dim_v=dv, topk_length=swa.lens.to(torch.int32),
+                attn_sink=_sink(c, h_q), extra_kv_cache=ccache, extra_indices=extra_idx[:, None].to(torch.int32),
+                extra_topk_length=torch.minimum(vis, torch.tensor(k_e)).to(torch.int32))  # fmt: skip
+
+
+def _decode_rows(kv_cache, indices, lengths, s_q):
+    """Flattened rows ``[N * P, 1, D]``, indices ``[B * S_q, 1, K]`` and their validity (``-1`` and past length)."""
+    rows = kv_cache.reshape(-1, 1, kv_cache.shape[-1])
+    idx = indices.reshape(-1, 1, indices.shape[-1])
+    valid = idx >= 0
+    if lengths is not None:
+        valid &= torch.arange(idx.shape[-1])[None, None, :] < lengths.repeat_interleave(s_q)[:, None, None]
+    return gather_keys(rows, idx, valid), valid
+
+
+def _decode_bounds(kw, ref, u):
+    out, lse = ref
+    b_, s_q, h_q, d = kw["q"].shape
+    keys, valid = _decode_rows(kw["kv_cache"], kw["indices"], kw["topk_length"], s_q)
+    if kw["extra_kv_cache"] is not None:
+        ek, ev = _decode_rows(kw["extra_kv_cache"], kw["extra_indices"], kw["extra_topk_length"], s_q)
+        keys, valid = torch.cat([keys, ek], dim=1), torch.cat([valid, ev], dim=-1)
+    out_b, lse_b, _ = sparse_bounds(kw["q"].reshape(b_ * s_q, h_q, d), keys, valid,
+                                    scale=kw["softmax_scale"], d_v=kw["head_dim_v"], attn_sink=kw["attn_sink"],
+                                    out=out.reshape(b_ * s_q, h_q, -1), lse=lse.transpose(1, 2).reshape(b_ * s_q, h_q),
+                                    u=u)  # fmt: skip
+    return out_b.reshape(out.shape), lse_b.reshape(b_, s_q, h_q).transpose(1, 2)
+
+
+# -- v4_attention ----------------------------------------------------------------------------------------------------
+def v4_rows(s_q, s_kv, window, compress_ratio, topk_indices, num_compressed):
+    """Indices ``[S_q, 1, K_c + W]`` into ``cat(compressed_kv, raw_kv)`` that one V4 layer's queries attend to:
+    ``topk_indices[i, :min((p + 1) // r, K_c)]`` then the window ``C + (p - W, p]``, ``-1`` padded."""
+    pos = torch.arange(s_q) + (s_kv - s_q)
+    k_c = 0 if topk_indices is None else topk_indices.shape[1]
+    out = torch.full((s_q, k_c + window), -1, dtype=torch.int64)
+    for i, p in enumerate(pos.tolist()):
+        if k_c:
+            n = min((p + 1) // compress_ratio, k_c)
+            out[i, :n] = topk_indices[i, :n].long()
+        lo = max(p - window + 1, 0)
+        out[i, k_c : k_c + p + 1 - lo] = num_compressed + torch.arange(lo, p + 1)
+    return out[:, None]
+
+
+def _v4_inputs(c: Case) -> dict:
+    p, r = c.params, randn(c)
+    gen = torch.Generator().manual_seed(c.seed + 1)
+    s_q, s_kv, h_q, d, window, ratio = (p[x] for x in ("S_q", "S_kv", "H_q", "D_qk", "window", "layer"))
+    raw = r(s_kv, d)
+    first = max(s_kv - s_q - window + 1, 0)  # the earliest key any query's window reaches
+    raw[:first] = math.nan
+    compressed = topk = None
+    if ratio > 1:
+        pos = torch.arange(s_q) + (s_kv - s_q)
+        vis = (pos + 1) // ratio
+        num_c = s_kv // ratio + 1  # one more than written: the group still being filled, never visible
+        k = p.get("K", num_c)
+        if ratio == 128:
+            topk = c128a_topk_indices(pos, ratio, k)
+        else:
+            topk = torch.full((s_q, k), -1, dtype=torch.int64)
+            for i in range(s_q):
+                n = min(int(vis[i]), k)
+                topk[i, :n] = torch.randperm(int(vis[i]), generator=gen)[:n]
+        compressed = r(num_c, d)
+        used = torch.zeros(num_c, dtype=torch.bool)
+        used[topk[topk >= 0].long()] = True
+        compressed = _hostile(compressed, used)
+        topk = topk.to(torch.int32)
+    return dict(q=r(s_q, h_q, d, scale=2.0), raw_kv=raw, window=window, scale=p.get("scale", d**-0.5),
+                compressed_kv=compressed, compress_ratio=ratio, topk_indices=topk, attn_sink=_sink(c, h_q),
+                d_v=p["D_v"])  # fmt: skip
+
+
+def _v4_reference(q, raw_kv, *, window, scale, compressed_kv=None, compress_ratio=1, topk_indices=None,
+                  attn_sink=None, d_v=512):  # fmt: skip
+    """:func:`~mlaspec.spec.sliding_window.v4_attention` on a copy whose rows no query may read are zeroed.
+
+    The spec builds V4 attention as *dense* attention under a mask, and ``0 * NaN`` in its ``P @ V`` lets a NaN
+    key that the mask excludes reach the output. Its result does not depend on those rows' (finite) values, so
+    zeroing them gives the spec's own answer, while the backend still gets the NaN: a kernel that reads outside
+    the window or an unselected compressed entry fails.
+    """
+    s_q, s_kv = q.shape[0], raw_kv.shape[0]
+    num_c = 0 if compressed_kv is None else compressed_kv.shape[0]
+    idx = v4_rows(s_q, s_kv, window, compress_ratio, topk_indices, num_c).reshape(-1)
+    read = torch.zeros(num_c + s_kv, dtype=torch.bool)
+    read[idx[idx >= 0]] = True
+    raw = torch.where(read[num_c:, None], raw_kv, torch.zeros((), dtype=raw_kv.dtype))
+    if compressed_kv is not None:
+        compressed_kv = torch.where(read[:num_c, None], compressed_kv, torch.zeros((), dtype=compressed_kv.dtype))
+    return v4_attention(q, raw, window=window, scale=scale, compressed_kv=compressed_kv, compress_ratio=compress_ratio,
+                        topk_indices=topk_indices, attn_sink=attn_sink, d_v=d_v)  # fmt: skip
+
+
+def _v4_bounds(kw, ref, u):
+    out, lse = ref
+    s_q, s_kv = kw["q"].shape[0], kw["raw_kv"].shape[0]
+    comp = kw["compressed_kv"]
+    num_c = 0 if comp is None else comp.shape[0]
+    rows = kw["raw_kv"] if comp is None else torch.cat([comp, kw["raw_kv"]])
+    idx = v4_rows(s_q, s_kv, kw["window"], kw["compress_ratio"], kw["topk_indices"], num_c)
+    valid = idx >= 0
+    keys = gather_keys(rows[:, None], idx, valid)
+    out_b, lse_b, _ = sparse_bounds(kw["q"], keys, valid, scale=kw["scale"], d_v=kw["d_v"], attn_sink=kw["attn_sink"],
+                                    out=out, lse=lse, u=u)  # fmt: skip
+    return out_b, lse_b
+
+
+OPS = [
+    Op("sparse_prefill", _prefill_inputs, sparse_prefill, None, outputs=("out", "max_logits", "lse"),
+       compare=judged(("out", "max_logits", "lse"), _prefill_bounds,
+                      {"max_logits": lambda r: r[..., None], "lse": lambda r: r.T}),
+       doc="FlashMLA sparse prefill: -1 / out-of-range indices skipped, topk_length, sink, LSE +inf on empty rows "
+           "(spec.sparse.sparse_prefill)"),
+    Op("sparse_decode", _decode_inputs, sparse_decode, None, compare=judged(("out", "lse"), _decode_bounds),
+       doc="FlashMLA sparse decode over a paged cache with global slots, topk_length per request, sink, V4 extra "
+           "cache (spec.sparse.sparse_decode)"),
+    Op("v4_attention", _v4_inputs, _v4_reference, None,
+       compare=judged(("out", "lse"), _v4_bounds, {"lse": lambda r: r.T}),
+       doc="One DeepSeek V4 layer: window (p - W, p] plus c4a top-k / c128a compressed entries, one softmax "
+           "(spec.sliding_window.v4_attention)"),
+]  # fmt: skip
+
+__all__ = ["OPS", "gather_keys", "judged", "sparse_bounds", "v4_rows"]

@@ -1,0 +1,180 @@
+"""What the kernel adapters share: lazy imports with a clear reason, the CUDA device, and the pure translations
+between the spec's layouts and the kernels' (paging a gathered cache, LSE bases, padding heads and top-k).
+
+Everything here is plain PyTorch and runs on CPU, so the translations are unit-tested without a GPU
+(``tests/test_adapters.py``). The adapters import their kernel library only in their constructor: an adapter
+module imports on any machine, and ``mlaspec backends`` reports a missing library as ``not usable: <reason>``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from types import ModuleType
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "LN2",
+    "PagedKV",
+    "case_param",
+    "cuda_capability",
+    "import_first",
+    "ln_to_log2",
+    "log2_to_ln",
+    "page_kv",
+    "pad_heads",
+    "pad_last",
+    "require_cuda",
+    "round_up",
+]
+
+LN2 = math.log(2.0)
+VENDOR_HINT = "vendor it with ../shared/tools/vendor-kernels and put the unpacked folder on PYTHONPATH"
+
+
+def import_first(*names: str, what: str, hint: str = VENDOR_HINT) -> ModuleType:
+    """The first of ``names`` that imports; ``ImportError`` naming every attempt and ``hint`` otherwise."""
+    errors = []
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a broken extension raises OSError/RuntimeError, not only ImportError
+            errors.append(f"{name}: {type(exc).__name__}: {exc}".splitlines()[0])
+    raise ImportError(f"{what} not installed ({hint}); tried " + "; ".join(errors))
+
+
+def require_cuda(what: str) -> torch.device:
+    """The CUDA device (``MLASPEC_DEVICE`` if it names one), or ``RuntimeError``: the kernels run on GPUs only."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs CUDA (torch {torch.__version__} sees no GPU)")
+    device = torch.device(os.environ.get("MLASPEC_DEVICE", "cuda"))
+    if device.type != "cuda":
+        device = torch.device("cuda")
+    return device
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """``(major, minor)`` of ``device`` (``(9, 0)`` on H100/H200)."""
+    return torch.cuda.get_device_capability(device)
+
+
+def case_param(case, *names: str, default=None):
+    """The first of ``names`` present in ``case.params`` (the sparse and indexer ops name sizes differently)."""
+    for name in names:
+        if name in case.params:
+            return case.params[name]
+    return default
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+# ------------------------------------------------------------------------------------------------------ LSE bases
+
+
+def log2_to_ln(lse: torch.Tensor) -> torch.Tensor:
+    """A base-2 log-sum-exp ``log2(sum 2^(s log2 e))`` to the natural log the spec uses: multiply by ``ln 2``.
+
+    ``±inf`` and NaN pass through unchanged (``inf * ln 2 = inf``). Computed in float32 as kernels return it.
+    """
+    return lse.float() * LN2
+
+
+def ln_to_log2(lse: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`log2_to_ln`: natural log to base 2 (divide by ``ln 2``), for kernels that read log2."""
+    return lse.float() / LN2
+
+
+# --------------------------------------------------------------------------------------------------------- paging
+
+
+class PagedKV(NamedTuple):
+    """``cache [num_blocks, P, *entry]``, ``block_table [B, max_blocks]`` int32 and ``seqlens [B]`` int32."""
+
+    cache: torch.Tensor
+    block_table: torch.Tensor
+    seqlens: torch.Tensor
+
+
+def page_kv(
+    kv: torch.Tensor,
+    page_size: int,
+    *,
+    seqlens: torch.Tensor | None = None,
+    seed: int = 0,
+    fill: float = math.nan,
+    spare_blocks: int = 1,
+) -> PagedKV:
+    """Page a gathered cache ``kv [B, S_kv, *entry]`` into a shuffled paged cache, hostile where unused.
+
+    Request ``b``'s token ``t < seqlens[b]`` goes to slot ``block_table[b, t // P] * P + t % P``. The physical
+    blocks are a random permutation (seeded), so a kernel that ignores the block table reads the wrong tokens;
+    slots past a request's length, and ``spare_blocks`` blocks nobody owns, hold ``fill`` (NaN by default), so a
+    kernel that reads past ``seqlens`` poisons its output. Unused block-table entries point at a spare block.
+
+    Args:
+        kv: ``[B, S_kv, *entry]`` float (``entry`` is ``[576]`` for MLA, or ``[H_kv, D]``).
+        page_size: ``P``, tokens per block (64 for FlashMLA).
+        seqlens: optional ``[B]`` int, tokens of each request (default ``S_kv`` for all).
+        seed: the permutation's seed.
+        fill: the value of unused slots.
+        spare_blocks: extra blocks no request owns.
+
+    Returns:
+        :class:`PagedKV` with ``cache`` in ``kv``'s dtype on ``kv``'s device, int32 ``block_table`` and ``seqlens``.
+    """
+    if kv.dim() < 2:
+        raise ValueError(f"kv must have shape [B, S_kv, ...], got {list(kv.shape)}")
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    b, s_kv = kv.shape[:2]
+    lens = torch.full((b,), s_kv, dtype=torch.int64) if seqlens is None else seqlens.to("cpu", torch.int64)
+    if lens.shape != (b,) or bool((lens < 0).any()) or bool((lens > s_kv).any()):
+        raise ValueError(f"seqlens must have shape [{b}] with values in [0, {s_kv}], got {lens.tolist()}")
+    per_req = max(1, -(-s_kv // page_size))
+    total = b * per_req + spare_blocks
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(total, generator=g)
+    block_table = perm[: b * per_req].reshape(b, per_req)
+    spare = int(perm[-1]) if spare_blocks else int(perm[0])
+    cache = torch.full((total, page_size, *kv.shape[2:]), fill, dtype=kv.dtype, device=kv.device)
+    flat = cache.view(total * page_size, *kv.shape[2:])
+    for i in range(b):
+        n = int(lens[i])
+        used = -(-n // page_size)
+        if n:
+            t = torch.arange(n)
+            slots = block_table[i, t // page_size] * page_size + t % page_size
+            flat[slots.to(kv.device)] = kv[i, :n]
+        block_table[i, used:] = spare  # never read: points at a NaN block
+    return PagedKV(cache, block_table.to(torch.int32).to(kv.device), lens.to(torch.int32).to(kv.device))
+
+
+# -------------------------------------------------------------------------------------------------------- padding
+
+
+def pad_heads(q: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+    """``q`` with its head dimension ``dim`` zero-padded to ``heads`` (vLLM pads query heads for FlashMLA the same
+    way; the padded heads' outputs are sliced off, so they change nothing)."""
+    have = q.shape[dim]
+    if have == heads:
+        return q
+    if have > heads:
+        raise ValueError(f"q has {have} heads, more than the {heads} to pad to")
+    shape = list(q.shape)
+    shape[dim] = heads - have
+    return torch.cat([q, q.new_zeros(shape)], dim=dim)
+
+
+def pad_last(x: torch.Tensor, multiple: int, value) -> torch.Tensor:
+    """``x`` with its last dimension padded with ``value`` up to a multiple of ``multiple`` (``-1`` for indices:
+    an invalid index contributes nothing, so this is exact)."""
+    k = x.shape[-1]
+    target = max(multiple, round_up(k, multiple))
+    if target == k:
+        return x
+    return torch.cat([x, x.new_full((*x.shape[:-1], target - k), value)], dim=-1)

@@ -1,0 +1,234 @@
+"""Backend ``flashmla``: DeepSeek's FlashMLA kernels, as vLLM 0.33 ships them.
+
+Imports ``flash_mla`` (upstream FlashMLA, or the vendored copy ``../shared/tools/vendor-kernels`` packs from the
+vLLM 0.33 wheel), else ``vllm.third_party.flashmla.flash_mla_interface``. Ops:
+
+* ``mla_decode`` -> ``flash_mla_with_kvcache`` (dense). The gathered ``kv [B, S_kv, 576]`` is paged into a
+  ``[num_blocks, 64, 1, 576]`` cache with *shuffled* physical blocks and NaN in every slot past a request's
+  length (:func:`~mlaspec.conformance.backends.common.page_kv`); ``block_table`` and ``cache_seqlens`` int32.
+  FlashMLA aligns causal queries to the end of the context (``csrc/api/dense_decode.h``: ``s_q == 1`` turns
+  causal off; the splitkv kernel masks query ``i`` to ``S_kv - S_q + i + 1`` keys), the spec's bottom-right rule.
+  LSE ``[B, H_q, S_q]`` natural log; an empty row comes back ``+inf``, which the harness reads as the spec's
+  ``-inf`` (vLLM's merge treats both as empty).
+* ``sparse_decode`` -> ``flash_mla_with_kvcache(..., indices=..., is_fp8_kvcache=True)``. The op hands a paged,
+  already-dequantized cache; the adapter writes it in the 656-byte ``fp8_ds_mla`` layout (V3.2, ``D_qk = 576``)
+  or the 584-byte V4 layout (``D_qk = 512``) with :mod:`mlaspec.spec.cache_layouts` -- the layout bytes are the
+  spec's -- and refuses a cache the layout cannot hold exactly (so quantization error never poses as a kernel
+  error). The cache is re-blocked into 64-token pages; global slot indices are unchanged by that.
+* ``sparse_prefill`` -> ``flash_mla_sparse_fwd`` (bf16 ``kv``, returns ``out, max_logits, lse``).
+
+Translations that change nothing (each is what vLLM's ``flashmla_sparse.py`` does too, or exact by the spec):
+query heads are zero-padded to a count the kernel has (sparse decode 64/128; sparse prefill 8/16/32/64/128 on
+SM90 in 0.33, 64/128 on SM100) and sliced back; top-k is padded with ``-1`` to the kernel's block (64 for
+decode, 128 for SM90 prefill: ``csrc/sm90/prefill/sparse/phase1.cuh`` asserts ``topk % (2 * B_TOPK) == 0``).
+
+Skipped, with the constraint as the reason: ``D_qk`` other than 576/512 or ``d_v`` other than 512
+(``csrc/api/*.h``), ``H_kv > 1``, fp16 for the sparse kernels (bf16 only), ``topk_length`` or an extra cache on
+the V3.2 sparse decode ("V3.2 does not support dynamic topk length" / "... extra KV cache",
+``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh``), more than 128 query heads for the sparse kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlaspec.spec import cache_layouts as cl
+
+from .common import case_param, cuda_capability, import_first, page_kv, pad_heads, pad_last, require_cuda, round_up
+
+__all__ = ["FlashMLABackend", "quantize_sparse_cache", "v4_indices"]
+
+PAGE = 64  # FlashMLA's page_block_size (dense: TORCH_CHECK(page_block_size == 64))
+DENSE_HEAD_DIMS = (576, 512)
+SPARSE_LAYOUTS = {576: cl.FP8_DS_MLA_V32, 512: cl.FP8_DS_MLA_V4}
+
+
+def quantize_sparse_cache(entries: torch.Tensor, page: int = PAGE) -> torch.Tensor:
+    """Write a dequantized cache ``[T, D]`` (``T`` flat slots) as FlashMLA's fp8 sparse cache pages.
+
+    ``D = 576`` uses :data:`~mlaspec.spec.cache_layouts.FP8_DS_MLA_V32` (656 B per token), ``D = 512`` the V4
+    layout (584 B). Scales: whichever rule (power-of-two as FlashMLA's ``tests/quant.py``, or vLLM's raw
+    ``amax / 448``) reproduces ``entries`` exactly; ``ValueError`` if neither does. Rows are padded to a multiple of
+    ``page`` with ``0xFF`` bytes (fp8 NaN): a kernel that reads an unused slot poisons its output.
+
+    Returns:
+        ``uint8 [num_blocks, page, 1, token_bytes]``, a strided view of the page blocks (``stride(0)`` is the
+        layout's page size, which for V4 is rounded up to 576-byte alignment).
+    """
+    d = entries.shape[-1]
+    if d not in SPARSE_LAYOUTS:
+        raise ValueError(f"kv_cache must have D_qk 576 (V3.2) or 512 (V4) for FlashMLA's fp8 cache, got {d}")
+    layout = SPARSE_LAYOUTS[d]
+    x = entries.reshape(-1, d).to("cpu", torch.float64)
+    finite = torch.isfinite(x).all(dim=1)  # rows with NaN are the op's hostile unused slots: written as 0xFF
+    xf = x[finite]
+    raw = None
+    rules = (True, False) if layout.scale_rule.kind == "fp32" else (False,)
+    for pow2 in rules:
+        q = cl.quantize(xf, layout, pow2_scales=pow2).raw
+        if torch.equal(cl.dequantize(q, layout).entries, xf):
+            raw = q
+            break
+    if raw is None:
+        raise ValueError(
+            f"kv_cache is not exactly representable in the {layout.token_bytes}-byte {layout.name} layout; "
+            "FlashMLA's sparse decode reads only fp8 caches, so give it entries from dequantize(quantize(...))"
+        )
+    t = x.shape[0]
+    rows = round_up(max(t, 1), page)
+    padded = torch.full((rows, layout.token_bytes), 0xFF, dtype=torch.uint8)
+    padded[:t][finite] = raw
+    pages = cl.to_pages(padded, layout, page)  # [num_blocks, page_bytes]
+    nb, page_bytes = pages.shape
+    return pages.as_strided((nb, page, 1, layout.token_bytes), (page_bytes, layout.token_bytes, layout.token_bytes, 1))
+
+
+def _next_count(h: int, counts: tuple[int, ...]) -> int | None:
+    return next((c for c in counts if c >= h), None)
+
+
+class FlashMLABackend:
+    """FlashMLA's dense decode, sparse decode (fp8 cache) and sparse prefill (see the module docstring)."""
+
+    name = "flashmla"
+    ops = frozenset({"mla_decode", "sparse_decode", "sparse_prefill", "v4_attention"})
+    dtypes = frozenset({"bfloat16", "float16"})
+
+    def __init__(self, device: str | None = None):
+        self.fm = import_first("flash_mla", "vllm.third_party.flashmla.flash_mla_interface", what="flash_mla")
+        self.device = torch.device(device) if device else require_cuda("flashmla")
+        self.capability = cuda_capability(self.device)
+        if self.capability[0] not in (9, 10):
+            raise RuntimeError(f"flashmla needs SM90 (Hopper) or SM100 (Blackwell DC); this GPU is SM{self.capability}")
+        self.sm90 = self.capability[0] == 9
+        self.version = f"flash_mla ({getattr(self.fm, '__file__', '?')})"
+
+    # -- capabilities --------------------------------------------------------------------------------------------
+    def unsupported(self, case) -> str | None:
+        d = case_param(case, "D_qk", "D", "d_qk")
+        d_v = case_param(case, "D_v", "d_v", "head_dim_v", default=512)
+        if d is not None and d not in DENSE_HEAD_DIMS:
+            return f"FlashMLA needs D_qk 576 or 512 (csrc/api: 'Only head_size_k == 576 or 512'), case has {d}"
+        if d_v != 512:
+            return f"FlashMLA needs d_v 512 ('Only head_size_v == 512'), case has {d_v}"
+        if case.op == "mla_decode":
+            if not self.sm90:
+                return "FlashMLA dense decode is SM90a only ('Dense decode MLA is only supported on SM90a')"
+            if case_param(case, "B", default=1) < 1:
+                return "FlashMLA dense decode needs batch size > 0"
+            return None
+        if case.op == "sparse_decode" and not case.params.get("fp8_cache"):
+            return ("FlashMLA sparse decode reads only fp8 caches (656 B V3.2 / 584 B V4); this case's cache is not "
+                    "declared fp8-representable (case param fp8_cache=True: entries from dequantize(quantize(...)))")
+        # sparse kernels
+        if case.dtype != "bfloat16":
+            return f"FlashMLA sparse kernels take bf16 q only, case dtype is {case.dtype}"
+        if case_param(case, "H_kv", "h_kv", default=1) != 1:
+            return "FlashMLA sparse kernels need H_kv == 1 ('Currently only MQA (i.e. h_kv == 1) is supported')"
+        h = case_param(case, "H_q", "H", "h_q", default=64)
+        if h > 128:
+            return f"FlashMLA sparse kernels take at most 128 query heads (padded to 64/128), case has {h}"
+        if case.op == "sparse_decode" and (d in (None, 576)):
+            if _flag(case, "topk_length", "with_topk_length", "lengths", "K_len"):
+                return "FlashMLA V3.2 sparse decode rejects topk_length ('V3.2 does not support dynamic topk length')"
+            if _flag(case, "extra", "extra_kv", "extra_kv_cache", "S_extra", "K_extra", "extra_topk"):
+                return "FlashMLA V3.2 sparse decode rejects an extra cache ('V3.2 does not support extra KV cache')"
+        return None
+
+    # -- dense decode --------------------------------------------------------------------------------------------
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+        dev = self.device
+        b, s_q, h, d = q.shape
+        paged = page_kv(kv.to(dev), PAGE, seed=b * 7919 + kv.shape[1])
+        q = q.to(dev).contiguous()
+        cache = paged.cache.unsqueeze(2)  # [num_blocks, 64, 1, D]
+        fm = self.fm
+        if hasattr(fm, "FlashMLASchedMeta"):  # FlashMLA >= 2026: metadata built on the first call
+            meta, _ = fm.get_mla_metadata()
+            out, lse = fm.flash_mla_with_kvcache(q, cache, paged.block_table, paged.seqlens, d_v, meta, None,
+                                                 softmax_scale=scale, causal=causal)  # fmt: skip
+        else:  # the 2025 interface: explicit tile-scheduler metadata
+            meta, splits = fm.get_mla_metadata(paged.seqlens, s_q * h, 1)
+            out, lse = fm.flash_mla_with_kvcache(q, cache, paged.block_table, paged.seqlens, d_v, meta, splits,
+                                                 softmax_scale=scale, causal=causal)  # fmt: skip
+        return out, lse  # [B, S_q, H, D_v], [B, H, S_q] natural log
+
+    # -- sparse decode -------------------------------------------------------------------------------------------
+    def sparse_decode(self, q, kv_cache, indices, *, softmax_scale=None, head_dim_v=512, topk_length=None,
+                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_length=None):  # fmt: skip
+        dev = self.device
+        b, s_q, h, d = q.shape
+        if d == 576 and topk_length is not None and bool((topk_length == indices.shape[-1]).all()):
+            topk_length = None  # every request uses all K slots: the same as no topk_length
+        if d == 576 and (topk_length is not None or extra_kv_cache is not None):
+            raise ValueError("FlashMLA V3.2 sparse decode supports neither topk_length nor an extra cache")
+        h_pad = _next_count(h, (64, 128))
+        if h_pad is None:
+            raise ValueError(f"FlashMLA sparse decode takes 64 or 128 query heads (padded), got {h}")
+        qp = pad_heads(q.to(dev, torch.bfloat16), h_pad, 2).contiguous()
+        cache = quantize_sparse_cache(kv_cache.reshape(-1, d)).to(dev)
+        idx = pad_last(indices.to(torch.int32), PAGE, -1).to(dev).contiguous()
+        kw = dict(softmax_scale=softmax_scale, is_fp8_kvcache=True, indices=idx)
+        if topk_length is not None:
+            kw["topk_length"] = topk_length.to(dev, torch.int32).contiguous()
+        if attn_sink is not None:
+            kw["attn_sink"] = pad_heads(attn_sink.to(dev, torch.float32), h_pad, 0).contiguous()
+        if extra_kv_cache is not None:
+            kw["extra_k_cache"] = quantize_sparse_cache(extra_kv_cache.reshape(-1, d)).to(dev)
+            kw["extra_indices_in_kvcache"] = pad_last(extra_indices.to(torch.int32), PAGE, -1).to(dev).contiguous()
+            if extra_topk_length is not None:
+                kw["extra_topk_length"] = extra_topk_length.to(dev, torch.int32).contiguous()
+        meta, splits = self.fm.get_mla_metadata() if hasattr(self.fm, "FlashMLASchedMeta") else (None, None)
+        if meta is None:
+            raise RuntimeError("this flash_mla predates sparse decode (no FlashMLASchedMeta)")
+        out, lse = self.fm.flash_mla_with_kvcache(qp, cache, None, None, head_dim_v, meta, None, **kw)
+        return out[:, :, :h], lse[:, :h, :]
+
+    # -- sparse prefill ------------------------------------------------------------------------------------------
+    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+        dev = self.device
+        s_q, h, d = q.shape
+        counts = (8, 16, 32, 64, 128) if self.sm90 else (64, 128)
+        h_pad = _next_count(h, counts)
+        if h_pad is None:
+            raise ValueError(f"FlashMLA sparse prefill takes at most 128 query heads (padded), got {h}")
+        qp = pad_heads(q.to(dev, torch.bfloat16), h_pad, 1).contiguous()
+        idx = pad_last(indices.to(torch.int32), 128, -1).to(dev).contiguous()
+        sink = None if attn_sink is None else pad_heads(attn_sink.to(dev, torch.float32), h_pad, 0).contiguous()
+        lengths = None if topk_length is None else topk_length.to(dev, torch.int32).contiguous()
+        out, max_logits, lse = self.fm.flash_mla_sparse_fwd(qp, kv.to(dev, torch.bfloat16).contiguous(), idx,
+                                                            sm_scale, d_v, sink, lengths)[:3]  # fmt: skip
+        return out[:, :h], max_logits[:, :h], lse[:, :h]
+
+    # -- one V4 layer through the sparse prefill kernel ----------------------------------------------------------
+    def v4_attention(self, q, raw_kv, *, window, scale, compressed_kv=None, compress_ratio=1, topk_indices=None,
+                     attn_sink=None, d_v=512):  # fmt: skip
+        s_q, s_kv = q.shape[0], raw_kv.shape[0]
+        num_c = 0 if compressed_kv is None or compress_ratio == 1 else compressed_kv.shape[0]
+        rows = raw_kv if num_c == 0 else torch.cat([compressed_kv, raw_kv])
+        idx = v4_indices(s_q, s_kv, window, compress_ratio, topk_indices if num_c else None, num_c)
+        out, _, lse = self.sparse_prefill(q, rows[:, None], idx, scale, d_v, attn_sink)
+        return out, lse
+
+
+def v4_indices(s_q: int, s_kv: int, window: int, compress_ratio: int, topk_indices,
+               num_compressed: int) -> torch.Tensor:  # fmt: skip
+    """The ``[S_q, 1, K_c + W]`` int32 rows into ``cat(compressed_kv, raw_kv)`` one V4 layer reads (``-1`` padded):
+    query ``i`` at ``p = S_kv - S_q + i`` takes ``topk_indices[i, :min((p + 1) // r, K_c)]`` and the raw window
+    ``(p - W, p]`` shifted by ``C`` -- how vLLM's V4 path feeds FlashMLA (window as one index list, compressed
+    entries as another; ``vllm/models/deepseek_v4/attention/impl/flashmla.py``)."""
+    k_c = 0 if topk_indices is None else topk_indices.shape[1]
+    out = torch.full((s_q, k_c + window), -1, dtype=torch.int64)
+    for i in range(s_q):
+        p = s_kv - s_q + i
+        if k_c:
+            n = min((p + 1) // compress_ratio, k_c)
+            out[i, :n] = topk_indices[i, :n].long()
+        lo = max(p - window + 1, 0)
+        out[i, k_c : k_c + p + 1 - lo] = num_compressed + torch.arange(lo, p + 1)
+    return out[:, None].to(torch.int32)
+
+
+def _flag(case, *names: str) -> bool:
+    v = case_param(case, *names)
+    return bool(v) and v is not None

@@ -1,0 +1,173 @@
+"""The conformance matrix: every curated case on every backend, one table (backend x op x case).
+
+    mlaspec matrix --backends flashmla,deepgemm,flashinfer,vllm,torch_sdpa,torch,spec --scale full --out docs/matrix
+
+runs the curated cases for each backend (a backend that cannot load -- library missing, no GPU -- is listed with
+its reason and every case marked unavailable), streams each backend's verdicts to ``OUT/<backend>/results.jsonl``
+(``mlaspec report OUT/<backend>`` rebuilds that backend's HTML report), and writes
+
+* ``OUT/matrix.md``: the environment, a summary per backend, and the matrix -- one row per case, one column per
+  backend, each cell the verdict and the worst ``|error| / bound`` -- then every failure and skip with its reason;
+* ``OUT/matrix.json``: the same, machine-readable, with the environment (GPU, driver, CUDA, library versions).
+
+The same command regenerates both; nothing else goes into them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from .backend import available_backends, load_backend
+from .cases import curated_cases
+from .report import environment
+from .runner import run_cases
+from .verdict import Result
+
+__all__ = ["KNOWN_BACKENDS", "run_matrix", "write_matrix", "matrix_markdown"]
+
+# The adapters shipped in mlaspec.conformance.backends, found by name even before the entry points are installed.
+KNOWN_BACKENDS = {
+    "spec": "mlaspec.conformance.backends.reference:SpecBackend",
+    "torch": "mlaspec.conformance.backends.torch_eager:TorchBackend",
+    "torch_sdpa": "mlaspec.conformance.backends.torch_sdpa:TorchSDPABackend",
+    "flashmla": "mlaspec.conformance.backends.flashmla:FlashMLABackend",
+    "deepgemm": "mlaspec.conformance.backends.deepgemm:DeepGEMMBackend",
+    "flashinfer": "mlaspec.conformance.backends.flashinfer:FlashInferBackend",
+    "vllm": "mlaspec.conformance.backends.vllm:VLLMBackend",
+}
+PACKAGES = ("torch", "triton", "flashinfer-python", "vllm", "deep_gemm", "flash_mla")
+MARK = {"pass": "✅", "fail": "❌", "error": "💥", "skip": "➖", "unavailable": "·"}
+
+
+def _resolve(name: str) -> str:
+    return available_backends().get(name) or KNOWN_BACKENDS.get(name) or name
+
+
+def matrix_environment() -> dict:
+    """:func:`~mlaspec.conformance.report.environment` plus the GPU driver and the installed library versions."""
+    env = dict(environment())
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
+        env["nvidia-smi"] = out.strip().splitlines()[0] if out.strip() else ""
+    except Exception:  # noqa: BLE001 - no driver on a CPU machine
+        pass
+    for pkg in PACKAGES:
+        try:
+            env[f"pkg:{pkg}"] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    env["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return env
+
+
+def _worst(r: Result) -> float | None:
+    vals = [m.value for m in r.metrics if m.name == "max_error/bound"]
+    if any(m.name in ("nonfinite_mismatch", "mismatches") and m.value > 0 for m in r.metrics):
+        return float("inf")
+    return max(vals) if vals else None
+
+
+def run_matrix(backends: list[str], *, out_dir: Path, scale: str = "tiny", dtypes: tuple[str, ...] = ("bfloat16",),
+               ops: tuple[str, ...] | None = None, timeout: float | None = 300.0,
+               progress=None) -> dict:  # fmt: skip
+    """Run the curated cases on each backend; returns the matrix as a JSON-able dict (see :func:`write_matrix`)."""
+    cases = curated_cases(scale=scale, dtypes=dtypes, ops=ops)
+    out_dir = Path(out_dir)
+    data = {"scale": scale, "dtypes": list(dtypes), "environment": matrix_environment(),
+            "cases": [dict(id=c.id, op=c.op, params=c.params) for c in cases], "backends": {}}  # fmt: skip
+    for name in backends:
+        target = _resolve(name)
+        entry = {"target": target, "usable": False, "version": "", "reason": "", "results": []}
+        data["backends"][name] = entry
+        try:
+            backend = load_backend(target)
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot load is a row of the matrix, not a crash
+            entry["reason"] = f"{type(exc).__name__}: {exc}"
+            if progress:
+                progress(f"{name}: not usable: {entry['reason']}")
+            continue
+        entry.update(usable=True, version=getattr(backend, "version", ""))
+
+        def on_result(i, r, name=name):
+            if progress:
+                progress(f"{name} [{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}")
+
+        results = run_cases(backend, cases, backend_name=name, out_dir=out_dir / name, scale=scale,
+                            timeout=timeout, on_result=on_result)  # fmt: skip
+        entry["results"] = [dict(case_id=r.case_id, op=r.op, verdict=r.verdict, reason=r.reason, worst=_worst(r),
+                                 seconds=round(r.seconds, 4), repro=r.repro) for r in results]  # fmt: skip
+    return data
+
+
+def _cell(res: dict | None, usable: bool) -> str:
+    if not usable or res is None:
+        return MARK["unavailable"]
+    v, w = res["verdict"], res["worst"]
+    if v in ("pass", "fail") and w is not None:
+        return f"{MARK[v]} {'nonfinite' if w == float('inf') else f'{w:.2g}'}"
+    return MARK[v]
+
+
+def matrix_markdown(data: dict) -> str:
+    """The matrix as a markdown page (see the module docstring)."""
+    names = list(data["backends"])
+    env = data["environment"]
+    lines = ["# Conformance matrix", "",
+             f"Every curated case (scale `{data['scale']}`, dtypes {', '.join(data['dtypes'])}) on every backend. "
+             "A cell is the verdict and the worst `|error| / bound` over the case's outputs (pass needs <= 1; "
+             "`nonfinite` = a NaN/±inf position differs from the spec). "
+             f"{MARK['pass']} pass, {MARK['fail']} fail, {MARK['error']} error (raised, wrong shape), "
+             f"{MARK['skip']} skipped (the backend declares the case unsupported: reason below), "
+             f"{MARK['unavailable']} backend not usable here.", "",
+             "Regenerate: `mlaspec matrix --backends " + ",".join(names) + f" --scale {data['scale']} "
+             f"--dtypes {','.join(data['dtypes'])} --out <dir>`", "", "## Environment", ""]  # fmt: skip
+    lines += [f"- **{k}**: {v}" for k, v in env.items()]
+    lines += ["", "## Backends", "", "| backend | version | pass | fail | error | skip |",
+              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for n in names:
+        e = data["backends"][n]
+        if not e["usable"]:
+            lines.append(f"| `{n}` | not usable: {e['reason']} | | | | |")
+            continue
+        c = {v: sum(r["verdict"] == v for r in e["results"]) for v in ("pass", "fail", "error", "skip")}
+        lines.append(f"| `{n}` | {e['version']} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} |")
+    lines += ["", "## Matrix", "", "| op | case | " + " | ".join(f"`{n}`" for n in names) + " |",
+              "| --- | --- | " + " | ".join("---" for _ in names) + " |"]  # fmt: skip
+    by = {n: {r["case_id"]: r for r in data["backends"][n]["results"]} for n in names}
+    for c in data["cases"]:
+        case = c["id"].split("[", 1)[1].rstrip("]")
+        cells = [_cell(by[n].get(c["id"]), data["backends"][n]["usable"]) for n in names]
+        lines.append(f"| {c['op']} | {case} | " + " | ".join(cells) + " |")
+    lines += ["", "## Failures, errors and skips", ""]
+    for n in names:
+        bad = [r for r in data["backends"][n]["results"] if r["verdict"] != "pass"]
+        if not bad:
+            continue
+        lines += [f"### `{n}`", ""]
+        for r in bad:
+            reason = r["reason"].replace("|", "\\|").replace("\n", " ")
+            tail = f" — rerun: `{r['repro']}`" if r["verdict"] in ("fail", "error") else ""
+            lines.append(f"- {MARK[r['verdict']]} `{r['case_id']}`: {reason}{tail}")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def write_matrix(data: dict, out_dir: Path, *, merge: bool = False) -> tuple[Path, Path]:
+    """Write ``OUT/matrix.md`` and ``OUT/matrix.json``; returns their paths. ``merge``: keep the backends of an
+    existing ``OUT/matrix.json`` that this run did not cover (so one backend per command still builds one matrix)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, js = out_dir / "matrix.md", out_dir / "matrix.json"
+    if merge and js.exists():
+        old = json.loads(js.read_text())
+        if (old.get("scale"), old.get("dtypes")) == (data["scale"], data["dtypes"]):
+            kept = {k: v for k, v in old["backends"].items() if k not in data["backends"]}
+            data = {**data, "backends": {**kept, **data["backends"]}}
+    md.write_text(matrix_markdown(data))
+    js.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return md, js

@@ -1,0 +1,267 @@
+"""The kernel adapters on a CPU machine: they import, refuse to construct with a clear reason, their pure
+translations agree with the spec, torch_sdpa passes the dense cases, and the matrix writes its two files."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import math
+from contextlib import redirect_stdout
+
+import pytest
+import torch
+
+from mlaspec.conformance import backend as backend_mod
+from mlaspec.conformance.backends.common import (
+    import_first,
+    ln_to_log2,
+    log2_to_ln,
+    page_kv,
+    pad_heads,
+    pad_last,
+)
+from mlaspec.conformance.backends.deepgemm import absolute_from_kernel, expand_context_lens, mask_paged_tail
+from mlaspec.conformance.backends.flashinfer import page_table_csr
+from mlaspec.conformance.backends.flashmla import quantize_sparse_cache, v4_indices
+from mlaspec.conformance.backends.vllm import num_kv_splits
+from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.cli import main
+from mlaspec.conformance.matrix import KNOWN_BACKENDS, run_matrix, write_matrix
+from mlaspec.conformance.runner import run_case
+from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec.indexer import absolute_to_compressed, indexer_logits
+
+ADAPTERS = ["flashmla", "deepgemm", "flashinfer", "torch_sdpa", "vllm", "common"]
+KERNEL_BACKENDS = {
+    "flashmla": "flash_mla not installed",
+    "deepgemm": "deep_gemm not installed",
+    "flashinfer": "flashinfer not installed",
+}
+
+
+def _absent(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+        return False
+    except Exception:  # noqa: BLE001
+        return True
+
+
+@pytest.mark.parametrize("module", ADAPTERS)
+def test_every_adapter_module_imports(module):
+    importlib.import_module(f"mlaspec.conformance.backends.{module}")
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_BACKENDS))
+def test_kernel_backend_without_its_library_raises_with_the_reason(name):
+    lib = {"flashmla": "flash_mla", "deepgemm": "deep_gemm", "flashinfer": "flashinfer"}[name]
+    if not _absent(lib):
+        pytest.skip(f"{lib} is installed here")
+    with pytest.raises(ImportError, match=KERNEL_BACKENDS[name]) as info:
+        backend_mod.load_backend(KNOWN_BACKENDS[name])
+    assert "vendor" in str(info.value)
+
+
+def test_vllm_backend_without_cuda_or_interpreter_raises(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="need CUDA"):
+        backend_mod.load_backend(KNOWN_BACKENDS["vllm"])
+
+
+def test_vllm_sources_missing_is_a_clear_import_error(monkeypatch, tmp_path):
+    from mlaspec.conformance.backends.vllm import find_vllm_source
+
+    if not _absent("vllm.v1.attention.ops.triton_merge_attn_states"):
+        pytest.skip("vllm is installed here")
+    monkeypatch.delenv("MLASPEC_VLLM_WHEEL_DIR", raising=False)
+    with pytest.raises(ImportError, match="MLASPEC_VLLM_WHEEL_DIR"):
+        find_vllm_source()
+    monkeypatch.setenv("MLASPEC_VLLM_WHEEL_DIR", str(tmp_path))
+    with pytest.raises(ImportError, match="neither"):
+        find_vllm_source()
+
+
+def test_import_first_names_every_attempt():
+    with pytest.raises(ImportError, match="no_such_a: .*no_such_b") as info:
+        import_first("no_such_a", "no_such_b", what="thing", hint="install it")
+    assert "thing not installed (install it)" in str(info.value)
+
+
+def test_backends_command_lists_the_adapters_as_not_usable(monkeypatch):
+    monkeypatch.setattr(backend_mod, "available_backends", lambda: dict(KNOWN_BACKENDS))
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["backends"]) == 0
+    lines = {line.split()[0]: line for line in buf.getvalue().splitlines() if line.strip()}
+    assert set(KNOWN_BACKENDS) <= set(lines)
+    for name, reason in KERNEL_BACKENDS.items():
+        if _absent({"flashmla": "flash_mla", "deepgemm": "deep_gemm", "flashinfer": "flashinfer"}[name]):
+            assert f"not usable: ImportError: {reason}" in lines[name]
+    assert "usable (" in lines["torch_sdpa"] and "attention" in lines["torch_sdpa"]
+
+
+# -- translations ----------------------------------------------------------------------------------------------------
+def test_page_kv_round_trips_with_shuffled_blocks_and_nan_elsewhere():
+    kv = torch.randn(3, 10, 5, dtype=torch.float64)
+    lens = torch.tensor([10, 4, 0])
+    paged = page_kv(kv, 4, seqlens=lens, seed=3)
+    assert paged.block_table.dtype == torch.int32 and paged.seqlens.dtype == torch.int32
+    flat = paged.cache.reshape(-1, 5)
+    seen = torch.zeros(flat.shape[0], dtype=torch.bool)
+    for b in range(3):
+        for t in range(int(lens[b])):
+            slot = int(paged.block_table[b, t // 4]) * 4 + t % 4
+            assert torch.equal(flat[slot], kv[b, t])
+            seen[slot] = True
+    assert torch.isnan(flat[~seen]).all()  # every slot nobody owns is NaN
+    owned = paged.block_table[0, :3].tolist()
+    assert owned != sorted(owned) or owned[0] != 0  # physical blocks are not the identity
+
+
+def test_page_kv_rejects_bad_lengths():
+    with pytest.raises(ValueError, match="seqlens"):
+        page_kv(torch.zeros(2, 3, 1), 2, seqlens=torch.tensor([4, 1]))
+
+
+def test_log2_lse_converts_to_the_natural_log():
+    s = torch.randn(4, 7, dtype=torch.float64) * 5
+    ln = torch.logsumexp(s, -1)
+    log2 = torch.log2(torch.exp2(s * math.log2(math.e)).sum(-1))  # FlashInfer's base-2 LSE
+    assert torch.allclose(log2_to_ln(log2).double(), ln, rtol=1e-6)
+    assert torch.allclose(ln_to_log2(ln).double(), log2, rtol=1e-6)
+    inf = torch.tensor([math.inf, -math.inf])
+    assert torch.equal(log2_to_ln(inf), inf.float()) and torch.equal(ln_to_log2(inf), inf.float())
+
+
+def test_compressed_logits_expand_to_the_spec_absolute_columns():
+    g = torch.Generator().manual_seed(0)
+    m, n, h, d = 5, 12, 3, 8
+    q, k, w = torch.randn(m, h, d, generator=g), torch.randn(n, d, generator=g), torch.rand(m, h, generator=g)
+    ks, ke = torch.tensor([0, 0, 3, 5, 7]), torch.tensor([2, 3, 9, 5, 12])
+    ref = indexer_logits(q, k, w, ks, ke)
+    comp = absolute_to_compressed(ref, ks, ke).float()
+    comp = torch.where(torch.isinf(comp), torch.tensor(123.0), comp)  # DeepGEMM leaves the tail uninitialised
+    got = absolute_from_kernel(comp, ks, ke, n, compressed=True)
+    assert torch.equal(torch.isinf(got), torch.isinf(ref))
+    assert torch.allclose(got.double()[torch.isfinite(ref)], ref[torch.isfinite(ref)], rtol=1e-6)
+    garbage = torch.where(torch.isinf(ref), torch.tensor(7.0, dtype=torch.float64), ref)  # an uncleaned absolute row
+    got_abs = absolute_from_kernel(garbage, ks, ke, n, compressed=False)
+    assert torch.equal(torch.isinf(got_abs), torch.isinf(ref))
+
+
+def test_context_lens_expand_by_the_spec_rule_and_the_tail_is_masked():
+    lens = expand_context_lens(torch.tensor([5, 1]), 2)
+    assert lens.tolist() == [[4, 5], [0, 1]] and lens.dtype == torch.int32
+    two_d = torch.tensor([[3, 4]], dtype=torch.int32)
+    assert expand_context_lens(two_d, 2) is not None and expand_context_lens(two_d, 2).tolist() == [[3, 4]]
+    got = mask_paged_tail(torch.ones(4, 6), lens, 5)
+    assert got.shape == (4, 5)
+    assert torch.isinf(got).sum(1).tolist() == [1, 0, 5, 4]
+
+
+def test_sparse_cache_is_the_spec_layout_and_refuses_what_it_cannot_hold():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(70, 576, generator=g, dtype=torch.float64)
+    exact = cl.dequantize(cl.quantize(x, cl.FP8_DS_MLA_V32, pow2_scales=True).raw, cl.FP8_DS_MLA_V32).entries
+    exact[5] = math.nan  # a hostile unused slot
+    pages = quantize_sparse_cache(exact)
+    assert pages.shape == (2, 64, 1, 656) and pages.dtype == torch.uint8
+    base = pages.as_strided((2, cl.page_bytes(cl.FP8_DS_MLA_V32, 64)), (pages.stride(0), 1))
+    back = cl.dequantize(cl.from_pages(base, cl.FP8_DS_MLA_V32, 64)[:70], cl.FP8_DS_MLA_V32).entries
+    keep = torch.arange(70) != 5
+    assert torch.equal(back[keep], exact[keep])
+    assert (cl.from_pages(base, cl.FP8_DS_MLA_V32, 64)[5] == 0xFF).all()
+    with pytest.raises(ValueError, match="not exactly representable"):
+        quantize_sparse_cache(x)
+    v4 = cl.dequantize(cl.quantize(x[:, :512], cl.FP8_DS_MLA_V4).raw, cl.FP8_DS_MLA_V4).entries
+    assert quantize_sparse_cache(v4).shape == (2, 64, 1, 584)
+
+
+def test_padding_changes_nothing_it_keeps():
+    q = torch.randn(2, 3, 5)
+    p = pad_heads(q, 8, 1)
+    assert p.shape == (2, 8, 5) and torch.equal(p[:, :3], q) and (p[:, 3:] == 0).all()
+    idx = torch.arange(6, dtype=torch.int32).reshape(1, 6)
+    assert pad_last(idx, 4, -1).tolist() == [[0, 1, 2, 3, 4, 5, -1, -1]]
+    with pytest.raises(ValueError, match="heads"):
+        pad_heads(q, 2, 1)
+
+
+def test_v4_indices_match_the_op_rows():
+    from mlaspec.conformance.ops.sparse import v4_rows
+
+    topk = torch.tensor([[2, 0, -1], [1, 3, 0]], dtype=torch.int32)
+    assert torch.equal(v4_indices(2, 17, 5, 4, topk, 5).long(), v4_rows(2, 17, 5, 4, topk, 5).long())
+    assert torch.equal(v4_indices(3, 3, 8, 1, None, 0).long(), v4_rows(3, 3, 8, 1, None, 0).long())
+
+
+def test_page_table_csr_lists_each_request_pages():
+    table = torch.tensor([[4, 1, 7], [2, 7, 7]])
+    indptr, indices = page_table_csr(table, torch.tensor([9, 3]), 4)
+    assert indptr.tolist() == [0, 3, 4] and indices.tolist() == [4, 1, 7, 2]
+
+
+def test_num_kv_splits_follows_triton_mla():
+    assert [num_kv_splits(n, 132) for n in (1, 600, 1100, 4096, 10**7)] == [1, 1, 2, 8, 264]
+
+
+# -- torch_sdpa runs -------------------------------------------------------------------------------------------------
+DENSE = curated_cases(dtypes=("bfloat16",), ops=("attention", "mla_decode"))
+
+
+@pytest.mark.parametrize("case", DENSE, ids=lambda c: c.id)
+def test_torch_sdpa_passes_the_dense_cases_on_cpu(case):
+    from mlaspec.conformance.backends.torch_sdpa import TorchSDPABackend
+
+    r = run_case(TorchSDPABackend(device="cpu"), case, backend_name="torch_sdpa")
+    if r.verdict == "skip":
+        assert "S_kv > 0" in r.reason
+    else:
+        assert r.verdict == "pass", r.reason
+
+
+def test_torch_sdpa_mode_sdpa_also_passes():
+    from mlaspec.conformance.backends.torch_sdpa import TorchSDPABackend
+
+    b = TorchSDPABackend(device="cpu", mode="sdpa")
+    for case in curated_cases(dtypes=("float16",), ops=("attention",))[:2]:
+        r = run_case(b, case, backend_name="torch_sdpa")
+        assert r.verdict == "pass", r.reason
+    with pytest.raises(ValueError, match="MLASPEC_SDPA_MODE"):
+        TorchSDPABackend(device="cpu", mode="nope")
+
+
+# -- the matrix ------------------------------------------------------------------------------------------------------
+def test_matrix_writes_markdown_and_json(tmp_path):
+    ops = ("attention", "merge_attn_states")
+    data = run_matrix(["spec", "torch", "torch_sdpa", "flashmla"], out_dir=tmp_path, ops=ops)
+    md, js = write_matrix(data, tmp_path)
+    text = md.read_text()
+    assert "| attention | mha-causal-bfloat16 | ✅ 0 |" in text
+    assert "`torch_sdpa`" in text and "➖ `merge_attn_states[tp8-bfloat16]`: torch_sdpa does not implement" in text
+    loaded = json.loads(js.read_text())
+    assert loaded["backends"]["spec"]["usable"] and "python" in loaded["environment"]
+    if _absent("flash_mla"):
+        assert not loaded["backends"]["flashmla"]["usable"] and "flash_mla not installed" in text
+    assert (tmp_path / "torch" / "results.jsonl").exists()
+    verdicts = {r["verdict"] for r in loaded["backends"]["torch"]["results"]}
+    assert verdicts == {"pass"}
+
+
+def test_matrix_cli(tmp_path):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["matrix", "--backends", "spec", "--ops", "merge_attn_states", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "matrix.md").exists() and "matrix:" in buf.getvalue()
+
+
+def test_matrix_merge_keeps_other_backends(tmp_path):
+    with redirect_stdout(io.StringIO()):
+        main(["matrix", "--backends", "spec", "--ops", "merge_attn_states", "--out", str(tmp_path)])
+        main(["matrix", "--backends", "torch", "--ops", "merge_attn_states", "--out", str(tmp_path), "--merge"])
+    data = json.loads((tmp_path / "matrix.json").read_text())
+    assert list(data["backends"]) == ["spec", "torch"]
+    assert "| merge_attn_states | tp8-bfloat16 | ✅ 0 | ✅" in (tmp_path / "matrix.md").read_text()

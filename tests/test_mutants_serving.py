@@ -1,0 +1,187 @@
+"""Serving ops: the spec and torch backends pass every curated case, and each deliberately wrong backend fails one.
+
+Every mutant is a :class:`TorchBackend` with one method overridden to carry one bug class seen in real kernels;
+the test names the curated case that must catch it, so a weakened input or budget shows up here.
+"""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from mlaspec.conformance.backends.reference import SpecBackend
+from mlaspec.conformance.backends.torch_eager import TorchBackend
+from mlaspec.conformance.cases import case_by_id, curated_cases
+from mlaspec.conformance.ops.serving import OPS
+from mlaspec.conformance.runner import run_case
+from mlaspec.spec.cache_layouts import LAYOUTS, MXFP8_DS_MLA_V41
+
+SERVING = tuple(op.name for op in OPS)
+
+
+@pytest.mark.parametrize("backend", [SpecBackend(), TorchBackend()], ids=["spec", "torch"])
+def test_builtin_backends_pass_every_serving_case(backend):
+    cases = curated_cases(ops=SERVING)
+    assert {c.op for c in cases} == set(SERVING)  # every serving op has a curated case
+    for case in cases:
+        r = run_case(backend, case, backend_name=backend.name)
+        assert r.verdict == "pass", (case.id, r.reason)
+
+
+def test_torch_backend_lists_every_serving_op():
+    assert set(SERVING) <= TorchBackend().ops
+
+
+class WrongGroupScale(TorchBackend):
+    """fp8 group scale applied to the wrong group: values of group g divided by group g-1's scale (an index shifted
+    by one group of 128), while the stored scales are right."""
+
+    def _scale_for_group(self, scales):
+        return torch.roll(scales, 1, dims=-1)
+
+
+class PowerOfTwoScale(TorchBackend):
+    """Scale format mixed up: FlashMLA's test quantizer (scale rounded up to a power of two) used as vLLM's 656-byte
+    writer, which stores the raw fp32 amax / 448 (the amax-336 group tells them apart: 0.75 vs 1)."""
+
+    def _fp32_scale(self, amax, max_q):
+        return torch.exp2(torch.ceil(torch.log2((amax / max_q).clamp_min(1e-4))))
+
+
+class V41ReadAsV4(TorchBackend):
+    """V4.1's token-interleaved 528-byte records read as if laid out like V4 (data rows, then scale rows)."""
+
+    def read_tokens(self, pages, layout, block_size, slots):
+        lay = LAYOUTS[layout] if isinstance(layout, str) else layout
+        if lay.name == MXFP8_DS_MLA_V41.name:
+            lay = dataclasses.replace(lay, split_at=512)
+        return super().read_tokens(pages, lay, block_size, slots)
+
+
+class RopeBeforeLatent(TorchBackend):
+    """Entry order swapped: k_pe stored at [0, 64) and the latent after it, instead of latent [0, 512) then rope."""
+
+    def _entries(self, kv_c, k_pe):
+        return torch.cat([k_pe, kv_c], dim=-1)
+
+
+class PaddingSlotWritten(TorchBackend):
+    """Padding slot -1 not skipped: it wraps around to the cache's last slot, overwriting it."""
+
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
+        total = kv_cache.shape[0] * kv_cache.shape[1]
+        return super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping % total,
+                                            kv_cache_dtype=kv_cache_dtype, scale=scale)  # fmt: skip
+
+
+class ChunkBoundaryOffByOne(TorchBackend):
+    """Context chunk boundary off by one: a full chunk ends at start + W - 1, so its last context token is dropped."""
+
+    def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *,
+                                  scale):  # fmt: skip
+        full = plan.seq_lens == plan.max_context_chunk
+        plan = dataclasses.replace(plan, seq_lens=plan.seq_lens - full.long())
+        return super().chunked_prefill_attention(q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV,
+                                                 scale=scale)  # fmt: skip
+
+
+class MergeWithoutInfGuard(TorchBackend):
+    """LSE merge without the -inf guard: two empty parts (a prefill with no context, chunk after chunk) give
+    exp(-inf - -inf) = NaN, which then poisons the new tokens' part."""
+
+    def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
+        m = torch.maximum(prefix_lse, suffix_lse).float()
+        p_w, s_w = torch.exp(prefix_lse - m), torch.exp(suffix_lse - m)
+        out = prefix_output.float() * (p_w / (p_w + s_w)).T[..., None] + \
+            suffix_output.float() * (s_w / (p_w + s_w)).T[..., None]  # fmt: skip
+        return out.to(prefix_output.dtype), torch.log(p_w + s_w) + m
+
+
+class ReorderStopsOneSwapEarly(TorchBackend):
+    """Reorder loop ends one pair early: the last misplaced decode stays behind a prefill."""
+
+    def reorder_batch_to_split_decodes_and_prefills(self, requests, decode_threshold=1, *, regions=4):
+        r = super().reorder_batch_to_split_decodes_and_prefills(requests, decode_threshold, regions=regions)
+        if regions != 2 or not r.swaps:
+            return r
+        i, j = r.swaps[-1]
+        order = list(r.order)
+        order[i], order[j] = order[j], order[i]
+        regs = list(r.regions)
+        regs[i], regs[j] = regs[j], regs[i]
+        return r._replace(order=tuple(order), regions=tuple(regs), swaps=r.swaps[:-1])
+
+
+class SlotFromWrongRequest(TorchBackend):
+    """Slot mapping reads block_table of the wrong request: the first token of each request is attributed to the
+    previous one (searchsorted with right=False), so block_table[b - 1, pos // P] is used."""
+
+    def _token_requests(self, query_start_loc, num_tokens):
+        return torch.searchsorted(query_start_loc[1:].long(), torch.arange(num_tokens), right=False)
+
+
+class GatherIgnoresSeqStarts(TorchBackend):
+    """Context gather ignores seq_starts: every chunk is read from the start of the request's context."""
+
+    def gather_cache(self, kv_cache, block_table, cu_seq_lens, batch_size=None, seq_starts=None, *,
+                     kernel="cp_gather_cache"):  # fmt: skip
+        return super().gather_cache(kv_cache, block_table, cu_seq_lens, batch_size, None, kernel=kernel)
+
+
+class PerTensorScaleMultiplied(TorchBackend):
+    """Per-tensor fp8 scale multiplied instead of divided when writing the cache: e4m3(x * k_scale)."""
+
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
+        if scale is not None:
+            scale = 1.0 / float(scale)
+        return super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype=kv_cache_dtype,
+                                            scale=scale)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mutant, case_id",
+    [
+        (WrongGroupScale, "concat_and_cache_mla[v32-fp8-ds-mla-656-bfloat16]"),
+        (WrongGroupScale, "write_pages[v4-584-paged-bfloat16]"),
+        (PowerOfTwoScale, "quantize[v32-656-bfloat16]"),
+        (V41ReadAsV4, "read_tokens[v41-528-paged-bfloat16]"),
+        (RopeBeforeLatent, "concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
+        (PaddingSlotWritten, "concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
+        (PaddingSlotWritten, "concat_and_cache_mla[v32-fp8-ds-mla-656-bfloat16]"),
+        (ChunkBoundaryOffByOne, "chunked_prefill_attention[v3-workspace-chunks-no-context-bfloat16]"),
+        (MergeWithoutInfGuard, "chunked_prefill_attention[v3-workspace-chunks-no-context-bfloat16]"),
+        (ReorderStopsOneSwapEarly, "reorder_batch_to_split_decodes_and_prefills[mtp4-mixed-2-regions-bfloat16]"),
+        (SlotFromWrongRequest, "slot_mapping_from_block_table[mixed-batch-cudagraph-pad-bfloat16]"),
+        (SlotFromWrongRequest, "build_metadata[v3-mixed-default-pages-bfloat16]"),
+        (GatherIgnoresSeqStarts, "gather_cache[v3-context-chunk-seq-starts-bfloat16]"),
+        (PerTensorScaleMultiplied, "concat_and_cache_mla[v3-fp8-per-tensor-bfloat16]"),
+    ],
+)  # fmt: skip
+def test_mutant_fails_its_case(mutant, case_id):
+    assert mutant.__doc__, "each mutant names its bug class"
+    r = run_case(mutant(), case_by_id(case_id), backend_name="mutant")
+    assert r.verdict == "fail", (r.verdict, r.reason)
+    assert r.reason and r.repro.endswith(f"--case '{case_id}'")
+
+
+def test_mutants_pass_the_cases_their_bug_does_not_touch():
+    # the bugs are specific: a per-tensor scale bug leaves the bf16 cache alone, a 2-region reorder bug the
+    # 4-region reorder, an -inf guard bug a batch where no request lacks context
+    assert run_case(PerTensorScaleMultiplied(), case_by_id("concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
+                    backend_name="m").verdict == "pass"  # fmt: skip
+    four = case_by_id("reorder_batch_to_split_decodes_and_prefills[mtp4-mixed-4-regions-bfloat16]")
+    assert run_case(ReorderStopsOneSwapEarly(), four, backend_name="m").verdict == "pass"
+    assert run_case(MergeWithoutInfGuard(), case_by_id("chunked_prefill_attention[first-chunks-only-bfloat16]"),
+                    backend_name="m").verdict == "pass"  # fmt: skip
+
+
+def test_nan_in_a_written_slot_is_caught():
+    class WritesNaN(TorchBackend):
+        def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, **kw):
+            (new,) = super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, **kw)
+            new.view(-1, new.shape[-1])[int(slot_mapping[0]), 0] = math.nan
+            return (new,)
+
+    r = run_case(WritesNaN(), case_by_id("concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"), backend_name="n")
+    assert r.verdict == "fail" and "deterministic bytes" in r.reason
