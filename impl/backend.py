@@ -1,0 +1,107 @@
+"""Backend ``triton``: the kernels of :mod:`mlaspec.impl` behind the conformance harness's protocol.
+
+Each method translates the harness's arguments (the spec function's, padded batch) to a kernel's interface and
+back:
+
+* ``mla_decode``: the gathered entries ``kv [B, S_kv, 576]`` are scattered into a paged cache with 64-slot pages
+  in *shuffled* physical order, NaN in every unused slot and page, a block table with a spare ``-1`` column, then
+  :func:`mlaspec.impl.decode.mla_decode_paged` runs (split-KV plus combine, as in serving).
+* ``attention``: the padded batch is packed to varlen (``cu_seqlens``) for
+  :func:`mlaspec.impl.prefill.flash_attn_varlen`; the LSE comes back ``[H_q, T]`` and is laid out ``[B, H_q, S_q]``.
+* ``mla_prefill``: ``k_nope = kv_c W_UK`` and ``v = kv_c W_UV`` are materialised in the case dtype (fp32 matmul,
+  as vLLM's prefill does), ``k_pe`` is broadcast to every head, then the varlen kernel runs with ``D_qk = 192``.
+* ``merge_attn_states``: :func:`mlaspec.impl.merge.merge_attn_states` directly.
+
+Device: CUDA when available. Without a GPU the kernels run on CPU tensors through Triton's interpreter, which
+must be switched on (``TRITON_INTERPRET=1``) *before* :mod:`mlaspec.impl` is imported, since ``@triton.jit``
+decides at decoration time; otherwise every case is skipped with that reason. The interpreter's ``tl.dot`` is
+wrong for bfloat16 (triton 3.9), so bf16 cases of the ops that multiply matrices are skipped there too.
+
+Register with ``triton = "mlaspec.impl.backend:TritonBackend"`` in the ``mlaspec.backends`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import decode as _decode
+from .decode import mla_decode_paged, page_cache
+from .merge import merge_attn_states as _merge
+from .prefill import flash_attn_varlen
+
+__all__ = ["TritonBackend", "interpreted"]
+
+
+def interpreted() -> bool:
+    """Whether this process's kernels were built for Triton's interpreter (``TRITON_INTERPRET=1`` at import)."""
+    return type(_decode._mla_decode_split_kernel).__name__ == "InterpretedFunction"
+
+
+def _pow2_at_least_16(x: int) -> bool:
+    return x >= 16 and not x & (x - 1)
+
+
+class TritonBackend:
+    name = "triton"
+    version = f"triton {triton.__version__}"
+    ops = frozenset({"attention", "mla_decode", "mla_prefill", "merge_attn_states"})
+    dtypes = frozenset({"bfloat16", "float16", "float32"})
+
+    def __init__(self, device: str | None = None):
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
+        self.device = torch.device(device)
+
+    # -- limits, named -------------------------------------------------------------------------------------------
+    def unsupported(self, case) -> str | None:
+        """Why a case cannot run here (None when it can)."""
+        p = case.params
+        if self.device.type != "cuda" and not interpreted():
+            return "no CUDA device, and TRITON_INTERPRET=1 was not set before mlaspec.impl was imported"
+        if interpreted() and case.dtype == "bfloat16" and case.op != "merge_attn_states":
+            return "the Triton interpreter's tl.dot is wrong for bfloat16 (triton 3.9): run bf16 on a GPU"
+        if case.op == "attention" and (p["D_qk"] > 256 or p["D_v"] > 256):
+            return f"attention head dims must be <= 256, got D_qk={p['D_qk']}, D_v={p['D_v']}"
+        if case.op == "mla_decode" and not (_pow2_at_least_16(p["D_v"]) and _pow2_at_least_16(p["D_qk"] - p["D_v"])):
+            return f"mla_decode needs D_v and D_qk - D_v powers of two >= 16 (512 + 64), got {p['D_v']}, {p['D_qk']}"
+        if case.op == "mla_prefill" and (p["P"] + p["R"] > 256 or p["V"] > 256):
+            return f"mla_prefill head dims must be <= 256, got qk {p['P']} + {p['R']}, v {p['V']}"
+        return None
+
+    # -- ops -----------------------------------------------------------------------------------------------------
+    def attention(self, q, k, v, *, scale, causal=False, mask=None):
+        if mask is not None:
+            raise ValueError("mask: the triton attention kernel supports only causal masking")
+        B, S_q, H_q, _ = q.shape
+        S_kv = k.shape[1]
+        q, k, v = (t.to(self.device) for t in (q, k, v))
+        cu_q = torch.arange(B + 1, dtype=torch.int32, device=self.device) * S_q
+        cu_k = torch.arange(B + 1, dtype=torch.int32, device=self.device) * S_kv
+        out, lse = flash_attn_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k,
+                                     max_seqlen_q=S_q, scale=scale, causal=causal)  # fmt: skip
+        return out.view(B, S_q, H_q, -1), lse.view(H_q, B, S_q).transpose(0, 1)
+
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+        S_kv = kv.shape[1]
+        q, kv = q.to(self.device), kv.to(self.device)
+        g = torch.Generator().manual_seed(S_kv)  # the page shuffle: fixed per shape, different across shapes
+        cache, block_table, seq_lens = page_cache(kv, page_size=64, generator=g)
+        return mla_decode_paged(q, cache, block_table, seq_lens, d_v=d_v, scale=scale, causal=causal,
+                                max_seq_len=S_kv)  # fmt: skip
+
+    def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
+        dtype = q_nope.dtype
+        q_nope, q_pe, kv_c, k_pe, W_UK, W_UV = (t.to(self.device) for t in (q_nope, q_pe, kv_c, k_pe, W_UK, W_UV))
+        B, S_q, N, _ = q_nope.shape
+        S_kv = kv_c.shape[1]
+        # up-project the latent once per key, rounded to the case dtype, as vLLM materialises k_nope and v
+        k_nope = torch.einsum("bsl,lnp->bsnp", kv_c.float(), W_UK.float()).to(dtype)  # [B, S_kv, N, P]
+        v = torch.einsum("bsl,lnv->bsnv", kv_c.float(), W_UV.float()).to(dtype)  # [B, S_kv, N, V]
+        q = torch.cat([q_nope, q_pe], -1)  # [B, S_q, N, P + R]
+        k = torch.cat([k_nope, k_pe[:, :, None].expand(-1, -1, N, -1)], -1)  # [B, S_kv, N, P + R]
+        return self.attention(q, k, v, scale=scale, causal=causal)
+
+    def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
+        args = (t.to(self.device) for t in (prefix_output, prefix_lse, suffix_output, suffix_lse))
+        return tuple(_merge(*args))

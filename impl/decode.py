@@ -1,0 +1,354 @@
+"""Paged MLA decode in the absorbed form: split-KV flash decoding over a 576-wide latent cache.
+
+Implements :func:`mlaspec.spec.forms.mqa_latent_attention` (the op FlashMLA's dense decode computes) on a paged
+cache: one KV head, ``H_q`` query heads, each cache entry ``[kv_c (512) | k_pe (64)]`` is the key and its first
+``D_v = 512`` values are the value. Conventions as the spec (:mod:`mlaspec.spec.attention`): natural-log LSE laid
+out ``[B, H_q, S_q]`` as FlashMLA's ``softmax_lse``; ``causal`` aligns the ``S_q`` queries (MTP) to the end of the
+context; a row with no key gives output 0 and LSE ``-inf``.
+
+The naive computation, per sequence, and its memory traffic (``N = seq_len``, ``R = S_q * H_q`` query rows)::
+
+    kv  = gather(cache, block_table[b])        # read N * 576 (each page once)    -> the bytes that matter
+    s   = scale * q @ kv.T                     # read R * 576, write R * N        (logits to memory)
+    p   = softmax(s)                           # read R * N, write R * N
+    out = p @ kv[:, :512]                      # read R * N + N * 512 (again), write R * 512
+
+The kernel keeps ``s`` and ``p`` on chip and reads each page once per block of query rows, so the traffic is the
+cache (``N * 576`` elements) plus ``q`` and ``out``. With ``R <= 64`` rows per program the work is ~``2 * 64 *
+1088 = 139k`` FLOP per 1152-byte entry: about 120 FLOP/byte, below Hopper's ~200 FLOP/byte ridge, so the decode is
+bound by memory bandwidth, and all that matters is streaming the cache at full speed on every SM.
+
+Structure (FlashDecoding; FlashMLA ``csrc/sm90/decode`` and vLLM ``vllm/v1/attention/ops/triton_decode_attention.py``
+split the keys the same way):
+
+1. ``_mla_decode_split_kernel``: grid ``(row blocks, splits, B)``. Each program takes ``BLOCK_M`` query rows (rows
+   are ``(s, h)`` flattened in ``q``'s own order, so any ``H_q`` and ``S_q`` work) against the pages of its split,
+   ``BLOCK_N`` keys at a time, with an online softmax in base 2 (``log2 e`` folded into the scale). It writes a
+   partial output and partial LSE (base 2) per split -- or, with one split, the final result directly.
+2. ``_mla_decode_combine_kernel``: grid ``(R, B)``. Merges the splits by their LSE (the same math as
+   :func:`mlaspec.spec.merge.merge_attn_states_n`) and converts the LSE to the natural log.
+
+The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once, at least a few pages per split).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["DecodeOutput", "DecodeConfig", "mla_decode_paged", "num_splits_heuristic", "decode_config", "page_cache"]
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # ln(2): ln(x) = log2(x) * LN2
+
+
+@triton.jit
+def _mla_decode_split_kernel(
+    Q, KV, BLOCK_TABLE, SEQ_LENS,  # q [B, S_q, H_q, D_V + D_ROPE], cache [num_pages, PAGE, D_V + D_ROPE]
+    O_PART, LSE_PART,  # [B, splits, R, D_V] fp32, [B, splits, R] fp32 (base 2): used unless SINGLE
+    OUT, LSE,  # [B, S_q, H_q, D_V] q.dtype, [B, H_q, S_q] fp32 (natural log): used when SINGLE (one split)
+    stride_qb, stride_qs, stride_qh,
+    stride_kp, stride_ks,
+    stride_btb,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh, stride_ls,
+    qk_scale,  # softmax scale * log2(e)
+    S_Q, H_Q, blocks_per_split, num_splits,
+    CAUSAL: tl.constexpr, D_V: tl.constexpr, D_ROPE: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    R = S_Q * H_Q
+
+    # -- which query rows: (s, h) flattened as q stores them, row = s * H_q + h ----------------------------------
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < R
+    s = rows // H_Q
+    h = rows % H_Q
+    offs_v = tl.arange(0, D_V)
+    offs_r = tl.arange(0, D_ROPE)
+
+    # -- which keys each row may see: all seq_len, or (causal) up to its own position at the end of the context --
+    seq_len = tl.load(SEQ_LENS + b)
+    if CAUSAL:
+        n_keys = seq_len - S_Q + 1 + s  # [BLOCK_M]: query s sees keys j <= s + seq_len - S_q
+    else:
+        n_keys = tl.zeros([BLOCK_M], dtype=tl.int32) + seq_len
+
+    # -- this split's key blocks (BLOCK_N keys each; PAGE // BLOCK_N blocks per page) ------------------------------
+    SUB: tl.constexpr = PAGE // BLOCK_N
+    n_blocks = tl.cdiv(seq_len, BLOCK_N)
+    blk_lo = split * blocks_per_split
+    blk_hi = tl.minimum(blk_lo + blocks_per_split, n_blocks)
+
+    # -- load the query block once: read BLOCK_M * 576 (the 576 split as 512 nope + 64 rope for tl.dot) ------------
+    q_base = Q + b.to(tl.int64) * stride_qb + s * stride_qs + h * stride_qh
+    q_nope = tl.load(q_base[:, None] + offs_v[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D_V]
+    q_rope = tl.load(q_base[:, None] + D_V + offs_r[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D_ROPE]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of the base-2 logits
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(logit - m_i)
+    acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)  # running sum of exp2(logit - m_i) * v
+    offs_n = tl.arange(0, BLOCK_N)
+
+    for blk in range(blk_lo, blk_hi):
+        # -- the physical page holding these keys, and the keys' slots in it --------------------------------------
+        page = tl.load(BLOCK_TABLE + b * stride_btb + blk // SUB).to(tl.int64)
+        slots = (blk % SUB) * BLOCK_N + offs_n
+        keys = blk * BLOCK_N + offs_n
+        key_ok = keys < seq_len  # slots past the end may hold anything (NaN): never let them in
+        kv_ptr = KV + page * stride_kp + slots[:, None] * stride_ks
+        # read BLOCK_N * 576: the entries; their first D_V columns are also the values
+        kv_nope = tl.load(kv_ptr + offs_v[None, :], mask=key_ok[:, None], other=0.0)  # [BLOCK_N, D_V]
+        kv_rope = tl.load(kv_ptr + D_V + offs_r[None, :], mask=key_ok[:, None], other=0.0)  # [BLOCK_N, D_ROPE]
+
+        # -- logits in base 2: (q . k) * scale * log2(e), fp32 accumulation -----------------------------------------
+        qk = tl.dot(q_nope, tl.trans(kv_nope), input_precision=PRECISION)
+        qk = tl.dot(q_rope, tl.trans(kv_rope), qk, input_precision=PRECISION)
+        qk = qk * qk_scale
+        allowed = key_ok[None, :] & (keys[None, :] < n_keys[:, None])
+        qk = tl.where(allowed, qk, float("-inf"))
+
+        # -- online softmax: rescale what we had by exp2(m_old - m_new); a row with nothing yet keeps m = -inf -------
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoids -inf - -inf = NaN for empty rows
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(qk - m_use[:, None])  # masked keys: exp2(-inf) = 0
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- P @ V with P rounded to the cache dtype (as the MMA takes it), accumulated in fp32 ---------------------
+        acc = tl.dot(p.to(kv_nope.dtype), kv_nope, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+
+    # -- epilogue: normalise, or hand the unnormalised split to the combine kernel ---------------------------------
+    has_keys = l_i > 0.0
+    l_use = tl.where(has_keys, l_i, 1.0)
+    lse2 = tl.where(has_keys, m_i + tl.log2(l_use), float("-inf"))  # base-2 LSE of the split (or -inf: empty)
+    out = acc / l_use[:, None]  # empty rows: acc = 0, so out = 0
+    if SINGLE:
+        # write R * 512 in q's dtype, and the natural-log LSE in FlashMLA's [B, H_q, S_q] layout
+        o_ptr = OUT + b.to(tl.int64) * stride_ob + s * stride_os + h * stride_oh
+        tl.store(o_ptr[:, None] + offs_v[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + b * stride_lb + h * stride_lh + s * stride_ls, lse2 * 0.6931471805599453, mask=row_ok)
+    else:
+        part = (b * num_splits + split).to(tl.int64) * R + rows
+        tl.store(O_PART + part[:, None] * D_V + offs_v[None, :], out, mask=row_ok[:, None])
+        tl.store(LSE_PART + part, lse2, mask=row_ok)
+
+
+@triton.jit
+def _mla_decode_combine_kernel(
+    O_PART, LSE_PART,  # [B, splits, R, D_V] fp32 (each split normalised), [B, splits, R] fp32 base 2
+    OUT, LSE,  # [B, S_q, H_q, D_V], [B, H_q, S_q] fp32 natural log
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh, stride_ls,
+    S_Q, H_Q, num_splits,
+    D_V: tl.constexpr, SPLITS_P2: tl.constexpr,
+):  # fmt: skip
+    row, b = tl.program_id(0), tl.program_id(1)
+    R = S_Q * H_Q
+    s = row // H_Q
+    h = row % H_Q
+    offs_v = tl.arange(0, D_V)
+    offs_sp = tl.arange(0, SPLITS_P2)
+
+    # -- the splits' LSEs: total = log2(sum 2^lse_i); empty splits (-inf) weigh 0 ----------------------------------
+    lse_base = LSE_PART + b.to(tl.int64) * num_splits * R + row
+    lses = tl.load(lse_base + offs_sp * R, mask=offs_sp < num_splits, other=float("-inf"))
+    m = tl.max(lses, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp2(lses - m_use), 0)
+
+    # -- out = sum_i 2^(lse_i - total) out_i: read splits * 512 fp32, write 512 ------------------------------------
+    acc = tl.zeros([D_V], dtype=tl.float32)
+    o_base = O_PART + (b.to(tl.int64) * num_splits * R + row) * D_V
+    for i in range(num_splits):
+        w = tl.exp2(tl.load(lse_base + i * R) - m_use)
+        acc += w * tl.load(o_base + i * R * D_V + offs_v)
+    has_keys = total > 0.0
+    total_use = tl.where(has_keys, total, 1.0)
+    out = acc / total_use
+    lse = tl.where(has_keys, (m_use + tl.log2(total_use)) * 0.6931471805599453, float("-inf"))
+    tl.store(OUT + b.to(tl.int64) * stride_ob + s * stride_os + h * stride_oh + offs_v, out.to(OUT.dtype.element_ty))
+    tl.store(LSE + b * stride_lb + h * stride_lh + s * stride_ls, lse)
+
+
+# -- host side ----------------------------------------------------------------------------------------------------
+class DecodeOutput(NamedTuple):
+    """``out [B, S_q, H_q, D_v]`` in q's dtype and ``lse [B, H_q, S_q]`` fp32 natural log (-inf: no key)."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+class DecodeConfig(NamedTuple):
+    """Tile sizes and launch parameters of the split kernel."""
+
+    block_m: int  # query rows (s, h) per program
+    block_n: int  # keys per step; divides the page size
+    num_warps: int
+    num_stages: int
+
+
+def decode_config(rows: int, page_size: int, dtype: torch.dtype) -> DecodeConfig:
+    """The tile for ``rows = S_q * H_q`` query rows.
+
+    bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys, 8 warps so the ``[64, 512]`` fp32
+    accumulator is 128 registers a thread, 2 stages: ``q`` (72 KB) stays in shared memory and two 72 KB key tiles
+    are in flight (216 KB of the 227 KB an H100/H200 block may use). fp32 inputs (exact ``ieee`` dots, not tf32)
+    take half-size tiles.
+    """
+    big = dtype == torch.float32
+    block_m = min(32 if big else 64, max(16, triton.next_power_of_2(rows)))
+    block_n = min(16 if big else 64, page_size)
+    num_warps = 8 if block_m >= 64 else 4
+    return DecodeConfig(block_m, block_n, num_warps, 1 if big else 2)
+
+
+def num_splits_heuristic(batch: int, row_blocks: int, max_seq_len: int, num_sms: int, *, block_n: int = 64,
+                         min_blocks_per_split: int = 4, max_splits: int = 64) -> int:  # fmt: skip
+    """How many pieces to cut each sequence's keys into.
+
+    ``batch * row_blocks`` programs exist without splitting; split until they fill the ``num_sms``
+    multiprocessors once (one 216 KB program fits per SM), but keep at least ``min_blocks_per_split`` key blocks
+    (256 keys) per split so the query load and the epilogue stay small next to the streaming, and at most
+    ``max_splits`` (the combine kernel reads one partial output per split).
+    """
+    key_blocks = max(1, triton.cdiv(max_seq_len, block_n))
+    base = max(1, batch * row_blocks)
+    want = triton.cdiv(num_sms, base)
+    return max(1, min(want, triton.cdiv(key_blocks, min_blocks_per_split), max_splits))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few splits, so the combine kernel runs in tests too
+
+
+def mla_decode_paged(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    d_v: int = 512,
+    scale: float,
+    causal: bool = True,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+    config: DecodeConfig | None = None,
+) -> DecodeOutput:
+    """Absorbed MLA decode over a paged cache.
+
+    Args:
+        q: ``[B, S_q, H_q, D_qk]`` bf16/fp16/fp32, the absorbed queries (``D_qk = 576``); last dim contiguous.
+        kv_cache: ``[num_pages, P, D_qk]`` same dtype, entries ``[kv_c | k_pe]``; slots past a sequence's end may
+            hold anything (NaN included): they are never used.
+        block_table: ``[B, max_pages]`` int32, logical page ``i`` of sequence ``b`` is physical page
+            ``block_table[b, i]``; entries past ``ceil(seq_lens[b] / P)`` are never read.
+        seq_lens: ``[B]`` int32, keys per sequence (0 allowed: output 0, LSE -inf).
+        d_v: value width, the leading part of each entry (``512``); ``D_qk - d_v`` is the rope width (``64``).
+            Both must be powers of two >= 16.
+        scale: softmax scale (MLA: ``1/sqrt(192)`` times the YaRN mscale², not ``1/sqrt(576)``).
+        causal: query ``s`` of ``S_q`` sees keys ``j <= s + seq_len - S_q`` (MTP); rows that see no key are empty.
+        num_splits: pieces per sequence's keys; default :func:`num_splits_heuristic`.
+        max_seq_len: ``max(seq_lens)`` if known (saves a device-to-host sync when choosing the splits).
+        config: tile override (default :func:`decode_config`).
+
+    Returns:
+        ``out [B, S_q, H_q, d_v]`` in q's dtype and ``lse [B, H_q, S_q]`` fp32 (natural log).
+    """
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, S_q, H_q, D_qk], got shape {list(q.shape)}")
+    B, S_q, H_q, D_qk = q.shape
+    if kv_cache.dim() != 3 or kv_cache.shape[2] != D_qk:
+        raise ValueError(f"kv_cache must be [num_pages, P, D_qk={D_qk}], got shape {list(kv_cache.shape)}")
+    page_size = kv_cache.shape[1]
+    d_rope = D_qk - d_v
+    for name, width in (("d_v", d_v), ("D_qk - d_v", d_rope)):
+        if width < 16 or width & (width - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (the kernel splits D_qk = 512 + 64), got {width}")
+    if page_size < 16 or page_size & (page_size - 1):
+        raise ValueError(f"kv_cache page size P must be a power of two >= 16, got {page_size}")
+    if q.dtype != kv_cache.dtype or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"q and kv_cache must share a dtype among bf16/fp16/fp32, got {q.dtype} and {kv_cache.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must be [B={B}, max_pages] int32, got {list(block_table.shape)} "
+                         f"{block_table.dtype}")  # fmt: skip
+    if seq_lens.shape != (B,) or seq_lens.dtype != torch.int32:
+        raise ValueError(f"seq_lens must be [B={B}] int32, got {list(seq_lens.shape)} {seq_lens.dtype}")
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise ValueError("q and kv_cache must be contiguous in their last dimension")
+    block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
+
+    rows = S_q * H_q
+    cfg = config or decode_config(rows, page_size, q.dtype)
+    if page_size % cfg.block_n:
+        raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
+    row_blocks = triton.cdiv(rows, cfg.block_m)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max()) if B else 0
+    key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
+    if num_splits is None:
+        num_splits = num_splits_heuristic(B, row_blocks, max_seq_len, _num_sms(q.device), block_n=cfg.block_n)
+    num_splits = max(1, min(int(num_splits), key_blocks))
+    blocks_per_split = triton.cdiv(key_blocks, num_splits)
+    num_splits = triton.cdiv(key_blocks, blocks_per_split)  # no split left with nothing at all to do
+
+    out = torch.empty(B, S_q, H_q, d_v, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H_q, S_q, dtype=torch.float32, device=q.device)
+    if B == 0 or rows == 0:
+        return DecodeOutput(out, lse)
+    if num_splits > 1:
+        o_part = torch.empty(B, num_splits, rows, d_v, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(B, num_splits, rows, dtype=torch.float32, device=q.device)
+    else:  # unused by the kernel
+        o_part, lse_part = out, lse
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+
+    _mla_decode_split_kernel[(row_blocks, num_splits, B)](
+        q, kv_cache, block_table, seq_lens, o_part, lse_part, out, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        kv_cache.stride(0), kv_cache.stride(1),
+        block_table.stride(0),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        scale * LOG2E, S_q, H_q, blocks_per_split, num_splits,
+        CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=num_splits == 1, PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        _mla_decode_combine_kernel[(rows, B)](
+            o_part, lse_part, out, lse,
+            out.stride(0), out.stride(1), out.stride(2),
+            lse.stride(0), lse.stride(1), lse.stride(2),
+            S_q, H_q, num_splits,
+            D_V=d_v, SPLITS_P2=triton.next_power_of_2(num_splits), num_warps=4,
+        )  # fmt: skip
+    return DecodeOutput(out, lse)
+
+
+def page_cache(kv: torch.Tensor, *, page_size: int = 64, generator: torch.Generator | None = None,
+               extra_pages: int = 1, fill: float = math.nan):  # fmt: skip
+    """Scatter dense entries ``kv [B, S_kv, D]`` into a paged cache with shuffled physical pages.
+
+    Returns ``(kv_cache [num_pages, P, D], block_table [B, pages + 1] int32, seq_lens [B] int32)``: unused slots
+    and spare pages hold ``fill`` (NaN by default, so a read past a sequence's end shows), and the block table has
+    one spare column of ``-1`` that no kernel may follow.
+    """
+    B, S_kv, D = kv.shape
+    pages = max(1, triton.cdiv(S_kv, page_size))
+    num_pages = B * pages + extra_pages
+    perm = torch.randperm(num_pages, generator=generator)[: B * pages].view(B, pages)
+    cache = torch.full((num_pages, page_size, D), fill, dtype=kv.dtype, device=kv.device)
+    padded = torch.full((B, pages * page_size, D), fill, dtype=kv.dtype, device=kv.device)
+    padded[:, :S_kv] = kv
+    cache[perm.to(kv.device)] = padded.view(B, pages, page_size, D)
+    block_table = torch.cat([perm, torch.full((B, 1), -1, dtype=perm.dtype)], 1).to(torch.int32).to(kv.device)
+    seq_lens = torch.full((B,), S_kv, dtype=torch.int32, device=kv.device)
+    return cache, block_table, seq_lens

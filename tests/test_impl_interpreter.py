@@ -1,0 +1,248 @@
+"""The Triton kernels of ``mlaspec.impl`` through Triton's interpreter, against the float64 spec.
+
+``@triton.jit`` decides at decoration time whether a kernel is compiled or interpreted, and the interpreter reads
+``TRITON_INTERPRET`` again while it runs, so this module sets ``TRITON_INTERPRET=1`` for its (xdist worker) process
+*before* importing ``mlaspec.impl``, and leaves it set. If another module of the same process imported the kernels
+compiled first, the module is skipped with that reason rather than run wrongly. bf16 is not tested here: the
+interpreter's ``tl.dot`` is wrong for bf16 (triton 3.9); ``python -m mlaspec.impl.selfcheck`` covers it on a GPU.
+
+Budgets are the harness's (:func:`mlaspec.conformance.ops.common.attention_bounds`): derived from the fp32
+logit accumulation and the rounding of ``P`` and the output to the case dtype, per element.
+"""
+
+import math
+import os
+import sys
+
+import pytest
+
+if "mlaspec.impl.decode" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process",
+                allow_module_level=True)  # fmt: skip
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mlaspec.conformance.cases import curated_cases  # noqa: E402
+from mlaspec.conformance.ops.common import attention_bounds, unit_roundoff  # noqa: E402
+from mlaspec.conformance.runner import run_case  # noqa: E402
+from mlaspec.impl.backend import TritonBackend, interpreted  # noqa: E402
+from mlaspec.impl.decode import DecodeConfig, mla_decode_paged, num_splits_heuristic, page_cache  # noqa: E402
+from mlaspec.impl.merge import merge_attn_states  # noqa: E402
+from mlaspec.impl.prefill import flash_attn_varlen, split_head_dim  # noqa: E402
+from mlaspec.spec import merge as spec_merge  # noqa: E402
+from mlaspec.spec.attention import attention_varlen  # noqa: E402
+from mlaspec.spec.forms import mqa_latent_attention  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+SCALE = 192**-0.5
+
+
+def assert_within(name, got, ref, bound):
+    """±inf / NaN positions exactly, then every finite element within its derived bound."""
+    __tracebackhide__ = True
+    got = got.detach().to(torch.float64)
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{name}: NaN positions differ"
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(got), inf) and torch.equal(got[inf], ref[inf]), (
+        f"{name}: inf positions differ: got {got[torch.isinf(got) | torch.isinf(ref)].tolist()}, "
+        f"spec {ref[torch.isinf(got) | torch.isinf(ref)].tolist()}")  # fmt: skip
+    finite = torch.isfinite(ref)
+    err = torch.where(finite, (got - ref).abs(), 0.0)
+    ratio = err / torch.broadcast_to(bound, ref.shape).clamp_min(1e-300)
+    worst = int(ratio.argmax())
+    assert ratio.max() <= 1, (f"{name}: error {err.flatten()[worst]:.3g} > bound "
+                              f"{torch.broadcast_to(bound, ref.shape).flatten()[worst]:.3g} at flat index {worst}: "
+                              f"got {got.flatten()[worst]:.6g}, spec {ref.flatten()[worst]:.6g}")  # fmt: skip
+
+
+def test_kernels_are_interpreted():
+    assert interpreted()
+
+
+# -- decode ---------------------------------------------------------------------------------------------------------
+def _decode_case(B, S_q, H, seq_lens, dtype, causal, seed):
+    g = torch.Generator().manual_seed(seed)
+    s_max = max(seq_lens)
+    q = (torch.randn(B, S_q, H, 576, generator=g, dtype=torch.float64) * 3).to(dtype)
+    kv = torch.randn(B, s_max, 576, generator=g, dtype=torch.float64).to(dtype)
+    cache, block_table, _ = page_cache(kv, generator=g)  # shuffled pages, NaN past the end
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    for b, n in enumerate(seq_lens):  # shorter sequences: NaN in their tail slots too
+        pages = block_table[b, : (s_max + 63) // 64].long()
+        flat = cache[pages].view(-1, 576)
+        flat[n:] = math.nan
+        cache[pages] = flat.view(-1, 64, 576)
+    return q, kv, cache, block_table, lens
+
+
+def _decode_reference(q, kv, seq_lens, causal, u):
+    """Spec per sequence (its own length), and the harness's per-element budgets."""
+    outs, lses, out_bounds, lse_bounds = [], [], [], []
+    for b, n in enumerate(seq_lens):
+        qb, kb = q[b : b + 1], kv[b : b + 1, :n]
+        ref = mqa_latent_attention(qb, kb, d_v=512, scale=SCALE, causal=causal)
+        k = kb[:, :, None]
+        ob, lb = attention_bounds(qb, k, k[..., :512], scale=SCALE, causal=causal, ref=ref, u=u)
+        outs.append(ref.out), lses.append(ref.lse), out_bounds.append(ob), lse_bounds.append(lb)
+    return torch.cat(outs), torch.cat(lses), torch.cat(out_bounds), torch.cat(lse_bounds)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "B, S_q, H, seq_lens, causal, num_splits",
+    [
+        (2, 1, 16, [37, 5], True, None),  # TP8 decode, ragged lengths, heuristic splits
+        (1, 4, 16, [70], True, 3),  # MTP next_n 4 over two pages, three splits
+        (3, 2, 5, [3, 1, 0], True, 2),  # odd head count; a row that sees nothing; an empty sequence
+        (1, 2, 3, [130], False, 1),  # non-causal, one split: the kernel writes the result itself
+    ],
+)
+def test_decode_matches_spec(dtype, B, S_q, H, seq_lens, causal, num_splits):
+    q, kv, cache, block_table, lens = _decode_case(B, S_q, H, seq_lens, dtype, causal, seed=B * 100 + S_q * 10 + H)
+    out, lse = mla_decode_paged(q, cache, block_table, lens, d_v=512, scale=SCALE, causal=causal,
+                                num_splits=num_splits)  # fmt: skip
+    assert out.dtype == dtype and out.shape == (B, S_q, H, 512) and lse.shape == (B, H, S_q)
+    ref_out, ref_lse, out_bound, lse_bound = _decode_reference(q, kv, seq_lens, causal, unit_roundoff(dtype))
+    assert_within("out", out, ref_out, out_bound)
+    assert_within("lse", lse, ref_lse, lse_bound)
+
+
+def test_decode_ignores_page_order_and_split_count():
+    q, kv, cache, block_table, lens = _decode_case(1, 1, 16, [100], torch.float16, True, seed=7)
+    a = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, num_splits=2)
+    # the same pages in another physical order: bitwise the same result
+    perm = torch.randperm(cache.shape[0], generator=torch.Generator().manual_seed(1))
+    moved = torch.empty_like(cache)
+    moved[perm] = cache
+    b = mla_decode_paged(q, moved, torch.where(block_table >= 0, perm[block_table.long()], -1).int(), lens,
+                         scale=SCALE, num_splits=2)  # fmt: skip
+    assert torch.equal(a.out, b.out) and torch.equal(a.lse, b.lse)
+    # one split instead of two: the same numbers up to fp32 reassociation and the final rounding
+    c = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, num_splits=1)
+    assert torch.allclose(a.out.float(), c.out.float(), atol=2e-3, rtol=1e-2)
+    assert torch.allclose(a.lse, c.lse, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_tile_override_runs_half_pages():
+    q, kv, cache, block_table, lens = _decode_case(1, 1, 4, [40], torch.float32, True, seed=3)
+    got = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, config=DecodeConfig(16, 32, 4, 1))
+    ref_out, ref_lse, out_bound, lse_bound = _decode_reference(q, kv, [40], True, unit_roundoff(torch.float32))
+    assert_within("out", got.out, ref_out, out_bound)
+    assert_within("lse", got.lse, ref_lse, lse_bound)
+
+
+def test_decode_errors_name_the_limit():
+    q, kv, cache, block_table, lens = _decode_case(1, 1, 2, [8], torch.float16, True, seed=0)
+    with pytest.raises(ValueError, match="d_v"):
+        mla_decode_paged(q, cache, block_table, lens, d_v=500, scale=SCALE)
+    with pytest.raises(ValueError, match="block_table"):
+        mla_decode_paged(q, cache, block_table.long(), lens, scale=SCALE)
+    with pytest.raises(ValueError, match="seq_lens"):
+        mla_decode_paged(q, cache, block_table, lens[:0], scale=SCALE)
+    with pytest.raises(ValueError, match="page size"):
+        mla_decode_paged(q, cache[:, :48].contiguous(), block_table, lens, scale=SCALE)
+    with pytest.raises(TypeError, match="dtype"):
+        mla_decode_paged(q.float(), cache, block_table, lens, scale=SCALE)
+
+
+@pytest.mark.parametrize(
+    "batch, row_blocks, seq, sms, expected",
+    [
+        (1, 2, 65536, 132, 64),  # one long sequence: cut it until the SMs are busy (capped at 64)
+        (1, 1, 300, 132, 2),  # short: at least 4 key blocks of 64 per split
+        (128, 2, 65536, 132, 1),  # the batch alone fills the card
+        (8, 1, 8192, 132, 17),
+    ],
+)
+def test_num_splits_heuristic(batch, row_blocks, seq, sms, expected):
+    assert num_splits_heuristic(batch, row_blocks, seq, sms) == expected
+
+
+# -- prefill (varlen flash attention) ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "lens_q, lens_k, H_q, H_kv, D_qk, D_v, causal",
+    [
+        ([5, 0, 20], [5, 3, 33], 4, 2, 24, 16, True),  # GQA, an empty query run, blocks of 16 crossed
+        ([3, 7], [1, 9], 2, 1, 192, 128, True),  # MLA prefill widths (128 + 64), MQA
+        ([6], [3], 2, 1, 40, 24, True),  # more queries than keys: early rows see nothing
+        ([4, 2], [4, 0], 3, 3, 8, 4, False),  # no keys at all for one sequence
+    ],
+)
+def test_prefill_matches_spec(dtype, lens_q, lens_k, H_q, H_kv, D_qk, D_v, causal):
+    g = torch.Generator().manual_seed(sum(lens_q) + D_qk)
+    cq = torch.tensor([0, *lens_q]).cumsum(0).int()
+    ck = torch.tensor([0, *lens_k]).cumsum(0).int()
+    q = (torch.randn(int(cq[-1]), H_q, D_qk, generator=g, dtype=torch.float64) * 2).to(dtype)
+    k = torch.randn(int(ck[-1]), H_kv, D_qk, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(int(ck[-1]), H_kv, D_v, generator=g, dtype=torch.float64).to(dtype)
+    out, lse = flash_attn_varlen(q, k, v, cq, ck, scale=D_qk**-0.5, causal=causal)
+    ref = attention_varlen(q, k, v, cq, ck, scale=D_qk**-0.5, causal=causal)
+    assert out.dtype == dtype and lse.shape == (H_q, int(cq[-1]))
+    u = unit_roundoff(dtype)
+    for b in range(len(lens_q)):  # the harness's budget, per sequence
+        qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
+        if qe == qs:
+            continue
+        r = (ref.out[None, qs:qe], ref.lse[None, :, qs:qe])
+        ob, lb = attention_bounds(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], scale=D_qk**-0.5, causal=causal,
+                                  ref=r, u=u)  # fmt: skip
+        assert_within(f"out[seq {b}]", out[None, qs:qe], r[0], ob)
+        assert_within(f"lse[seq {b}]", lse[None, :, qs:qe], r[1], lb)
+
+
+def test_split_head_dim():
+    assert [split_head_dim(d) for d in (192, 576, 128, 24, 200, 1)] == [
+        (128, 64), (512, 64), (128, 0), (32, 0), (256, 0), (16, 0)]  # fmt: skip
+
+
+def test_prefill_errors_name_the_limit():
+    t = torch.zeros(3, 2, 264, dtype=torch.float16)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="head dims"):
+        flash_attn_varlen(t, t, t, cu, cu)
+    with pytest.raises(ValueError, match="H_kv"):
+        flash_attn_varlen(t[:, :, :8], t[:, :, :8].repeat(1, 2, 1)[:, :3], t[:, :, :8].repeat(1, 2, 1)[:, :3], cu, cu)
+
+
+# -- merge_attn_states ------------------------------------------------------------------------------------------------
+@settings(max_examples=10, deadline=None)
+@given(T=st.integers(1, 5), H=st.integers(1, 3), D=st.sampled_from([1, 16, 40]), seed=st.integers(0, 99),
+       dtype=st.sampled_from([torch.float16, torch.float32, torch.bfloat16]))  # fmt: skip
+def test_merge_matches_spec(T, H, D, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    p_out, s_out = (torch.randn(T, H, D, generator=g).to(dtype) for _ in range(2))
+    p_lse, s_lse = (torch.randn(H, T, generator=g) * 4 for _ in range(2))
+    pick = torch.randint(0, 4, (2, H, T), generator=g)  # 0: finite, 1: -inf, 2: +inf (read as empty), 3: finite
+    for lse, sel in ((p_lse, pick[0]), (s_lse, pick[1])):
+        lse[sel == 1], lse[sel == 2] = -math.inf, math.inf
+    out, lse = merge_attn_states(p_out, p_lse, s_out, s_lse)
+    ref = spec_merge.merge_attn_states(p_out, p_lse, s_out, s_lse)
+    u = unit_roundoff(dtype)
+    assert_within("out", out, ref.out, 2 * (u * ref.out.abs() + 1e-6 * (p_out.abs() + s_out.abs()).double()))
+    assert_within("lse", lse, ref.lse, 1e-6 * (ref.lse.abs().nan_to_num(0, posinf=0, neginf=0) + 1))
+
+
+def test_merge_both_empty_keeps_prefix():
+    p_out = torch.arange(4.0).view(1, 1, 4)
+    out, lse = merge_attn_states(p_out, torch.tensor([[math.inf]]), -p_out, torch.tensor([[-math.inf]]))
+    assert torch.equal(out, p_out) and lse.item() == -math.inf
+
+
+# -- the harness itself, on the curated tiny cases --------------------------------------------------------------------
+TINY_FP16 = curated_cases(dtypes=("float16",), ops=tuple(sorted(TritonBackend.ops)))
+
+
+@pytest.mark.parametrize("case", TINY_FP16, ids=lambda c: c.id)
+def test_backend_passes_curated_tiny_cases(case):
+    r = run_case(TritonBackend(), case, backend_name="triton", timeout=None)
+    assert r.verdict == "pass", f"{case.id}: {r.verdict}: {r.reason} (rerun: {r.repro})"
+
+
+def test_backend_skips_bf16_matmul_ops_with_reason():
+    case = curated_cases(dtypes=("bfloat16",), ops=("mla_decode",))[0]
+    r = run_case(TritonBackend(), case, backend_name="triton")
+    assert r.verdict == "skip" and "interpreter" in r.reason
