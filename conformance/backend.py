@@ -17,6 +17,8 @@ directly as ``module:attr``; ``attr`` may be a backend object, a class or a fact
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from importlib.metadata import entry_points
 from typing import Protocol, runtime_checkable
 
@@ -59,6 +61,8 @@ def load_backend(spec: str) -> Backend:
         names = ", ".join(sorted(available_backends())) or "none"
         raise ValueError(f"backend {spec!r} is neither a registered name ({names}) nor 'module:attr'")
     module, attr = target.split(":", 1)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `module:attr` names a module of the user's project, as `python -m` would
     obj = getattr(importlib.import_module(module), attr)
     backend = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Backend)) else obj
     if not isinstance(backend, Backend):

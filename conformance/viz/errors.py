@@ -8,6 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 __all__ = ["draw_error_heatmaps"]
 
@@ -20,6 +21,8 @@ def draw_error_heatmaps(maps: dict[str, torch.Tensor], *, title: str = "") -> pl
         im = ax.imshow(data, aspect="auto", cmap="magma", norm=LogNorm(vmin=1e-3, vmax=max(10.0, data.max())))
         ax.set_title(f"{name}: |error| / bound")
         ax.set_xlabel("position")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("head")
         cb = fig.colorbar(im, ax=ax)
         cb.ax.axhline(1.0, color="cyan", lw=2)
