@@ -152,21 +152,20 @@ def _cases(scale: str) -> list[tuple[str, str, dict]]:
         # sparse MLA decode over a paged cache (flash_mla_with_kvcache with indices): V3.2 and V4 with extra cache
         ("sparse_decode", "v32-top2048", dict(B=2, S_q=1, S_kv=ctx if full else 150,
                                               H_q=64 if full else 8, D_qk=576, D_v=512, K=2048 if full else 64,
-                                              P=64 if full else 16)),  # fmt: skip
+                                              P=64, fp8_cache=True)),  # fmt: skip
         ("sparse_decode", "v32-mtp2", dict(B=3, S_q=2, S_kv=ctx if full else 100, H_q=32 if full else 4, D_qk=576,
-                                           D_v=512, K=2048 if full else 32, P=64 if full else 16,
-                                           short_request=True, topk_length=True)),  # fmt: skip
+                                           D_v=512, K=2048 if full else 32, P=64, short_request=True,
+                                           topk_length=True)),  # fmt: skip
         ("sparse_decode", "topk-length-empty", dict(B=3, S_q=1, S_kv=ctx if full else 70, H_q=16 if full else 4,
-                                                    D_qk=576, D_v=512, K=2048 if full else 24, P=64 if full else 16,
+                                                    D_qk=576, D_v=512, K=2048 if full else 24, P=64,
                                                     topk_length=True, empty=1, sink="inf")),  # fmt: skip
         ("sparse_decode", "v4-swa-c4a", dict(B=3, S_q=1, S_kv=ctx if full else 60, H_q=64 if full else 4, D_qk=512,
-                                             D_v=512, P=64 if full else 16, layer=4, window=128 if full else 8,
-                                             P_extra=64 if full else 8, K_extra=512 if full else 8,
-                                             sink="finite")),  # fmt: skip
+                                             D_v=512, P=64, layer=4, window=128 if full else 8, P_extra=64,
+                                             K_extra=512 if full else 8, sink="finite", fp8_cache=True)),  # fmt: skip
         ("sparse_decode", "v4-c128a-mtp2", dict(B=2, S_q=2, S_kv=8192 if full else 300, H_q=64 if full else 4,
-                                                D_qk=512, D_v=512, P=64 if full else 16, layer=128,
-                                                window=128 if full else 8, P_extra=64 if full else 8,
-                                                K_extra=64 if full else 4, sink="finite")),  # fmt: skip
+                                                D_qk=512, D_v=512, P=64, layer=128, window=128 if full else 8,
+                                                P_extra=64, K_extra=64 if full else 4, sink="finite",
+                                                fp8_cache=True)),  # fmt: skip
         # one DeepSeek V4 layer: sliding window (W = 128, tiny 8) over raw keys, plus compressed entries
         ("v4_attention", "swaonly", dict(S_q=1, S_kv=ctx + 37 if full else 37, H_q=64 if full else 8, D_qk=512,
                                          D_v=512, window=128 if full else 8, layer=1, sink="finite")),  # fmt: skip

@@ -59,7 +59,9 @@ def _error_map(name: str, ratio: torch.Tensor) -> torch.Tensor:
         return ratio.amax(0) if ratio.dim() == 3 else ratio
     if ratio.dim() == 4:  # [B, S_q, H, D]
         return ratio.amax(dim=(0, 3)).T
-    return ratio.amax(-1).T  # [T, H, D]
+    if ratio.dim() == 3:  # [T, H, D]
+        return ratio.amax(-1).T
+    return ratio.reshape(-1, ratio.shape[-1]) if ratio.dim() else ratio.reshape(1, 1)  # [rows, columns]
 
 
 def run_case(backend: Backend, case: Case, *, backend_name: str, scale: str = "tiny",

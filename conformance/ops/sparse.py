@@ -44,6 +44,7 @@ import math
 
 import torch
 
+from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.attention import attention
 from mlaspec.spec.sliding_window import c128a_topk_indices, swa_indices_and_lens, v4_attention
 from mlaspec.spec.sparse import global_slot_indices, sparse_decode, sparse_prefill, valid_slots
@@ -169,9 +170,10 @@ def _prefill_bounds(kw, ref, u):
 
 
 # -- sparse_decode ---------------------------------------------------------------------------------------------------
-def _paged(r, seq_lens: list[int], block: int, d: int, gen: torch.Generator):
+def _paged(r, seq_lens: list[int], block: int, d: int, gen: torch.Generator, fp8: bool = False):
     """A paged cache for requests of ``seq_lens``: block table over a shuffled pool that skips the first and last
-    blocks (kept NaN), and the cache itself (finite values everywhere; callers NaN the unused slots)."""
+    blocks (kept NaN), and the cache itself (finite values everywhere, fp8-representable with ``fp8``; callers NaN
+    the unused slots)."""
     need = [-(-s // block) for s in seq_lens]
     num_blocks = sum(need) + 3
     pool = 1 + torch.randperm(num_blocks - 2, generator=gen)
@@ -180,7 +182,18 @@ def _paged(r, seq_lens: list[int], block: int, d: int, gen: torch.Generator):
     for b, n in enumerate(need):
         table[b, :n] = pool[at : at + n]
         at += n
-    return table, r(num_blocks, block, d)
+    cache = r(num_blocks, block, d)
+    return table, _fp8_representable(cache) if fp8 else cache
+
+
+def _fp8_representable(cache: torch.Tensor) -> torch.Tensor:
+    """``dequantize(quantize(cache))`` in FlashMLA's fp8 sparse layout (656 B V3.2 with power-of-two scales as
+    FlashMLA's ``tests/quant.py``, 584 B V4 with e8m0 scales), back in the case dtype (exact: fp8 times a power of
+    two): a case flagged ``fp8_cache`` can be handed to a kernel that reads only the fp8 cache."""
+    d = cache.shape[-1]
+    layout = cl.FP8_DS_MLA_V32 if d == 576 else cl.FP8_DS_MLA_V4
+    raw = cl.quantize(cache.reshape(-1, d).to(torch.float64), layout, pow2_scales=d == 576).raw
+    return cl.dequantize(raw, layout).entries.to(cache.dtype).reshape(cache.shape)
 
 
 def _v32_decode_indices(seq_lens, s_q, k, table, block, gen, *, short, empty):
@@ -220,9 +233,11 @@ def _decode_inputs(c: Case) -> dict:
         k = p["K"]
         if p.get("short_request"):
             seq_lens[-1] = max(s_q, k // 3)  # fewer tokens than K: -1 padding
-        table, cache = _paged(r, seq_lens, block, d, gen)
+        table, cache = _paged(r, seq_lens, block, d, gen, p.get("fp8_cache", False))
         idx, lengths = _v32_decode_indices(seq_lens, s_q, k, table, block, gen, short=p.get("topk_length", False),
                                            empty=p.get("empty", 0))  # fmt: skip
+        if p.get("short_request"):
+            lengths[-1] = k  # its -1 padding lies inside topk_length: only the -1 itself marks it invalid
         flat = cache.reshape(-1, d)
         cache = _hostile(flat, _used_slots(flat.shape[0], idx)).reshape(cache.shape)
         return dict(q=r(b_, s_q, h_q, d, scale=2.0), kv_cache=cache, indices=idx.to(torch.int32),
@@ -232,14 +247,14 @@ def _decode_inputs(c: Case) -> dict:
     # V4: the sliding window as the main cache, one token per row (q [T, 1, H_q, D]); compressed entries as extra
     window, ratio = p["window"], p["layer"]
     qsl = torch.arange(b_ + 1) * s_q
-    table, cache = _paged(r, seq_lens, block, d, gen)
+    table, cache = _paged(r, seq_lens, block, d, gen, p.get("fp8_cache", False))
     swa = swa_indices_and_lens(qsl, torch.tensor(seq_lens), table, window=window, block_size=block)
     t = b_ * s_q
     flat = cache.reshape(-1, d)
     cache = _hostile(flat, _used_slots(flat.shape[0], swa.indices)).reshape(cache.shape)
     n_c = [s // ratio for s in seq_lens]
     cblock = p["P_extra"]
-    ctable, ccache = _paged(r, [max(n, 1) for n in n_c], cblock, d, gen)
+    ctable, ccache = _paged(r, [max(n, 1) for n in n_c], cblock, d, gen, p.get("fp8_cache", False))
     vis = (swa.positions + 1) // ratio  # [T]
     k_e = p["K_extra"]
     token_req = torch.arange(b_).repeat_interleave(s_q)

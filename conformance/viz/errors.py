@@ -17,7 +17,7 @@ def draw_error_heatmaps(maps: dict[str, torch.Tensor], *, title: str = "") -> pl
     """One panel per output: ``|error| / bound`` over ``[heads, positions]`` on a log scale; above 1 fails."""
     fig, axes = plt.subplots(1, len(maps), figsize=(4.5 * len(maps), 3.2), squeeze=False)
     for ax, (name, m) in zip(axes[0], maps.items()):
-        data = m.detach().double().clamp_min(1e-3).numpy()
+        data = m.detach().double().clamp(1e-3, 1e12).numpy()  # a zero bound gives a huge ratio: cap it to draw
         im = ax.imshow(data, aspect="auto", cmap="magma", norm=LogNorm(vmin=1e-3, vmax=max(10.0, data.max())))
         ax.set_title(f"{name}: |error| / bound")
         ax.set_xlabel("position")
