@@ -47,9 +47,23 @@ def skip_reason(backend: Backend, case: Case) -> str | None:
     return check(case) if check is not None else None
 
 
+# The backends mlaspec ships. Named here rather than as entry points so that they resolve from a source tree
+# too (the GPU machines run mlaspec from a checkout on PYTHONPATH); third-party adapters use the entry points.
+BUILTIN = {
+    "spec": "mlaspec.conformance.backends.reference:SpecBackend",
+    "torch": "mlaspec.conformance.backends.torch_eager:TorchBackend",
+    "torch_sdpa": "mlaspec.conformance.backends.torch_sdpa:TorchSDPABackend",
+    "triton": "mlaspec.impl.backend:TritonBackend",
+    "flashmla": "mlaspec.conformance.backends.flashmla:FlashMLABackend",
+    "deepgemm": "mlaspec.conformance.backends.deepgemm:DeepGEMMBackend",
+    "flashinfer": "mlaspec.conformance.backends.flashinfer:FlashInferBackend",
+    "vllm": "mlaspec.conformance.backends.vllm:VLLMBackend",
+}
+
+
 def available_backends() -> dict[str, str]:
-    """Registered backend names -> ``module:attr``."""
-    return {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    """Backend names -> ``module:attr``: the built-in ones and those registered under ``mlaspec.backends``."""
+    return {**BUILTIN, **{ep.name: ep.value for ep in entry_points(group=GROUP)}}
 
 
 def load_backend(spec: str) -> Backend:

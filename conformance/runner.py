@@ -84,7 +84,10 @@ def run_case(backend: Backend, case: Case, *, backend_name: str, scale: str = "t
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - any backend failure is a verdict, not a crash of the run
-        result.verdict, result.reason = "error", f"{type(exc).__name__}: {exc}"
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if len(message) > 300:  # compiler errors run to pages: the report keeps the first line's start
+            message = message[:300] + " ..."
+        result.verdict, result.reason = "error", f"{type(exc).__name__}: {message}"
         result.seconds = time.perf_counter() - start
         return result
     result.seconds = time.perf_counter() - start

@@ -5,7 +5,15 @@ Pick one with ``HYPOTHESIS_PROFILE=ci`` or pytest's ``--hypothesis-profile ci``.
 
 import os
 
-from hypothesis import HealthCheck, settings
+# Triton kernels are tested through the interpreter where there is no GPU (CI). Triton fixes interpreted vs
+# compiled when a @triton.jit function is defined, so this must hold before any test imports mlaspec.impl.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.register_profile(

@@ -63,7 +63,7 @@ class TorchBackend(TorchServing, TorchSparse):
         ql_nope = torch.einsum("bsnp,lnp->bsnl", q_nope.float(), W_UK.float()).to(dtype)  # as vLLM's bmm with W_UK_T
         o_lat, lse = self.mla_decode(torch.cat([ql_nope, q_pe], -1), torch.cat([kv_c, k_pe], -1),
                                      d_v=kv_c.shape[-1], scale=scale, causal=causal)  # fmt: skip
-        out = torch.einsum("bsnl,lnv->bsnv", o_lat.float(), W_UV.float())
+        out = torch.einsum("bsnl,lnv->bsnv", o_lat.float(), W_UV.to(o_lat.device).float())
         return out.to(dtype), lse
 
     def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):

@@ -63,6 +63,12 @@ class TorchSDPABackend:
     def unsupported(self, case) -> str | None:
         if self.mode == "flex" and case_param(case, "S_kv", default=1) == 0:
             return "FlexAttention needs S_kv > 0 (no block mask over zero keys)"
+        if self.mode == "flex" and self.device.type == "cuda":
+            dims = [case_param(case, d, default=16) for d in ("D_qk", "D_v")]
+            if min(dims) < 16:
+                return f"FlexAttention on CUDA needs head dims >= 16 (torch's Triton template), got {dims}"
+            if case.op == "mla_decode" and case_param(case, "H_q", default=16) > 64:
+                return "FlexAttention on CUDA runs out of shared memory at D_qk 576 with more than 64 query heads per KV head"
         return None
 
     # -- the two ops ---------------------------------------------------------------------------------------------
