@@ -18,6 +18,7 @@ Conventions (and where they come from):
 * ``causal`` aligns the queries to the *end* of the keys (bottom-right): query ``i`` of ``S_q`` sees key ``j``
   iff ``j <= i + S_kv - S_q``. This is how vLLM appends new tokens after a context and how FlashMLA's dense
   decode treats ``q_len > 1`` (MTP).
+* Keys that no query may attend are never read: NaN in unused pages or slots cannot reach the output.
 * A row with no allowed key has output 0 and LSE ``-inf``; :func:`mlaspec.spec.merge.merge_attn_states` then
   gives it zero weight. (FlashMLA's *sparse* kernels report such a row as ``+inf``; see the sparse spec.)
 * The default scale is ``1 / sqrt(D_qk)``. MLA passes its own scale: ``1/sqrt(192)`` (times the YaRN mscale²)
@@ -109,6 +110,8 @@ def attention(
     s = s.masked_fill(~allowed, -math.inf)
     lse = torch.logsumexp(s, dim=-1)  # [B, H_q, S_q]; -inf where the row is empty
     p = torch.where(allowed, torch.exp(s - lse[..., None]), 0.0)  # empty rows: 0, not NaN
+    reachable = allowed.any(dim=2).transpose(1, 2)[..., None]  # [B, S_kv, H, 1]: some query may read the key
+    v64 = torch.where(reachable, v64, 0.0)  # a key no query may read is never read (NaN-filled pages stay out)
     out = torch.einsum("bhqk,bkhd->bqhd", p, v64)
     return AttentionOutput(out, lse)
 

@@ -154,3 +154,16 @@ def test_varlen_bad_cu_seqlens():
         attention_varlen(q, k, v, torch.tensor([0, 4]), torch.tensor([0, 3]))
     with pytest.raises(ValueError, match="cu_seqlens_k must have shape"):
         attention_varlen(q, k, v, torch.tensor([0, 4]), torch.tensor([0, 1, 4]))
+
+
+def test_keys_no_query_may_read_never_leak():
+    # NaN in keys/values outside every query's mask (unused cache slots) must not reach the output
+    q, k, v = torch.randn(1, 2, 2, 4), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 3)
+    k[:, 4], v[:, 4] = math.nan, math.nan  # the last key: masked for both queries below
+    mask = torch.tensor([[[True, True, False, True, False], [True, False, True, True, False]]])
+    out, lse = attention(q, k, v, mask=mask)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    ref = attention(q, k[:, :4], v[:, :4], mask=mask[..., :4])
+    torch.testing.assert_close(out, ref.out)
+    k[:, 1], v[:, 1] = math.nan, math.nan  # a key one query may read: garbage in, garbage out for that query
+    assert torch.isnan(attention(q, k, v, mask=mask).out[0, 0]).all()
