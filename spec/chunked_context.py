@@ -223,6 +223,16 @@ def plan_context_chunks(
     return ChunkPlan(ctx, workspace_size, block_size, width, starts, seq_lens, cu, seq_tot, max_seq_lens)
 
 
+
+def _check_packed(dims: Dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV) -> None:
+    """The packed (varlen) MLA tensors of a batch's new tokens, and the up-projections."""
+    dims.tensor("q_nope", q_nope, ("T", "N", "P"), FLOAT)
+    dims.tensor("q_pe", q_pe, ("T", "N", "R"), FLOAT)
+    dims.tensor("kv_c", kv_c, ("T", "Lkv"), FLOAT)
+    dims.tensor("k_pe", k_pe, ("T", "R"), FLOAT)
+    dims.tensor("W_UK", W_UK, ("Lkv", "N", "P"), FLOAT)
+    dims.tensor("W_UV", W_UV, ("Lkv", "N", "V"), FLOAT)
+
 def _gatherer(context: ContextSource, n_req: int) -> Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]:
     if callable(context):
         return context
@@ -293,12 +303,7 @@ def chunked_prefill_attention(
     ``_forward_prefill``); the order of the merges follows it (context chunks folded left, new tokens last).
     """
     dims = Dims()
-    dims.tensor("q_nope", q_nope, ("T", "N", "P"), FLOAT)
-    dims.tensor("q_pe", q_pe, ("T", "N", "R"), FLOAT)
-    dims.tensor("kv_c", kv_c, ("T", "Lkv"), FLOAT)
-    dims.tensor("k_pe", k_pe, ("T", "R"), FLOAT)
-    dims.tensor("W_UK", W_UK, ("Lkv", "N", "P"), FLOAT)
-    dims.tensor("W_UV", W_UV, ("Lkv", "N", "V"), FLOAT)
+    _check_packed(dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
     if not isinstance(plan, ChunkPlan):
         raise TypeError(f"plan must be a ChunkPlan, got {type(plan).__name__}")
     cq = cu_seqlens("cu_seqlens_q", cu_seqlens_q, batch=plan.num_prefills).long()
@@ -406,12 +411,7 @@ def mla_mixed_batch(
     if not isinstance(metadata, CommonAttentionMetadata):
         raise TypeError(f"metadata must be a CommonAttentionMetadata, got {type(metadata).__name__}")
     dims = Dims(T=metadata.num_actual_tokens)
-    dims.tensor("q_nope", q_nope, ("T", "N", "P"), FLOAT)
-    dims.tensor("q_pe", q_pe, ("T", "N", "R"), FLOAT)
-    dims.tensor("kv_c", kv_c, ("T", "Lkv"), FLOAT)
-    dims.tensor("k_pe", k_pe, ("T", "R"), FLOAT)
-    dims.tensor("W_UK", W_UK, ("Lkv", "N", "P"), FLOAT)
-    dims.tensor("W_UV", W_UV, ("Lkv", "N", "V"), FLOAT)
+    _check_packed(dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
     if W_O is not None:
         dims.tensor("W_O", W_O, (None, "H"), FLOAT)
         if W_O.shape[0] != dims["N"] * dims["V"]:
