@@ -28,7 +28,7 @@ import triton
 from . import decode as _decode
 from .decode import mla_decode_paged, page_cache
 from .merge import merge_attn_states as _merge
-from .prefill import flash_attn_varlen
+from .prefill import PrefillConfig, flash_attn_varlen
 
 __all__ = ["TritonBackend", "interpreted"]
 
@@ -48,10 +48,11 @@ class TritonBackend:
     ops = frozenset({"attention", "mla_decode", "mla_prefill", "merge_attn_states"})
     dtypes = frozenset({"bfloat16", "float16", "float32"})
 
-    def __init__(self, device: str | None = None):
+    def __init__(self, device: str | None = None, *, prefill_config: PrefillConfig | None = None):
         if device is None:
             device = "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
         self.device = torch.device(device)
+        self.prefill_config = prefill_config  # tile override of the varlen kernel (None: its heuristic)
 
     # -- limits, named -------------------------------------------------------------------------------------------
     def unsupported(self, case) -> str | None:
@@ -79,7 +80,8 @@ class TritonBackend:
         cu_q = torch.arange(B + 1, dtype=torch.int32, device=self.device) * S_q
         cu_k = torch.arange(B + 1, dtype=torch.int32, device=self.device) * S_kv
         out, lse = flash_attn_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k,
-                                     max_seqlen_q=S_q, scale=scale, causal=causal)  # fmt: skip
+                                     max_seqlen_q=S_q, scale=scale, causal=causal,
+                                     config=self.prefill_config)  # fmt: skip
         return out.view(B, S_q, H_q, -1), lse.view(H_q, B, S_q).transpose(0, 1)
 
     def mla_decode(self, q, kv, *, d_v, scale, causal=False):

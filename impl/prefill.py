@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["PrefillOutput", "flash_attn_varlen", "split_head_dim"]
+__all__ = ["PrefillOutput", "PrefillConfig", "flash_attn_varlen", "prefill_config", "split_head_dim"]
 
 LOG2E = 1.4426950408889634
 
@@ -125,6 +125,29 @@ class PrefillOutput(NamedTuple):
     lse: torch.Tensor
 
 
+class PrefillConfig(NamedTuple):
+    """Tile sizes and launch parameters of the varlen kernel."""
+
+    block_m: int  # query rows per program (a power of two >= 16)
+    block_n: int  # keys per step (a power of two >= 16)
+    num_warps: int
+    num_stages: int
+
+
+def prefill_config(d_qk: int, d_v: int, dtype: torch.dtype, device: torch.device | str = "cuda") -> PrefillConfig:
+    """The tile for head widths ``d_qk`` / ``d_v``.
+
+    16-bit inputs with padded widths up to 128: 128 x 64 tiles, 8 warps, 3 stages; wider heads (MLA's 192 / 128)
+    or fp32 inputs (exact ``ieee`` dots): 64 x 32, 2 stages. The interpreter (any device but CUDA) takes 16 x 16
+    tiles, so tiny tests cross block edges.
+    """
+    if torch.device(device).type != "cuda":
+        return PrefillConfig(16, 16, 4, 1)
+    da, db = split_head_dim(d_qk)
+    big = dtype == torch.float32 or max(da + db, max(16, triton.next_power_of_2(d_v))) > 128
+    return PrefillConfig(64, 32, 8, 2) if big else PrefillConfig(128, 64, 8, 3)
+
+
 def split_head_dim(d: int) -> tuple[int, int]:
     """``d`` as two power-of-two blocks ``(DA, DB)`` for ``tl.dot`` (each >= 16, ``DB = 0`` when ``DA`` suffices).
 
@@ -150,6 +173,8 @@ def flash_attn_varlen(
     max_seqlen_q: int | None = None,
     scale: float | None = None,
     causal: bool = False,
+    config: PrefillConfig | None = None,
+    out: torch.Tensor | None = None,
 ) -> PrefillOutput:
     """Varlen attention forward with LSE.
 
@@ -162,6 +187,9 @@ def flash_attn_varlen(
         max_seqlen_q: longest query run, if known (saves a device-to-host sync).
         scale: softmax scale, default ``1/sqrt(D_qk)``.
         causal: bottom-right aligned within each sequence.
+        config: tile override (default :func:`prefill_config`).
+        out: ``[T_q, H_q, D_v]`` q's dtype, contiguous, to write the output into (vLLM's ``out=``); every element
+            is written, so it may hold anything (NaN included) before the call.
 
     Returns:
         ``out [T_q, H_q, D_v]`` in q's dtype and ``lse [H_q, T_q]`` fp32 natural log.
@@ -184,12 +212,20 @@ def flash_attn_varlen(
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be [B + 1], got {list(cu_seqlens_q.shape)}, "
                          f"{list(cu_seqlens_k.shape)}")  # fmt: skip
+    cfg = config or prefill_config(D_qk, D_v, q.dtype, q.device)
+    for name, width in (("config.block_m", cfg.block_m), ("config.block_n", cfg.block_n)):
+        if width < 16 or width & (width - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (a tl.dot operand), got {width}")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     cu_q, cu_k = (c.to(torch.int32).contiguous() for c in (cu_seqlens_q, cu_seqlens_k))
     B = cu_q.numel() - 1
     scale = D_qk**-0.5 if scale is None else float(scale)
 
-    out = torch.empty(T_q, H_q, D_v, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(T_q, H_q, D_v, dtype=q.dtype, device=q.device)
+    elif out.shape != (T_q, H_q, D_v) or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [T_q={T_q}, H_q={H_q}, D_v={D_v}] {q.dtype} tensor, got "
+                         f"{list(out.shape)} {out.dtype}")  # fmt: skip
     lse = torch.full((H_q, T_q), float("-inf"), dtype=torch.float32, device=q.device)
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if B > 0 else 0
@@ -198,18 +234,14 @@ def flash_attn_varlen(
 
     da, db = split_head_dim(D_qk)
     dv = max(16, triton.next_power_of_2(D_v))
-    big = q.dtype == torch.float32 or max(da + db, dv) > 128
-    block_m, block_n = (64, 32) if big else (128, 64)
-    if q.device.type != "cuda":
-        block_m, block_n = 16, 16  # the interpreter: tiny tiles, so tiny tests cross block edges
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    grid = (triton.cdiv(max_seqlen_q, block_m), H_q, B)
+    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), H_q, B)
     _flash_fwd_varlen_kernel[grid](
         q, k, v, cu_q, cu_k, out, lse,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
         scale * LOG2E, H_q // H_kv, D_qk, D_v,
-        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_DA=da, BLOCK_DB=db, BLOCK_DV=dv,
-        PRECISION=precision, num_warps=8 if block_m >= 128 or big else 4, num_stages=2 if big else 3,
+        CAUSAL=bool(causal), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DA=da, BLOCK_DB=db, BLOCK_DV=dv,
+        PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return PrefillOutput(out, lse)

@@ -13,17 +13,18 @@ attention, with ``M = Σ_j p_j |v_j|`` the magnitude the output is averaged from
 ``|v|``) and a logit error ``δs`` perturbing each weight by at most ``2 δs`` relatively::
 
     |out - ref| <= 2 * (u |ref| + (u + 2 δs) M)          per element (the factor 2 is headroom)
-    |lse - ref| <= 2 * (δs + ε32 |ref|)                  per row
+    |lse - ref| <= 2 * (δs + S_kv ε32 + ε32 |ref|)       per row (the fp32 sum of S_kv exponentials, its log)
 
 A case passes when every element is within its bound and ±inf/NaN positions agree exactly.
 """
 
 from .common import DTYPES, EPS32, Op, unit_roundoff
 from .dense import OPS as _DENSE
+from .fp8_decode import OPS as _FP8_DECODE
 from .indexer import OPS as _INDEXER
 from .serving import OPS as _SERVING
 from .sparse import OPS as _SPARSE
 
 __all__ = ["Op", "OPS", "DTYPES", "EPS32", "unit_roundoff"]
 
-OPS: dict[str, Op] = {op.name: op for op in [*_DENSE, *_SERVING, *_INDEXER, *_SPARSE]}
+OPS: dict[str, Op] = {op.name: op for op in [*_DENSE, *_FP8_DECODE, *_SERVING, *_INDEXER, *_SPARSE]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,10 @@ class Op:
     judgement (:func:`mlaspec.conformance.verdict.judge`) where equality is not the right question: exact
     equality for integer metadata (:func:`~mlaspec.conformance.verdict.judge_exact`), tie-aware agreement for
     top-k indices.
+
+    ``picture(kwargs, got, ref, ratios, *, title) -> {name: Figure}`` draws, for a failing case, what the case is
+    next to what the backend did (``ratios`` is the verdict's error / bound maps, possibly empty); the runner saves
+    each figure next to the heat map. It draws through :mod:`mlaspec.conformance.viz` and never changes a verdict.
     """
 
     name: str
@@ -41,6 +46,7 @@ class Op:
     outputs: tuple[str, ...] = ("out", "lse")
     doc: str = ""
     compare: Callable[[dict, object, tuple], tuple] | None = None
+    picture: Callable[..., dict] | None = None
 
 
 def randn(case: Case) -> Callable[..., torch.Tensor]:
@@ -61,7 +67,62 @@ def attention_bounds(q, k, v, *, scale, causal, mask=None, ref, u, extra_logit_e
     ds = logit_error(q, k, scale) + extra_logit_err  # [B, H, S_q]
     m = attention(q, k, v.abs(), scale=scale, causal=causal, mask=mask).out  # [B, S_q, H, D_v]
     out_bound = 2 * (u * ref[0].abs() + (u + 2 * ds.transpose(1, 2)[..., None]) * m)
-    lse_bound = 2 * (ds + EPS32 * ref[1].abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
+    # the fp32 sum of up to S_kv exponentials (relative S_kv ε32) and its log (ε32 |lse|)
+    lse_bound = 2 * (ds + k.shape[1] * EPS32 + EPS32 * ref[1].abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
     return out_bound, lse_bound
 
 
+
+
+# -- pictures of failing cases --------------------------------------------------------------------------------------
+def _cpu64(t: object) -> torch.Tensor | None:
+    return t.detach().to("cpu", torch.float64) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else None
+
+
+def worst_rows(outputs: list[tuple[str, object, torch.Tensor, torch.Tensor | None]]) -> torch.Tensor:
+    """The worst ``|error| / bound`` per row over several outputs, ``+inf`` where a row's NaN / ±inf pattern differs.
+
+    ``outputs`` holds ``(name, got, ref, ratio)`` with the row as dimension 0 of ``got``, ``ref`` and ``ratio``
+    (``ratio`` None where the verdict has no map: the pattern differed). A backend's ``+inf`` where the spec's LSE
+    is ``-inf`` counts as agreeing, as :func:`~mlaspec.conformance.verdict.judge` counts it.
+    """
+    rows = outputs[0][2].shape[0]
+    worst = torch.zeros(rows, dtype=torch.float64)
+    for name, got, ref, ratio in outputs:
+        if ratio is not None and ratio.numel():
+            worst = torch.maximum(worst, ratio.reshape(rows, -1).amax(1).double())
+        g = _cpu64(got)
+        if g is None or g.shape != ref.shape:
+            continue
+        if name == "lse":
+            g = torch.where(torch.isposinf(g) & torch.isneginf(ref), -math.inf, g)
+        differ = torch.zeros(ref.shape, dtype=torch.bool)
+        for test in (torch.isnan, torch.isposinf, torch.isneginf):
+            differ |= test(g) != test(ref)
+        worst = torch.where(differ.reshape(rows, -1).any(1), math.inf, worst)
+    return worst
+
+
+def prefix_lse_match(logits: torch.Tensor, lse: torch.Tensor, bound: torch.Tensor, spec_lengths: torch.Tensor):
+    """Which prefix of the keys a backend's LSE is consistent with, per query row.
+
+    ``logits [B, H, S_q, S_kv]`` float64 (the spec's ``scale q.k``), the backend's ``lse [B, H, S_q]``, its budget
+    ``bound [B, H, S_q]`` and the spec's keys per row ``spec_lengths [S_q]``. For each row the distance to attending
+    keys ``[0, n)`` is ``max_{b, h} |lse - logsumexp(logits[b, h, i, :n])| / bound``; ``n`` is the spec's own length
+    where that is within the budget, else the nearest prefix. Returns ``(lengths [S_q], explained [S_q] bool)``:
+    ``explained`` is False where no prefix is within the budget (the bug is not a mask, or not a prefix mask).
+    A key of negligible weight moves the LSE by less than the budget, so ``n`` is "a prefix consistent with the
+    LSE", not proof of which keys were read.
+    """
+    b, h, s_q, s_kv = logits.shape
+    prefix = torch.cat([torch.full((b, h, s_q, 1), -math.inf, dtype=torch.float64),
+                        torch.logcumsumexp(logits, -1)], -1)  # [B, H, S_q, S_kv + 1]  # fmt: skip
+    g = lse.detach().to("cpu", torch.float64)[..., None]
+    empty_got = torch.isinf(g) & ~torch.isnan(g)  # ±inf: an empty row
+    dist = torch.where(torch.isinf(prefix), torch.where(empty_got, 0.0, math.inf),
+                       torch.where(empty_got | torch.isnan(g), math.inf, (g - prefix).abs()))  # fmt: skip
+    dist = (dist / bound.to(torch.float64).clamp_min(1e-300)[..., None]).amax((0, 1))  # [S_q, S_kv + 1]
+    nearest = dist.argmin(-1)
+    own = dist.gather(1, spec_lengths.long()[:, None])[:, 0] <= 1.0
+    lengths = torch.where(own, spec_lengths.long(), nearest)
+    return lengths, dist.gather(1, lengths[:, None])[:, 0] <= 1.0
