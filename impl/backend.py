@@ -27,6 +27,9 @@ import triton
 
 from . import decode as _decode
 from .decode import mla_decode_paged, page_cache
+from .backend_indexer import INDEXER_OPS, TritonIndexer
+from .backend_serving import SERVING_OPS, TritonServing
+from .backend_sparse import SPARSE_OPS, TritonSparse
 from .merge import merge_attn_states as _merge
 from .prefill import PrefillConfig, flash_attn_varlen
 
@@ -42,10 +45,15 @@ def _pow2_at_least_16(x: int) -> bool:
     return x >= 16 and not x & (x - 1)
 
 
-class TritonBackend:
+DENSE_OPS = frozenset({"attention", "mla_decode", "mla_prefill", "merge_attn_states"})
+# ops whose kernels multiply in the case dtype: the interpreter's bf16 tl.dot is wrong for them
+_DOT_OPS = (DENSE_OPS - {"merge_attn_states"}) | SPARSE_OPS
+
+
+class TritonBackend(TritonSparse, TritonIndexer, TritonServing):
     name = "triton"
     version = f"triton {triton.__version__}"
-    ops = frozenset({"attention", "mla_decode", "mla_prefill", "merge_attn_states"})
+    ops = DENSE_OPS | SPARSE_OPS | INDEXER_OPS | SERVING_OPS
     dtypes = frozenset({"bfloat16", "float16", "float32"})
 
     def __init__(self, device: str | None = None, *, prefill_config: PrefillConfig | None = None):
@@ -60,8 +68,11 @@ class TritonBackend:
         p = case.params
         if self.device.type != "cuda" and not interpreted():
             return "no CUDA device, and TRITON_INTERPRET=1 was not set before mlaspec.impl was imported"
-        if interpreted() and case.dtype == "bfloat16" and case.op != "merge_attn_states":
+        if interpreted() and case.dtype == "bfloat16" and case.op in _DOT_OPS:
             return "the Triton interpreter's tl.dot is wrong for bfloat16 (triton 3.9): run bf16 on a GPU"
+        check = getattr(self, f"_unsupported_{case.op}", None)  # the mixins' named limits
+        if check is not None:
+            return check(case)
         if case.op == "attention" and (p["D_qk"] > 256 or p["D_v"] > 256):
             return f"attention head dims must be <= 256, got D_qk={p['D_qk']}, D_v={p['D_v']}"
         if case.op == "mla_decode" and not (_pow2_at_least_16(p["D_v"]) and _pow2_at_least_16(p["D_qk"] - p["D_v"])):

@@ -1,0 +1,257 @@
+"""The sparse MLA kernel of ``mlaspec.impl.sparse`` through Triton's interpreter, against the float64 spec.
+
+Kernel-level checks use awkward inputs: every sentinel FlashMLA documents (``-1``, ``S_kv``, ``INT_MIN``,
+``INT_MAX``), ``topk_length`` of 0 and of less than a tile, rows with no valid slot, sinks ``finite / +inf / -inf``,
+NaN in every cache row no used slot names, shuffled pages, GQA (``H_kv = 2``), split slot lists merged by LSE, and
+both fp8 caches (656 B V3.2, 584 B V4) dequantized in the kernel. Budgets are the harness's
+(:func:`mlaspec.conformance.ops.sparse.sparse_bounds`). bf16 is not tested here (the interpreter's ``tl.dot`` is
+wrong for bf16, triton 3.9); the harness covers it on a GPU. Then the harness's curated tiny cases of the three ops
+run through the composed backend.
+"""
+
+import math
+import os
+import sys
+
+import pytest
+
+if "mlaspec.impl.decode" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process",
+                allow_module_level=True)  # fmt: skip
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from mlaspec.conformance.cases import curated_cases  # noqa: E402
+from mlaspec.conformance.ops.common import unit_roundoff  # noqa: E402
+from mlaspec.conformance.ops.sparse import gather_keys, sparse_bounds  # noqa: E402
+from mlaspec.conformance.runner import run_case  # noqa: E402
+from mlaspec.impl.backend import TritonBackend  # noqa: E402
+from mlaspec.impl.backend_sparse import SPARSE_OPS, TritonSparse  # noqa: E402
+from mlaspec.impl.sparse import (  # noqa: E402
+    SparseConfig,
+    float_keys,
+    quantize_keys,
+    sparse_mla,
+    sparse_mla_decode,
+)
+from mlaspec.spec import cache_layouts as cl  # noqa: E402
+from mlaspec.spec.sparse import global_slot_indices, sparse_attention, sparse_decode, valid_slots  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+
+
+def assert_within(name, got, ref, bound):
+    """±inf / NaN positions exactly, then every finite element within its derived bound."""
+    __tracebackhide__ = True
+    got = got.detach().cpu().to(torch.float64)
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{name}: NaN positions differ"
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(got), inf) and torch.equal(got[inf], ref[inf]), (
+        f"{name}: inf positions differ: got {got[torch.isinf(got) | inf].tolist()}, "
+        f"spec {ref[torch.isinf(got) | inf].tolist()}")  # fmt: skip
+    err = torch.where(torch.isfinite(ref), (got - ref).abs(), 0.0)
+    bound = torch.broadcast_to(bound, ref.shape)
+    ratio = err / bound.clamp_min(1e-300)
+    worst = int(ratio.argmax())
+    assert ratio.max() <= 1, (f"{name}: error {err.flatten()[worst]:.3g} > bound {bound.flatten()[worst]:.3g} at "
+                              f"{worst}: got {got.flatten()[worst]:.6g}, spec {ref.flatten()[worst]:.6g}")  # fmt: skip
+
+
+def _check(q, kv, idx, res, *, scale, d_v, topk_length=None, sink=None, max_logits=True):
+    """``res`` (the kernel's out / lse / max_logits over rows ``kv [S, H_kv, D]``) against the spec and its budget."""
+    spec = sparse_attention(q.double(), kv.double(), idx, scale=scale, d_v=d_v, topk_length=topk_length,
+                            attn_sink=sink)  # fmt: skip
+    valid = valid_slots(idx, kv.shape[0], topk_length)
+    keys = gather_keys(kv, idx, valid)
+    out_b, lse_b, ml_b = sparse_bounds(q, keys, valid, scale=scale, d_v=d_v, attn_sink=sink, out=spec.out,
+                                       lse=spec.lse, max_logits=spec.max_logits, u=unit_roundoff(q.dtype))  # fmt: skip
+    assert_within("out", res.out, spec.out, out_b)
+    assert_within("lse", res.lse, spec.lse, lse_b)
+    if max_logits:
+        assert_within("max_logits", res.max_logits, spec.max_logits, ml_b)
+
+
+def _hostile_prefill(s_q, s_kv, h_q, h_kv, d, k, dtype, seed):
+    """Indices with every sentinel at random slots, two empty rows, NaN in every key row no slot names."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(s_q, h_q, d, generator=g, dtype=torch.float64) * 2).to(dtype)
+    kv = torch.randn(s_kv, h_kv, d, generator=g, dtype=torch.float64).to(dtype)
+    idx = torch.stack([torch.randperm(s_kv - 2, generator=g)[:k] + 1 for _ in range(s_q * h_kv)]).view(s_q, h_kv, k)
+    bad = torch.tensor([-1, s_kv, INT_MIN, INT_MAX])
+    invalid = torch.rand(s_q, h_kv, k, generator=g) < 0.3
+    idx = torch.where(invalid, bad[torch.randint(0, 4, idx.shape, generator=g)], idx)
+    idx[-1] = -1  # an empty row
+    lengths = torch.randint(0, k + 1, (s_q,), generator=g)
+    lengths[0], lengths[1], lengths[-2] = k, 3, 0  # all slots, less than a tile, nothing
+    used = torch.zeros(s_kv, h_kv, dtype=torch.bool)
+    for r in range(s_q):
+        for h in range(h_kv):
+            for t in range(k):
+                if 0 <= idx[r, h, t] < s_kv:
+                    used[idx[r, h, t], h] = True  # named at all: past topk_length too, as FlashMLA's caveat
+    kv = kv.masked_fill(~used[..., None], math.nan)
+    return q, kv, idx.to(torch.int32), lengths.to(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("sink", [None, "finite", "inf"])
+def test_prefill_hostile_indices_against_spec(dtype, sink):
+    s_q, s_kv, h_q, h_kv, d_v, d_rope, k = 7, 61, 6, 2, 32, 16, 37  # H_q 6 over 2 KV heads: 3 heads a program
+    q, kv, idx, lengths = _hostile_prefill(s_q, s_kv, h_q, h_kv, d_v + d_rope, k, dtype, seed=3)
+    attn_sink = None
+    if sink:
+        attn_sink = torch.randn(h_q, generator=torch.Generator().manual_seed(1)) * 2
+        if sink == "inf":
+            attn_sink[0], attn_sink[4] = math.inf, -math.inf
+    scale = (d_v + d_rope) ** -0.5
+    for lens in (None, lengths):
+        res = sparse_mla(q, float_keys(kv), idx, scale=scale, d_v=d_v, topk_length=lens, attn_sink=attn_sink)
+        _check(q, kv, idx, res, scale=scale, d_v=d_v, topk_length=lens, sink=attn_sink)
+        assert torch.isposinf(res.lse[-1]).all() and torch.isneginf(res.max_logits[-1]).all()
+        assert torch.equal(res.out[-1], torch.zeros_like(res.out[-1]))  # empty row: exactly 0
+        if sink == "inf":
+            assert torch.equal(res.out[:, 0], torch.zeros_like(res.out[:, 0]))  # +inf sink: exactly 0
+
+
+def test_splits_merge_to_the_same_result_and_padding_equals_shorter_length():
+    """Cutting the slots into splits (combine kernel) matches the spec; -1 padding == a shorter topk_length."""
+    s_q, s_kv, h_q, d_v, d_rope, k = 5, 90, 4, 32, 16, 70
+    q, kv, idx, lengths = _hostile_prefill(s_q, s_kv, h_q, 1, d_v + d_rope, k, torch.float32, seed=5)
+    sink = torch.tensor([0.5, math.inf, -1.0, -math.inf])
+    cfg = SparseConfig(16, 16, 4, 1)
+    scale = 0.2
+    for splits in (2, 5):
+        res = sparse_mla(q, float_keys(kv), idx, scale=scale, d_v=d_v, topk_length=lengths, attn_sink=sink,
+                         num_splits=splits, config=cfg)  # fmt: skip
+        _check(q, kv, idx, res, scale=scale, d_v=d_v, topk_length=lengths, sink=sink)
+    padded = torch.where(torch.arange(k)[None, None, :] < lengths[:, None, None], idx, -1)
+    a = sparse_mla(q, float_keys(kv), idx, scale=scale, d_v=d_v, topk_length=lengths, config=cfg)
+    b = sparse_mla(q, float_keys(kv), padded, scale=scale, d_v=d_v, config=cfg)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)  # masked tiles change nothing: alpha = 1, p = 0
+
+
+def _paged_fp8(num_blocks, page, d, dtype, gen):
+    """A cache ``[num_blocks, P, d]`` exactly representable in the fp8 sparse layout (FlashMLA's pow2 scales)."""
+    x = torch.randn(num_blocks * page, d, generator=gen, dtype=torch.float64)
+    layout = cl.FP8_DS_MLA_V32 if d == 576 else cl.FP8_DS_MLA_V4
+    x = cl.dequantize(cl.quantize(x, layout, pow2_scales=d == 576).raw, layout).entries
+    return x.to(dtype).view(num_blocks, page, d)
+
+
+def _decode_problem(d, seed, dtype=torch.float16, page=16):
+    """Three requests over shuffled pages; per-request top-k as global slots; NaN in every slot not named."""
+    g = torch.Generator().manual_seed(seed)
+    b, s_q, h_q, k = 3, 2, 5, 20
+    seq_lens = [40, 9, 33]
+    pages = [-(-n // page) for n in seq_lens]
+    num_blocks = sum(pages) + 2
+    perm = torch.randperm(num_blocks, generator=g)
+    table = torch.full((b, max(pages) + 1), -1, dtype=torch.int64)
+    at = 0
+    for r, n in enumerate(pages):
+        table[r, :n] = perm[at : at + n]
+        at += n
+    local = torch.full((b * s_q, k), -1, dtype=torch.int64)
+    for r, n in enumerate(seq_lens):
+        for j in range(s_q):
+            ctx = n - s_q + j + 1
+            local[r * s_q + j, : min(k, ctx)] = torch.randperm(ctx, generator=g)[:k]
+    slots = global_slot_indices(local, torch.arange(b).repeat_interleave(s_q), table, page).view(b, s_q, k)
+    cache = _paged_fp8(num_blocks, page, d, dtype, g)
+    used = torch.zeros(num_blocks * page, dtype=torch.bool)
+    used[slots[slots >= 0].long()] = True
+    cache = cache.view(-1, d).masked_fill(~used[:, None], math.nan).view(num_blocks, page, d)
+    q = (torch.randn(b, s_q, h_q, d, generator=g, dtype=torch.float64) * 2).to(dtype)
+    return q, cache, slots.to(torch.int32), torch.tensor([k, 4, 0], dtype=torch.int32)
+
+
+def _decode_check(q, cache, slots, lengths, out, lse, *, extra=None, sink=None):
+    b, s_q, h_q, d = q.shape
+    kw = {}
+    if extra is not None:
+        kw = dict(extra_kv_cache=extra[0].double(), extra_indices=extra[1], extra_topk_length=extra[2])
+    spec = sparse_decode(q.double(), cache.double(), slots, softmax_scale=0.1, head_dim_v=512, topk_length=lengths,
+                         attn_sink=sink, **kw)  # fmt: skip
+    rows = cache.reshape(-1, 1, d)
+    idx = slots.reshape(b * s_q, 1, -1)
+    valid = (idx >= 0) & (torch.arange(idx.shape[-1]) < lengths.repeat_interleave(s_q)[:, None, None])
+    keys = gather_keys(rows, idx, valid)
+    if extra is not None:
+        e_idx = extra[1].reshape(b * s_q, 1, -1)
+        e_valid = (e_idx >= 0) & (torch.arange(e_idx.shape[-1]) < extra[2].repeat_interleave(s_q)[:, None, None])
+        keys = torch.cat([keys, gather_keys(extra[0].reshape(-1, 1, d), e_idx, e_valid)], 1)
+        valid = torch.cat([valid, e_valid], -1)
+    out_b, lse_b, _ = sparse_bounds(q.reshape(b * s_q, h_q, d), keys, valid, scale=0.1, d_v=512, attn_sink=sink,
+                                    out=spec.out.reshape(b * s_q, h_q, -1),
+                                    lse=spec.lse.transpose(1, 2).reshape(b * s_q, h_q),
+                                    u=unit_roundoff(q.dtype))  # fmt: skip
+    assert_within("out", out, spec.out, out_b.reshape(spec.out.shape))
+    assert_within("lse", lse, spec.lse, lse_b.reshape(b, s_q, h_q).transpose(1, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_decode_fp8_v32_cache_dequantized_in_kernel(dtype):
+    """656-byte records with 0xFF (NaN) in every slot no index names; page shuffles; the request of length 0."""
+    q, cache, slots, lengths = _decode_problem(576, seed=11, dtype=dtype)
+    keys = quantize_keys(cache.view(-1, 576), page_size=16)
+    assert keys is not None and keys.fmt == "fp8_v32"
+    sink = torch.tensor([1.0, math.inf, -2.0, 0.0, -math.inf])
+    for splits in (1, 3):
+        out, lse = sparse_mla_decode(q, keys, slots, scale=0.1, topk_length=lengths, attn_sink=sink,
+                                     num_splits=splits)  # fmt: skip
+        _decode_check(q, cache, slots, lengths, out, lse, sink=sink)
+        assert torch.isposinf(lse[2]).all() and torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+def test_decode_fp8_v4_with_extra_cache():
+    """V4: the 584-byte split page layout for the main (window) and the extra (compressed) cache, one softmax."""
+    q, cache, slots, lengths = _decode_problem(512, seed=12)
+    g = torch.Generator().manual_seed(2)
+    extra = _paged_fp8(4, 16, 512, torch.float16, g)
+    e_idx = torch.randint(0, 64, (3, 2, 6), generator=g, dtype=torch.int32)
+    e_idx[..., -1] = -1
+    e_len = torch.tensor([6, 0, 2], dtype=torch.int32)
+    used = torch.zeros(64, dtype=torch.bool)
+    for r in range(3):
+        used[e_idx[r, :, : int(e_len[r])][e_idx[r, :, : int(e_len[r])] >= 0].long()] = True
+    extra = extra.view(-1, 512).masked_fill(~used[:, None], math.nan).view(4, 16, 512)
+    keys, ekeys = quantize_keys(cache.view(-1, 512), 16), quantize_keys(extra.view(-1, 512), 16)
+    assert keys.fmt == ekeys.fmt == "fp8_v4"
+    out, lse = sparse_mla_decode(q, keys, slots, scale=0.1, topk_length=lengths, extra=ekeys, extra_indices=e_idx,
+                                 extra_topk_length=e_len, num_splits=2)  # fmt: skip
+    _decode_check(q, cache, slots, lengths, out, lse, extra=(extra, e_idx, e_len))
+
+
+def test_bad_input_names_the_argument():
+    q = torch.zeros(2, 4, 48)
+    kv = float_keys(torch.zeros(10, 1, 48))
+    with pytest.raises(ValueError, match="indices"):
+        sparse_mla(q, kv, torch.zeros(3, 1, 4, dtype=torch.int32), scale=1.0, d_v=32)
+    with pytest.raises(ValueError, match="d_v"):
+        sparse_mla(q, kv, torch.zeros(2, 1, 4, dtype=torch.int32), scale=1.0, d_v=24)
+    with pytest.raises(ValueError, match="topk_length"):
+        sparse_mla(q, kv, torch.zeros(2, 1, 4, dtype=torch.int32), scale=1.0, d_v=32,
+                   topk_length=torch.zeros(3, dtype=torch.int32))  # fmt: skip
+    with pytest.raises(ValueError, match="attn_sink"):
+        sparse_mla(q, kv, torch.zeros(2, 1, 4, dtype=torch.int32), scale=1.0, d_v=32, attn_sink=torch.zeros(3))
+
+
+def test_quantize_keys_refuses_a_cache_fp8_cannot_hold():
+    x = torch.randn(32, 576, dtype=torch.float64)
+    assert quantize_keys(x) is None
+
+
+# -- the harness's curated tiny cases through the composed backend -----------------------------------------------
+_Backend = TritonBackend
+
+
+CASES = [c for c in curated_cases(dtypes=("float16", "float32")) if c.op in SPARSE_OPS]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_curated_case(case):
+    result = run_case(_Backend(), case, backend_name="triton")
+    assert result.verdict == "pass", f"{result.reason} worst={result.worst}"
