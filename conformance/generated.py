@@ -2,7 +2,10 @@
 
 Each strategy draws a whole :class:`~mlaspec.conformance.cases.Case` for one op: sizes within small limits (so a
 case runs in milliseconds on a CPU), a dtype, the causal flag, and for ``merge_attn_states`` the fraction of empty
-(``±inf`` LSE) parts. A case's inputs come from its seed, which is derived from its id, and the id carries a drawn
+(``±inf`` LSE) parts; ``sparse_prefill`` draws invalid-index rates, ``topk_length``, empty rows and sinks,
+``chunked_prefill_attention`` contexts (some empty) and a workspace that gives one to several chunks,
+``topk_indices`` prefill or decode rows with ties, ``concat_and_cache_mla`` every cache dtype with padding slots
+``-1``. A case's inputs come from its seed, which is derived from its id, and the id carries a drawn
 ``name`` (``hyp-<n>``): the same drawn parameters always mean the same tensors, so a case found by hypothesis is
 rerun exactly by :func:`repro_command` (``mlaspec check --op OP --name NAME --dtypes D --params JSON``).
 
@@ -24,11 +27,13 @@ from .cases import Case
 
 __all__ = ["LIMITS", "case_strategy", "cases", "repro_command", "describe", "GENERATED_OPS"]
 
-GENERATED_OPS = ("attention", "mla_decode", "mla_prefill", "merge_attn_states")
+GENERATED_OPS = ("attention", "mla_decode", "mla_prefill", "merge_attn_states", "sparse_prefill",
+                 "chunked_prefill_attention", "topk_indices", "concat_and_cache_mla")  # fmt: skip
 
 #: Inclusive upper limits of the drawn sizes.
 LIMITS = dict(B=3, S_q=6, S_kv=24, H_kv=3, group=3, D_qk=40, D_v=24, H_decode=16, Lkv=32, P=16, R=8, V=16,
-              T=9, H=4, D=64, tag=999)  # fmt: skip
+              T=9, H=4, D=64, K=16, H_sparse=8, requests=4, context=20, q_len=5, M=8, N=40, blocks=4,
+              tag=999)  # fmt: skip
 
 
 @st.composite
@@ -62,8 +67,71 @@ def _merge_attn_states(draw) -> dict:
                 D=draw(st.integers(1, LIMITS["D"])), empty=draw(st.sampled_from([0.0, 0.3, 1.0])))  # fmt: skip
 
 
+@st.composite
+def _sparse_prefill(draw) -> dict:
+    """FlashMLA's widths (576 / 512, or V4's 512 / 512) and one KV head; ``K <= S_kv - 2`` distinct keys per row
+    (rows 0 and ``S_kv - 1`` stay NaN), invalid sentinels at a drawn rate, optional ``topk_length``, empty rows
+    and sink."""
+    s_kv = draw(st.integers(3, LIMITS["S_kv"]))
+    d_qk = draw(st.sampled_from([576, 512]))
+    p = dict(S_q=draw(st.integers(1, LIMITS["S_q"])), S_kv=s_kv, H_q=draw(st.integers(1, LIMITS["H_sparse"])),
+             H_kv=1, D_qk=d_qk, D_v=512, K=draw(st.integers(1, min(LIMITS["K"], s_kv - 2))),
+             invalid=draw(st.sampled_from([0.0, 0.2, 0.5])), topk_length=draw(st.booleans()),
+             empty=draw(st.integers(0, 2)))  # fmt: skip
+    sink = draw(st.sampled_from([None, "finite", "inf"]))
+    if sink is not None:
+        p["sink"] = sink
+    return p
+
+
+@st.composite
+def _chunked_prefill_attention(draw) -> dict:
+    """Requests with and without context, a workspace from one page per prefill with context up to a few, so the
+    plan runs one to several chunks."""
+    n = draw(st.integers(1, LIMITS["requests"]))
+    contexts = draw(st.lists(st.integers(0, LIMITS["context"]), min_size=n, max_size=n))
+    block = draw(st.sampled_from([1, 2, 4]))
+    with_context = max(sum(c > 0 for c in contexts), 1)
+    workspace = with_context * block * draw(st.integers(1, 4)) + draw(st.integers(0, block - 1))
+    return dict(H_q=draw(st.integers(1, LIMITS["H"])), Lkv=draw(st.integers(1, LIMITS["Lkv"])),
+                P=draw(st.integers(1, LIMITS["P"])), R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
+                V=draw(st.integers(1, LIMITS["V"])), contexts=contexts,
+                q_lens=draw(st.lists(st.integers(1, LIMITS["q_len"]), min_size=n, max_size=n)), block_size=block,
+                workspace_size=workspace)  # fmt: skip
+
+
+@st.composite
+def _topk_indices(draw) -> dict:
+    """Prefill (ragged spans, relative indices) or decode rows (some shorter than ``K``); the case's inputs put
+    logits on a coarse grid with a tie straddling the ``K``-th position."""
+    k = draw(st.integers(2, LIMITS["K"]))
+    if draw(st.booleans()):
+        n = draw(st.integers(1, LIMITS["requests"]))
+        q = draw(st.lists(st.integers(1, LIMITS["q_len"]), min_size=n, max_size=n))
+        extra = draw(st.lists(st.integers(0, LIMITS["N"] - LIMITS["q_len"]), min_size=n, max_size=n))
+        return dict(mode="prefill", K=k, query_lens=q, seq_lens=[a + b for a, b in zip(q, extra)])
+    return dict(mode="decode", K=k, M=draw(st.integers(1, LIMITS["M"])), N=draw(st.integers(1, LIMITS["N"])))
+
+
+@st.composite
+def _concat_and_cache_mla(draw) -> dict:
+    """A paged cache of a few blocks, ``T`` tokens of which the last ``pad`` are padding (slot ``-1``), in every
+    cache dtype (the per-tensor fp8 ones with a drawn scale)."""
+    block = draw(st.sampled_from([1, 2, 4, 16]))
+    blocks = draw(st.integers(2 if block == 1 else 1, LIMITS["blocks"]))  # the last slot stays unused
+    pad = draw(st.integers(0, 3))
+    t = pad + draw(st.integers(1, min(LIMITS["T"], blocks * block - 1)))
+    kind = draw(st.sampled_from(["auto", "fp8", "fp8_e5m2", "fp8_ds_mla"]))
+    p = dict(T=t, pad=pad, P=block, num_blocks=blocks, kv_cache_dtype=kind)
+    if kind in ("fp8", "fp8_e5m2"):
+        p["scale"] = draw(st.sampled_from([0.09375, 0.5, 1.0, 2.0]))
+    return p
+
+
 _PARAMS = {"attention": _attention, "mla_decode": _mla_decode, "mla_prefill": _mla_prefill,
-           "merge_attn_states": _merge_attn_states}  # fmt: skip
+           "merge_attn_states": _merge_attn_states, "sparse_prefill": _sparse_prefill,
+           "chunked_prefill_attention": _chunked_prefill_attention, "topk_indices": _topk_indices,
+           "concat_and_cache_mla": _concat_and_cache_mla}  # fmt: skip
 
 
 def case_strategy(op: str, dtypes: tuple[str, ...] = ("bfloat16", "float16")) -> st.SearchStrategy[Case]:

@@ -75,12 +75,18 @@ def summary_table(results: list[Result]) -> str:
     return "\n".join(lines).replace("skiped", "skipped").replace("passed", "passed")
 
 
-def _img(path: str) -> str:
+def _img(path: str, alt: str = "error heat map") -> str:
     p = Path(path)
     if not path or not p.exists():
         return ""
     data = base64.b64encode(p.read_bytes()).decode()
-    return f'<img alt="error heat map" src="data:image/png;base64,{data}">'
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _pictures(r: Result) -> str:
+    """The heat map, then the op's pictures (named after the file: ``<case>.<picture>.png``)."""
+    imgs = [_img(r.figure)] + [_img(f, Path(f).stem.rsplit(".", 1)[-1].replace("_", " ")) for f in r.figures]
+    return "".join(i for i in imgs if i)
 
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}
@@ -110,7 +116,7 @@ def write_html(results: list[Result], out_dir: Path, *, backend: str, version: s
         failures.append(
             f'<section id="{esc(r.case_id)}"><h3>{esc(r.case_id)}: {r.verdict.upper()}</h3>'
             f"<p>{esc(r.reason)}</p><ul>{metrics}</ul>"
-            f'<p>Reproduce: <code class="repro">{esc(r.repro)}</code></p>{_img(r.figure)}</section>'
+            f'<p>Reproduce: <code class="repro">{esc(r.repro)}</code></p>{_pictures(r)}</section>'
         )
     counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mlaspec report: {esc(backend)}</title>

@@ -11,6 +11,7 @@ import json
 import re
 import signal
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,18 +94,42 @@ def run_case(backend: Backend, case: Case, *, backend_name: str, scale: str = "t
     result.seconds = time.perf_counter() - start
     verdict = judge(op.outputs, got, ref, bounds) if op.compare is None else op.compare(inputs, got, ref)
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict
-    if result.verdict == "fail" and figure_dir is not None and ratios:
+    if result.verdict == "fail" and figure_dir is not None:
+        _save_figures(result, op, case, inputs, got, ref, ratios, figure_dir)
+    return result
+
+
+def _save_figures(result: Result, op, case: Case, inputs: dict, got: object, ref: tuple, ratios: dict,
+                  figure_dir: Path) -> None:  # fmt: skip
+    """The heat map (``result.figure``) and the op's pictures (``result.figures``) of a failing case, as PNGs.
+
+    A picture that cannot be drawn (a backend output too malformed to picture) is left out with a warning; it
+    never changes the verdict.
+    """
+    import matplotlib.pyplot as plt
+
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", case.id)
+    figure_dir.mkdir(parents=True, exist_ok=True)
+    if ratios:
         from .viz.errors import draw_error_heatmaps
 
-        figure_dir.mkdir(parents=True, exist_ok=True)
-        path = figure_dir / (re.sub(r"[^A-Za-z0-9_.-]+", "_", case.id) + ".png")
+        path = figure_dir / f"{stem}.png"
         fig = draw_error_heatmaps({k: _error_map(k, v) for k, v in ratios.items()}, title=case.id)
         fig.savefig(path, dpi=80)
-        import matplotlib.pyplot as plt
-
         plt.close(fig)
         result.figure = str(path)
-    return result
+    if op.picture is None:
+        return
+    try:
+        pictures = op.picture(inputs, got, ref, ratios, title=case.id)
+    except Exception as exc:  # noqa: BLE001 - a picture is an aid; the verdict stands without it
+        warnings.warn(f"{case.id}: no picture drawn: {type(exc).__name__}: {exc}", stacklevel=2)
+        return
+    for name, fig in pictures.items():
+        path = figure_dir / f"{stem}.{re.sub(r'[^A-Za-z0-9_-]+', '_', name)}.png"
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        result.figures.append(str(path))
 
 
 def run_cases(backend: Backend, cases: Iterable[Case], *, backend_name: str, out_dir: Path | None = None,

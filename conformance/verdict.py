@@ -29,7 +29,11 @@ class Metric:
 @dataclass
 class Result:
     """The verdict on one case: ``pass``, ``fail`` (wrong numbers or non-finite pattern), ``error`` (raised, wrong
-    shape or type, timed out) or ``skip`` (unsupported, with the reason)."""
+    shape or type, timed out) or ``skip`` (unsupported, with the reason).
+
+    ``figure`` is the error heat map of a failing case; ``figures`` are its op's pictures (the mask, sparse pattern,
+    chunk schedule, top-k or byte layout the case stands for, next to what the backend did). JSON lines written
+    before ``figures`` existed load with it empty."""
 
     case_id: str
     op: str
@@ -41,6 +45,7 @@ class Result:
     seconds: float = 0.0
     repro: str = ""
     figure: str = ""
+    figures: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -82,6 +82,13 @@ class TransposedWUV(TorchBackend):
         return super().mla_absorbed(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV.transpose(1, 2), scale=scale, causal=causal)
 
 
+class AbsorbedCausalDropped(TorchBackend):
+    """The whole absorbed decode form run without its causal mask (MTP draft tokens see their successors)."""
+
+    def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
+        return super().mla_absorbed(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, scale=scale, causal=False)
+
+
 class WrongGqaHeadMapping(TorchBackend):
     """Query head h reads KV head h % H_kv instead of h // (H_q / H_kv)."""
 
@@ -146,7 +153,7 @@ class LseTransposed(TorchBackend):
 
 
 MUTANTS = [WrongScale, ScaleFromAbsorbedWidth, Log2Lse, TopLeftCausal, MtpCausalIgnored, DroppedRope, RopeAsValue,
-           TransposedWUV, WrongGqaHeadMapping, EmptyRowNaN, MaxInsteadOfLse, MergeWithoutInfGuard,
+           TransposedWUV, AbsorbedCausalDropped, WrongGqaHeadMapping, EmptyRowNaN, MaxInsteadOfLse, MergeWithoutInfGuard,
            MergeSwappedWeights, Raises, LseTransposed]  # fmt: skip
 
 

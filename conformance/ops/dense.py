@@ -6,13 +6,14 @@ import math
 
 import torch
 
-from mlaspec.spec.attention import attention
+from mlaspec.spec.attention import attention, causal_mask
 from mlaspec.spec.config import MLAConfig, make_weights
 from mlaspec.spec.forms import absorb_query, mla_absorbed, mla_mha, mqa_latent_attention
 from mlaspec.spec.merge import merge_attn_states
 
 from ..cases import Case
-from .common import DTYPES, EPS32, Op, attention_bounds, logit_error, randn
+from .common import (DTYPES, EPS32, Op, attention_bounds, logit_error, prefix_lse_match, randn, unit_roundoff,
+                     worst_rows)  # fmt: skip
 
 # -- attention ----------------------------------------------------------------------------------------------------
 def _attention_inputs(c: Case) -> dict:
@@ -67,17 +68,23 @@ def _prefill_bounds(kw, ref, u):
 
 # -- mla_absorbed: the whole decode form (absorb W_UK, MQA over the entries, W_UV) --------------------------------
 def _absorbed_bounds(kw, ref, u):
-    # vLLM materialises the absorbed query ql_nope and the latent output in the case dtype (u/2 each), then the
-    # W_UV product rounds once more; the latent error reaches the output through |W_UV|.
+    # vLLM materialises the absorbed query ql_nope and the latent output o_lat in the case dtype (u/2 each), then
+    # the W_UV product rounds once more. Those roundings pass through 512-long sums (ql . kv and o_lat @ W_UV), where
+    # a worst-case sum of |terms| overstates them ~20x and would let real bugs through (a dropped causal mask moves
+    # the output 4%); independent roundings add in quadrature (probabilistic error analysis, Higham & Mary 2019), so
+    # those two sums use the root-sum-square with a factor 4 of headroom. The fp32 logit sums stay worst case.
     q = absorb_query(kw["q_nope"].double(), kw["q_pe"].double(), kw["W_UK"].double())  # [B, S_q, N, Lkv + R]
     kv = torch.cat([kw["kv_c"].double(), kw["k_pe"].double()], -1)[:, :, None]  # [B, S_kv, 1, Lkv + R]
     lkv = kw["kv_c"].shape[-1]
-    ds = logit_error(q, kv, kw["scale"]) * (1 + u / 2 / (q.shape[-1] * EPS32))  # fp32 sums + ql rounding
-    o_lat, lse = attention(q, kv, kv[..., :lkv], scale=kw["scale"], causal=kw["causal"])
+    ql_rss = torch.einsum("bqhd,bkd->bhqk", q[..., :lkv] ** 2, kv[:, :, 0, :lkv] ** 2).sqrt()  # [B, N, S_q, S_kv]
+    ql_err = 4 * u / 2 * kw["scale"] * (ql_rss.amax(-1) if ql_rss.shape[-1] else ql_rss.sum(-1))
+    ds = logit_error(q, kv, kw["scale"]) + ql_err  # [B, N, S_q]
+    o_lat = attention(q, kv, kv[..., :lkv], scale=kw["scale"], causal=kw["causal"]).out
     m_lat = attention(q, kv, kv[..., :lkv].abs(), scale=kw["scale"], causal=kw["causal"]).out
     err_lat = (u + 2 * ds.transpose(1, 2)[..., None]) * m_lat + u / 2 * o_lat.abs()  # [B, S_q, N, Lkv]
-    err = torch.einsum("bsnl,lnv->bsnv", err_lat, kw["W_UV"].double().abs())
-    return 2 * (err + u / 2 * ref[0].abs()), 2 * (ds + EPS32 * ref[1].abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
+    err = 4 * torch.einsum("bsnl,lnv->bsnv", err_lat**2, kw["W_UV"].double() ** 2).sqrt()
+    lse_bound = 2 * (ds + kv.shape[1] * EPS32 + EPS32 * ref[1].abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
+    return 2 * (err + u / 2 * ref[0].abs()), lse_bound
 
 
 # -- merge_attn_states --------------------------------------------------------------------------------------------
@@ -103,14 +110,79 @@ def _merge_bounds(kw, ref, u):
     return out_bound, lse_bound
 
 
+# -- pictures: the spec's mask, the key prefix the backend's LSE fits, the failing rows ------------------------------
+def _qk(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale q.k`` as ``[B, H_q, S_q, S_kv]`` float64 (``k`` heads repeated for GQA)."""
+    g = q.shape[2] // k.shape[2]
+    return torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double().repeat_interleave(g, 2)) * scale
+
+
+def _attention_logits(kw):
+    return _qk(kw["q"], kw["k"], kw["scale"])
+
+
+def _decode_logits(kw):
+    return _qk(kw["q"], kw["kv"][:, :, None], kw["scale"])
+
+
+def _prefill_logits(kw):
+    k_nope = torch.einsum("bsl,lnp->bsnp", kw["kv_c"].double(), kw["W_UK"].double())
+    k = torch.cat([k_nope, kw["k_pe"].double()[:, :, None].expand(-1, -1, k_nope.shape[2], -1)], -1)
+    return _qk(torch.cat([kw["q_nope"], kw["q_pe"]], -1), k, kw["scale"])
+
+
+def _absorbed_logits(kw):
+    q = absorb_query(kw["q_nope"].double(), kw["q_pe"].double(), kw["W_UK"].double())
+    return _qk(q, torch.cat([kw["kv_c"], kw["k_pe"]], -1)[:, :, None], kw["scale"])
+
+
+def _mask_picture(logits, bounds):
+    """A ``picture`` hook: the spec's mask (bottom-right causal, or none) next to the key prefix each row of the
+    backend's LSE is consistent with (:func:`~mlaspec.conformance.ops.common.prefix_lse_match`), failing rows
+    outlined, and the worst ``|error| / bound`` per query row (over batches and heads). A case with a single query
+    row has no picture: one row lines up with nothing the heat map does not already show."""
+
+    def picture(kw, got, ref, ratios, *, title=""):
+        from ..viz.masks import draw_mask_failures
+
+        out_ref, lse_ref = ref
+        s_q = lse_ref.shape[2]
+        if s_q < 2:
+            return {}
+        s = logits(kw)  # [B, H, S_q, S_kv]
+        s_kv = s.shape[-1]
+        causal = bool(kw["causal"])
+        spec = causal_mask(s_q, s_kv) if causal else torch.ones(s_q, s_kv, dtype=torch.bool)
+        g_out, g_lse = got if isinstance(got, (tuple, list)) and len(got) == 2 else (None, None)
+        moved = (lambda t, d: t.movedim(d, 0) if isinstance(t, torch.Tensor) else t)  # noqa: E731 - rows first
+        rows = worst_rows([("out", moved(g_out, 1), out_ref.movedim(1, 0), moved(ratios.get("out"), 1)),
+                           ("lse", moved(g_lse, 2), lse_ref.movedim(2, 0), moved(ratios.get("lse"), 2))])  # fmt: skip
+        masks = {"spec: bottom-right causal" if causal else "spec: no mask (non-causal)": spec}
+        unexplained = {}
+        if isinstance(g_lse, torch.Tensor) and tuple(g_lse.shape) == tuple(lse_ref.shape):
+            q = next(v for k, v in kw.items() if k in ("q", "q_nope"))
+            bound = bounds(kw, ref, unit_roundoff(q.dtype))[1]
+            lengths, explained = prefix_lse_match(s, g_lse, bound, spec.sum(1))
+            name = "backend: keys [0, n) its LSE fits\n(hatched: no prefix fits)"
+            masks[name] = (torch.arange(s_kv)[None, :] < lengths[:, None]) & explained[:, None]
+            unexplained[name] = ~explained
+        return {"mask": draw_mask_failures(masks, rows, unexplained=unexplained, title=title)}
+
+    return picture
+
+
 OPS = [
         Op("attention", _attention_inputs, attention, _attention_bounds_op,
+           picture=_mask_picture(_attention_logits, _attention_bounds_op),
            doc="Attention with natural-log LSE, bottom-right causal (spec.attention.attention)"),
         Op("mla_decode", _decode_inputs, mqa_latent_attention, _decode_bounds,
+           picture=_mask_picture(_decode_logits, _decode_bounds),
            doc="Absorbed-form MQA over 576-wide entries, v = first 512 (spec.forms.mqa_latent_attention)"),
         Op("mla_prefill", _prefill_inputs, mla_mha, _prefill_bounds,
+           picture=_mask_picture(_prefill_logits, _prefill_bounds),
            doc="Compute-friendly form: up-project, MHA with qk 192 / v 128 (spec.forms.mla_mha)"),
         Op("mla_absorbed", _prefill_inputs, mla_absorbed, _absorbed_bounds,
+           picture=_mask_picture(_absorbed_logits, _absorbed_bounds),
            doc="The whole decode form: absorb W_UK into q, MQA over the 576-wide entries, W_UV (spec.forms.mla_absorbed)"),
         Op("merge_attn_states", _merge_inputs, merge_attn_states, _merge_bounds,
            doc="Two-way LSE merge with vLLM's ±inf rules (spec.merge.merge_attn_states)"),

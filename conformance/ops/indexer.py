@@ -54,7 +54,7 @@ from mlaspec.spec.topk import topk_agreement, topk_indices
 
 from ..cases import Case
 from ..verdict import Metric
-from .common import DTYPES, EPS32, Op
+from .common import DTYPES, EPS32, Op, worst_rows
 from .sparse import judged
 
 FP8_NAN = 0x7F  # e4m3fn NaN bit pattern
@@ -222,16 +222,68 @@ def _topk_compare(kw, got, ref):
     return "fail", reason, metrics, worst, {}
 
 
+# -- pictures: logits heat maps with the top-k circled, the spec's next to the backend's ------------------------------
+PICTURE_K = 4  # the logits ops have no K: the pictures circle each row's top 4, what a top-k downstream would see
+
+
+def _top(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's ``k`` largest columns ``[M, k]``, ``-1`` where fewer than ``k`` exceed ``-inf`` (NaN: ``-inf``)."""
+    x = logits.detach().to("cpu", torch.float64).nan_to_num(nan=-math.inf)
+    v, i = x.topk(min(k, x.shape[1]), dim=1)
+    return torch.where(v > -math.inf, i, -1)
+
+
+def _logits_picture(kw, got, ref, ratios, *, title=""):
+    """The spec's logits and the backend's, each with its own top-4 per row circled, failing rows marked."""
+    from ..viz.indexer import draw_indexer_comparison
+
+    g = got[0] if isinstance(got, (tuple, list)) and len(got) == 1 else got
+    if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(ref[0].shape):
+        return {}
+    r = ratios.get("logits")
+    rows = worst_rows([("logits", g, ref[0], None if r is None else r[..., 0])])
+    failing = [int(i) for i in torch.nonzero(~(rows <= 1.0)).flatten()]
+    fig = draw_indexer_comparison(ref[0], g.detach().cpu().double(), _top(ref[0], PICTURE_K), _top(g, PICTURE_K),
+                                  failing_rows=failing, titles=(f"spec logits, top-{PICTURE_K} circled",
+                                                                f"backend logits, top-{PICTURE_K} circled"),
+                                  title=title)  # fmt: skip
+    return {"logits": fig}
+
+
+def _topk_picture(kw, got, ref, ratios, *, title=""):
+    """The logits the backend got (columns outside each row's range grey), the spec's top-k (one valid choice among
+    ties) next to the backend's, rows that are not a valid top-k marked."""
+    from ..viz.indexer import draw_indexer_comparison
+
+    g = got[0] if isinstance(got, (tuple, list)) and got else got
+    if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(ref[0].shape):
+        return {}
+    logits = kw["logits"].to(torch.float64)
+    m, n = logits.shape
+    lo = torch.zeros(m, dtype=torch.int64) if kw["row_starts"] is None else kw["row_starts"].long()
+    cols = torch.arange(n)[None, :]
+    shown = torch.where((cols >= lo[:, None]) & (cols < kw["row_ends"].long()[:, None]), logits, -math.inf)
+    a = topk_agreement(g.detach().cpu(), logits, kw["k"], row_starts=kw["row_starts"], row_ends=kw["row_ends"],
+                       relative=kw["relative"])  # fmt: skip
+    starts = kw["row_starts"] if kw["relative"] else None
+    fig = draw_indexer_comparison(shown, shown, ref[0], g.detach().cpu().long(), row_starts=starts,
+                                  failing_rows=list(a.bad_rows),
+                                  titles=(f"spec top-{kw['k']} (one valid choice)", f"backend top-{kw['k']}"),
+                                  title=title)  # fmt: skip
+    return {"topk": fig}
+
+
 OPS = [
     Op("indexer_logits", _indexer_inputs, _indexer_reference, None, outputs=("logits",),
-       compare=judged(("logits",), _indexer_bounds, _LOGITS_MAP),
+       compare=judged(("logits",), _indexer_bounds, _LOGITS_MAP), picture=_logits_picture,
        doc="Lightning-indexer logits over a ragged fp8 K buffer, absolute columns, -inf outside [ks, ke) "
            "(spec.indexer.indexer_logits)"),
     Op("paged_indexer_logits", _paged_inputs, _paged_reference, None, outputs=("logits",),
-       compare=judged(("logits",), _paged_bounds, _LOGITS_MAP),
+       compare=judged(("logits",), _paged_bounds, _LOGITS_MAP), picture=_logits_picture,
        doc="Decode indexer logits read from the paged fp8 cache (values then scales per block), MTP context "
            "lengths (spec.indexer.paged_indexer_logits)"),
     Op("topk_indices", _topk_inputs, _topk_reference, None, outputs=("indices",), compare=_topk_compare,
+       picture=_topk_picture,
        doc="Top-k per row with -1 padding; any choice among tied logits passes (spec.topk.topk_indices, "
            "judged by spec.topk.topk_agreement)"),
 ]  # fmt: skip

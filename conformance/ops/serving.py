@@ -63,7 +63,7 @@ from mlaspec.spec.paged_cache import (
 
 from ..cases import Case
 from ..verdict import Metric, judge, judge_exact
-from .common import DTYPES, EPS32, Op, attention_bounds, logit_error, randn
+from .common import DTYPES, EPS32, Op, attention_bounds, logit_error, randn, worst_rows
 
 QUANTIZED_CACHE = {"fp8": cl.FP8_PER_TENSOR, "fp8_e4m3": cl.FP8_PER_TENSOR, "fp8_e5m2": cl.FP8_E5M2_PER_TENSOR,
                    "fp8_ds_mla": cl.FP8_DS_MLA_V32}  # fmt: skip
@@ -516,9 +516,72 @@ def _local_reference(**kw) -> tuple:
     return tuple(getattr(r, f) for f in LOCAL_FIELDS)
 
 
+# -- pictures of failing cases ----------------------------------------------------------------------------------
+def _records_picture(got: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, slots: torch.Tensor,
+                     layout: cl.CacheLayout | None, *, block_size: int | None, entry_label: str = "",
+                     title: str = "") -> dict:  # fmt: skip
+    """The record layout with the bytes where written records differ from the spec's, and every slot's status
+    (untouched, written as the spec, written differently, changed although no token maps to it)."""
+    from ..viz.layouts import draw_byte_differences
+
+    written = torch.zeros(got.shape[0], dtype=torch.bool)
+    written[slots] = True
+    differs = (got != ref).any(1)
+    status = torch.zeros(got.shape[0], dtype=torch.int64)
+    status[written] = torch.where(differs[written], 2, 1)
+    status[~written & (got != old).any(1)] = 3
+    fig = draw_byte_differences((got[slots] != ref[slots]).sum(0), status, layout=layout, entry_label=entry_label,
+                                block_size=block_size, title=title)  # fmt: skip
+    return {"bytes": fig}
+
+
+def _concat_picture(kw, got, ref, ratios, *, title=""):
+    got = _normalise(got, ("kv_cache",))
+    if not isinstance(got, (tuple, list)) or len(got) != 1 or _tensor_or_error("kv_cache", got[0], ref[0]):
+        return {}
+    s = kw["slot_mapping"].to(torch.int64)
+    layout = QUANTIZED_CACHE.get(kw["kv_cache_dtype"])
+    label = f"entry: [kv_c | k_pe] = {kw['kv_c'].shape[1] + kw['k_pe'].shape[1]} x {str(ref[0].dtype)[6:]}"
+    return _records_picture(_records(got[0]), _records(kw["kv_cache"]), _records(ref[0]), s[s >= 0], layout,
+                            block_size=kw["kv_cache"].shape[1], entry_label=label, title=title)  # fmt: skip
+
+
+def _write_pages_picture(kw, got, ref, ratios, *, title=""):
+    got = _normalise(got, ("pages",))
+    if not isinstance(got, (tuple, list)) or len(got) != 1 or _tensor_or_error("pages", got[0], ref[0]):
+        return {}
+    layout, blk = cl.LAYOUTS[kw["layout"]], kw["block_size"]
+    records = [cl.from_pages(p.detach().cpu(), layout, blk) for p in (got[0], kw["pages"], ref[0])]
+    return _records_picture(*records, _written(kw)[0], layout, block_size=blk, title=title)
+
+
+def _quantize_picture(kw, got, ref, ratios, *, title=""):
+    got = _normalise(got, ("raw",))
+    if not isinstance(got, (tuple, list)) or len(got) < 1 or _tensor_or_error("raw", got[0], ref[0]):
+        return {}
+    g = got[0].detach().cpu()
+    return _records_picture(g, ref[0], ref[0], torch.arange(ref[0].shape[0]), cl.LAYOUTS[kw["layout"]],
+                            block_size=None, title=title)  # fmt: skip
+
+
+def _chunked_picture(kw, got, ref, ratios, *, title=""):
+    """The chunk schedule of the case's plan with each request's worst ``|error| / bound`` and the failing ones
+    outlined."""
+    from ..viz.schedule import draw_chunk_schedule_failures
+
+    g = got if isinstance(got, (tuple, list)) and len(got) == 2 else (None, None)
+    r_lse = ratios.get("lse")
+    g_lse = g[1].T if isinstance(g[1], torch.Tensor) and g[1].dim() == 2 else None
+    tokens = worst_rows([("out", g[0], ref[0], ratios.get("out")),
+                         ("lse", g_lse, ref[1].T, None if r_lse is None else r_lse.T)])  # fmt: skip
+    cu = kw["cu_seqlens_q"].long().tolist()
+    per_request = [float(tokens[a:b].max()) if b > a else 0.0 for a, b in zip(cu[:-1], cu[1:])]
+    return {"schedule": draw_chunk_schedule_failures(kw["plan"], per_request, title=title)}
+
+
 OPS = [
     Op("concat_and_cache_mla", _concat_inputs, _concat_reference, None, outputs=("kv_cache",),
-       compare=_concat_compare,
+       compare=_concat_compare, picture=_concat_picture,
        doc="Write [kv_c | k_pe] into a paged cache (auto / fp8 per-tensor / fp8_ds_mla 656 B); slot -1 skipped "
            "(spec.paged_cache.concat_and_cache_mla)"),
     Op("gather_cache", _gather_inputs, _gather_reference, None, outputs=("entries",),
@@ -530,6 +593,7 @@ OPS = [
        compare=_exact(("slot_mapping", "block_ids", "block_offsets")),
        doc="slot = block_table[b, pos // P] * P + pos % P, padded with -1 (spec.paged_cache)"),
     Op("quantize", _quantize_inputs, _quantize_reference, None, outputs=("raw",), compare=_quantize_compare,
+       picture=_quantize_picture,
        doc="Entries -> token records of a cache layout; judged after dequantization, scale bytes exact "
            "(spec.cache_layouts.quantize)"),
     Op("dequantize", _dequantize_inputs, _dequantize_reference, None, outputs=("entries",),
@@ -537,12 +601,13 @@ OPS = [
        doc="Token records -> entries; deterministic: the spec's value rounded once to the returned dtype "
            "(spec.cache_layouts.dequantize)"),
     Op("write_pages", _pages_inputs, _write_pages_reference, None, outputs=("pages",), compare=_write_pages_compare,
-       doc="Quantize and place records in page blocks (V4 split rows, V4.1 interleaved) "
+       picture=_write_pages_picture, doc="Quantize and place records in page blocks (V4 split rows, V4.1 interleaved) "
            "(spec.cache_layouts.write_pages)"),
     Op("read_tokens", _read_inputs, _read_reference, None, outputs=("raw", "valid"),
        compare=_exact(("raw", "valid")),
        doc="Read records at slots out of page blocks, -1 invalid (spec.cache_layouts.read_tokens)"),
     Op("chunked_prefill_attention", _chunked_inputs, chunked_prefill_attention, _chunked_bounds,
+       picture=_chunked_picture,
        doc="Prefill attention with workspace-chunked context merged by LSE, then new tokens "
            "(spec.chunked_context.chunked_prefill_attention)"),
     Op("build_metadata", _metadata_inputs, _metadata_reference, None, outputs=META_FIELDS,

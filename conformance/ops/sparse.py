@@ -45,13 +45,13 @@ import math
 import torch
 
 from mlaspec.spec import cache_layouts as cl
-from mlaspec.spec.attention import attention
+from mlaspec.spec.attention import attention, causal_mask
 from mlaspec.spec.sliding_window import c128a_topk_indices, swa_indices_and_lens, v4_attention
-from mlaspec.spec.sparse import global_slot_indices, sparse_decode, sparse_prefill, valid_slots
+from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_decode, sparse_prefill, valid_slots
 
 from ..cases import Case
 from ..verdict import judge
-from .common import EPS32, Op, logit_error, randn, unit_roundoff
+from .common import EPS32, Op, logit_error, randn, unit_roundoff, worst_rows
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
@@ -379,17 +379,98 @@ def _v4_bounds(kw, ref, u):
     return out_b, lse_b
 
 
+# -- pictures: the sparse pattern next to the dense causal mask, failing rows outlined --------------------------------
+def _slot_mask(idx: torch.Tensor, valid: torch.Tensor, width: int) -> torch.Tensor:
+    """``[R, width]`` bool: row ``r`` reads column ``idx[r, t]`` for each valid slot ``t`` (``idx [R, K]``)."""
+    mask = torch.zeros(idx.shape[0], width + 1, dtype=torch.bool)
+    mask.scatter_(1, torch.where(valid, idx.long(), width), True)
+    return mask[:, :width]
+
+
+def _rows_first(got: object, n: int, order: tuple[tuple[int, ...], ...]) -> list:
+    """The backend's ``n`` outputs permuted by ``order`` (rows first), None where missing."""
+    if isinstance(got, torch.Tensor) and n == 1:
+        got = (got,)
+    if not isinstance(got, (tuple, list)) or len(got) != n:
+        return [None] * n
+    return [g.permute(*o) if isinstance(g, torch.Tensor) and g.dim() == len(o) else None for g, o in zip(got, order)]
+
+
+def _draw(masks: dict, rows: torch.Tensor, title: str, **kw) -> dict:
+    from ..viz.masks import draw_mask_failures
+
+    return {"pattern": draw_mask_failures(masks, rows, title=title, **kw)}
+
+
+def _prefill_picture(kw, got, ref, ratios, *, title=""):
+    """The keys each query row reads (indices, sentinels and ``topk_length`` applied, any KV head) next to the
+    dense bottom-right causal mask over the same keys."""
+    s_q, s_kv = kw["q"].shape[0], kw["kv"].shape[0]
+    pattern = indices_to_mask(kw["indices"], s_kv, kw["topk_length"]).any(1)
+    g = _rows_first(got, 3, ((0, 1, 2), (0, 1), (0, 1)))
+    r = ratios.get("lse")
+    rows = worst_rows([("out", g[0], ref[0], ratios.get("out")), ("max_logits", g[1], ref[1], ratios.get("max_logits")),
+                       ("lse", g[2], ref[2], None if r is None else r.T)])  # fmt: skip
+    name = "spec: indices" + (" within topk_length" if kw["topk_length"] is not None else "")
+    return _draw({name: pattern, "dense causal (for reference)": causal_mask(s_q, s_kv)}, rows, title)
+
+
+def _decode_picture(kw, got, ref, ratios, *, title=""):
+    """The cache slots each query token reads (``-1`` and ``topk_length`` applied), over the global slots of the
+    main cache and, for V4, the extra cache. The block table is not an input, so no dense mask stands beside it."""
+    b_, s_q = kw["q"].shape[:2]
+    idx = kw["indices"].reshape(b_ * s_q, -1).long()
+    valid = idx >= 0
+    if kw["topk_length"] is not None:
+        valid &= torch.arange(idx.shape[1])[None] < kw["topk_length"].long().repeat_interleave(s_q)[:, None]
+    masks = {"spec: main cache slots read": _slot_mask(idx, valid, kw["kv_cache"].shape[0] * kw["kv_cache"].shape[1])}
+    if kw["extra_kv_cache"] is not None:
+        e = kw["extra_indices"].reshape(b_ * s_q, -1).long()
+        ev = e >= 0
+        if kw["extra_topk_length"] is not None:
+            ev &= torch.arange(e.shape[1])[None] < kw["extra_topk_length"].long().repeat_interleave(s_q)[:, None]
+        masks["spec: extra cache slots read"] = _slot_mask(e, ev, kw["extra_kv_cache"].shape[0]
+                                                           * kw["extra_kv_cache"].shape[1])  # fmt: skip
+    g = _rows_first(got, 2, ((0, 1, 2, 3), (0, 2, 1)))
+    flat = (lambda t: None if t is None else t.reshape(b_ * s_q, -1))  # noqa: E731 - [B, S_q, ...] -> [B * S_q, ...]
+    r_lse = ratios.get("lse")
+    rows = worst_rows([("out", flat(g[0]), flat(ref[0]), flat(ratios.get("out"))),
+                       ("lse", flat(g[1]), flat(ref[1].transpose(1, 2)),
+                        None if r_lse is None else flat(r_lse.transpose(1, 2)))])  # fmt: skip
+    return _draw(masks, rows, title, xlabel="global slot (block * P + offset)", ylabel="query token (b * S_q + i)")
+
+
+def _v4_picture(kw, got, ref, ratios, *, title=""):
+    """The raw keys each query reads (its window) and the compressed entries it selects, next to the dense
+    bottom-right causal mask over the raw keys."""
+    s_q, s_kv = kw["q"].shape[0], kw["raw_kv"].shape[0]
+    comp = kw["compressed_kv"]
+    num_c = 0 if comp is None else comp.shape[0]
+    idx = v4_rows(s_q, s_kv, kw["window"], kw["compress_ratio"], kw["topk_indices"], num_c)[:, 0]
+    masks = {f"spec: window W={kw['window']} over raw keys": _slot_mask(idx - num_c, idx >= num_c, s_kv),
+             "dense causal (for reference)": causal_mask(s_q, s_kv)}  # fmt: skip
+    if num_c:
+        masks[f"spec: compressed entries (1 per {kw['compress_ratio']})"] = _slot_mask(idx, (idx >= 0) & (idx < num_c),
+                                                                                   num_c)  # fmt: skip
+    g = _rows_first(got, 2, ((0, 1, 2), (0, 1)))
+    r = ratios.get("lse")
+    rows = worst_rows([("out", g[0], ref[0], ratios.get("out")), ("lse", g[1], ref[1], None if r is None else r.T)])
+    return _draw(masks, rows, title)
+
+
 OPS = [
     Op("sparse_prefill", _prefill_inputs, sparse_prefill, None, outputs=("out", "max_logits", "lse"),
        compare=judged(("out", "max_logits", "lse"), _prefill_bounds,
                       {"max_logits": lambda r: r[..., None], "lse": lambda r: r.T}),
+       picture=_prefill_picture,
        doc="FlashMLA sparse prefill: -1 / out-of-range indices skipped, topk_length, sink, LSE +inf on empty rows "
            "(spec.sparse.sparse_prefill)"),
     Op("sparse_decode", _decode_inputs, sparse_decode, None, compare=judged(("out", "lse"), _decode_bounds),
+       picture=_decode_picture,
        doc="FlashMLA sparse decode over a paged cache with global slots, topk_length per request, sink, V4 extra "
            "cache (spec.sparse.sparse_decode)"),
     Op("v4_attention", _v4_inputs, _v4_reference, None,
-       compare=judged(("out", "lse"), _v4_bounds, {"lse": lambda r: r.T}),
+       compare=judged(("out", "lse"), _v4_bounds, {"lse": lambda r: r.T}), picture=_v4_picture,
        doc="One DeepSeek V4 layer: window (p - W, p] plus c4a top-k / c128a compressed entries, one softmax "
            "(spec.sliding_window.v4_attention)"),
 ]  # fmt: skip

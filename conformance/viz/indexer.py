@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-__all__ = ["draw_indexer_logits", "draw_prefill_chunks"]
+__all__ = ["draw_indexer_comparison", "draw_indexer_logits", "draw_prefill_chunks"]
 
 
 def draw_indexer_logits(
@@ -96,5 +96,50 @@ def draw_prefill_chunks(
     ax.set_xlabel("keys gathered (N)")
     ax.set_ylabel("query tokens (M)")
     ax.set_title(title or f"indexer prefill chunks ({len(chunks)}; area = M x N fp32 logits)")
+    fig.tight_layout()
+    return fig
+
+
+def draw_indexer_comparison(
+    spec_logits: torch.Tensor,
+    got_logits: torch.Tensor,
+    spec_indices: torch.Tensor | None = None,
+    got_indices: torch.Tensor | None = None,
+    *,
+    row_starts: torch.Tensor | None = None,
+    failing_rows: Sequence[int] = (),
+    titles: tuple[str, str] = ("spec", "backend"),
+    title: str | None = None,
+) -> Figure:
+    """Two :func:`draw_indexer_logits` panels side by side: the spec's logits with its top-k circled, and the
+    backend's (logits, or the same logits with the backend's top-k); ``failing_rows`` are outlined red on both
+    panels.
+
+    Args:
+        spec_logits: ``[M, N]`` float, ``-inf`` where a query may not see a key.
+        got_logits: ``[M, N]`` float (the backend's, or ``spec_logits`` again when only the indices differ).
+        spec_indices: ``[M, K]`` int, ``-1`` padded, or None.
+        got_indices: ``[M, K]`` int, ``-1`` padded, or None.
+        row_starts: ``[M]`` int when the indices are relative to each row's start (prefill top-k).
+        failing_rows: rows the verdict failed, outlined red.
+        titles: the two panels' titles.
+        title: the figure's title.
+    """
+    m, n = spec_logits.shape
+    fig, axes = plt.subplots(1, 2, figsize=(min(18.0, 2 * (2.0 + 0.3 * n)), min(9.0, 1.6 + 0.3 * m)), dpi=100,
+                             squeeze=False)  # fmt: skip
+    for ax, logits, idx, name in zip(axes[0], (spec_logits, got_logits), (spec_indices, got_indices), titles):
+        draw_indexer_logits(logits, idx, row_starts=row_starts, title=name, ax=ax)
+        for row in failing_rows:
+            ax.add_patch(Rectangle((-0.5, row - 0.5), n, 1, fill=False, edgecolor="#d62728", linewidth=1.5))
+        if m <= 40:  # every row labelled, failing ones in red
+            ax.set_yticks(range(m))
+            for row, label in enumerate(ax.get_yticklabels()):
+                if row in failing_rows:
+                    label.set_color("#d62728")
+                    label.set_fontweight("bold")
+    if title:
+        fig.suptitle(title + (f"  (red: {len(failing_rows)} failing rows)" if len(failing_rows) else ""),
+                     fontsize=10)  # fmt: skip
     fig.tight_layout()
     return fig

@@ -8,12 +8,13 @@ matplotlib.use("Agg", force=False)
 
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from mlaspec.spec.cache_layouts import CacheLayout, page_bytes  # noqa: E402
 
-__all__ = ["draw_block_table", "draw_byte_layout"]
+__all__ = ["SLOT_STATUS", "draw_block_table", "draw_byte_differences", "draw_byte_layout"]
 
 _DTYPE_COLORS = {
     "e4m3": "#4C72B0",
@@ -29,16 +30,8 @@ def _field_label(f) -> str:
     return f"{f.name}\n{f.count}x{f.dtype}\n[{f.offset}, {f.end})"
 
 
-def draw_byte_layout(layout: CacheLayout, *, block_size: int = 4) -> Figure:
-    """Byte diagram of one token record of ``layout`` (fields to scale, coloured by dtype).
-
-    For layouts that split a record between data rows and scale rows inside a page block (DeepSeek V4), a second
-    panel shows a page of ``block_size`` tokens: the data rows of every token first, then the scale rows, then the
-    alignment padding.
-    """
-    split = layout.split_at is not None
-    fig, axes = plt.subplots(2 if split else 1, 1, figsize=(11, 3.6 if split else 1.9), squeeze=False)
-    ax = axes[0, 0]
+def _draw_record(ax, layout: CacheLayout) -> None:
+    """One token record of ``layout`` on ``ax``: fields to scale, coloured by dtype, labelled."""
     small = 0
     for f in layout.fields:
         ax.add_patch(Rectangle((f.offset, 0), f.nbytes, 1, facecolor=_DTYPE_COLORS[f.dtype], edgecolor="black"))
@@ -61,6 +54,18 @@ def draw_byte_layout(layout: CacheLayout, *, block_size: int = 4) -> Figure:
     ax.set_title(f"{layout.name}: {layout.token_bytes} bytes per token (entry D={layout.entry_dim})", fontsize=10)
     for spine in ("top", "right", "left"):
         ax.spines[spine].set_visible(False)
+
+
+def draw_byte_layout(layout: CacheLayout, *, block_size: int = 4) -> Figure:
+    """Byte diagram of one token record of ``layout`` (fields to scale, coloured by dtype).
+
+    For layouts that split a record between data rows and scale rows inside a page block (DeepSeek V4), a second
+    panel shows a page of ``block_size`` tokens: the data rows of every token first, then the scale rows, then the
+    alignment padding.
+    """
+    split = layout.split_at is not None
+    fig, axes = plt.subplots(2 if split else 1, 1, figsize=(11, 3.6 if split else 1.9), squeeze=False)
+    _draw_record(axes[0, 0], layout)
 
     if split:
         ax = axes[1, 0]
@@ -141,5 +146,78 @@ def draw_block_table(block_table: torch.Tensor, seq_lens: torch.Tensor, block_si
     bottom.set_yticks([])
     bottom.set_xticks([p + 0.47 for p in range(num_pages)], [str(p) for p in range(num_pages)])
     bottom.set_xlabel("physical page (grey: free)")
+    fig.tight_layout()
+    return fig
+
+
+SLOT_STATUS = ("untouched", "written, as the spec", "written, bytes differ", "should be untouched, changed")
+_SLOT_COLORS = ("#eeeeee", "#8fc98f", "#f0a040", "#d62728")
+
+
+def draw_byte_differences(
+    byte_diffs: torch.Tensor,
+    slot_status: torch.Tensor,
+    *,
+    layout: CacheLayout | None = None,
+    entry_label: str = "",
+    block_size: int | None = None,
+    title: str = "",
+) -> Figure:
+    """Where a written cache differs from the spec's: per byte of the record, and per slot.
+
+    Top: the token record (:func:`draw_byte_layout`'s diagram of ``layout``, or one block labelled ``entry_label``
+    for a plain cache). Middle: for each byte offset, how many written records differ there from the spec's record
+    (fp8 value bytes may differ by one step at a tie and still pass; scale, RoPE and pad bytes may not). Bottom:
+    every slot of the cache, one row per page block of ``block_size`` slots, coloured by :data:`SLOT_STATUS`.
+
+    Args:
+        byte_diffs: ``[token_bytes]`` int, the count of written records whose byte differs.
+        slot_status: ``[num_slots]`` int in ``0..3``, an index into :data:`SLOT_STATUS`.
+        layout: the record layout, or None for a plain (``kv_cache_dtype="auto"``) cache.
+        entry_label: the plain cache's record label (``"entry: 576 x bf16"``).
+        block_size: slots per page block (rows of the bottom panel); None draws one row.
+        title: the figure's title (the case id).
+    """
+    diffs = torch.as_tensor(byte_diffs).to(torch.int64).cpu()
+    status = torch.as_tensor(slot_status).to(torch.int64).cpu()
+    token_bytes = diffs.numel()
+    if layout is not None and layout.token_bytes != token_bytes:
+        raise ValueError(f"byte_diffs must have {layout.token_bytes} entries ({layout.name}), got {token_bytes}")
+    if status.dim() != 1 or bool(((status < 0) | (status > 3)).any()):
+        raise ValueError("slot_status must be a 1-D tensor of codes 0..3 (SLOT_STATUS)")
+    per_row = block_size or max(status.numel(), 1)
+    rows = -(-status.numel() // per_row)
+    grid = torch.full((rows * per_row,), -1, dtype=torch.int64)
+    grid[: status.numel()] = status
+    fig, (rec, bars, slots) = plt.subplots(3, 1, figsize=(11, 4.6 + min(4.0, 0.18 * rows)),
+                                           gridspec_kw={"height_ratios": [1.3, 1.2, max(1.0, min(4.0, rows / 4))]})
+    if layout is not None:
+        _draw_record(rec, layout)
+    else:
+        rec.add_patch(Rectangle((0, 0), token_bytes, 1, facecolor=_DTYPE_COLORS["bf16"], edgecolor="black"))
+        rec.text(token_bytes / 2, 0.5, entry_label, ha="center", va="center", fontsize=8, color="white")
+        rec.set_xlim(0, token_bytes)
+        rec.set_ylim(0, 1.6)
+        rec.set_yticks([])
+        rec.set_title(f"plain cache: {token_bytes} bytes per token", fontsize=10)
+    rec.set_xlabel("")
+    bars.bar(torch.arange(token_bytes).numpy() + 0.5, diffs.numpy(), width=1.0, color="#d62728")
+    bars.set_xlim(0, token_bytes)
+    bars.set_ylabel("records", fontsize=8)
+    bars.set_xlabel("byte offset in the token record", fontsize=8)
+    bars.set_title(f"written records that differ from the spec's, per byte ({int((diffs > 0).sum())} of "
+                   f"{token_bytes} offsets)", fontsize=9)  # fmt: skip
+    cmap = ListedColormap(["white", *_SLOT_COLORS])
+    slots.imshow(grid.reshape(rows, per_row).numpy() + 1, cmap=cmap, vmin=0, vmax=4, aspect="auto",
+                 interpolation="nearest")  # fmt: skip
+    slots.set_xlabel("slot within its page block" if block_size else "slot", fontsize=8)
+    slots.set_ylabel("page block" if block_size else "", fontsize=8)
+    if not block_size:
+        slots.set_yticks([])
+    counts = [int((status == i).sum()) for i in range(4)]
+    slots.legend([Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="black") for c in _SLOT_COLORS],
+                 [f"{s} ({n})" for s, n in zip(SLOT_STATUS, counts)], loc="upper center", bbox_to_anchor=(0.5, -0.6),
+                 ncol=4, fontsize=8, frameon=False)  # fmt: skip
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -14,7 +14,7 @@ from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from mlaspec.spec.batch import CommonAttentionMetadata, split_decodes_and_prefills  # noqa: E402
 from mlaspec.spec.chunked_context import ChunkPlan  # noqa: E402
 
-__all__ = ["draw_batch", "draw_chunk_schedule", "draw_merge_weights"]
+__all__ = ["draw_batch", "draw_chunk_schedule", "draw_chunk_schedule_failures", "draw_merge_weights"]
 
 CONTEXT = "#c9c9c9"
 DECODE = "#3a7dc9"
@@ -165,5 +165,44 @@ def draw_merge_weights(lses: dict[str, float], *, title: str | None = None) -> F
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("weight in the merged output")
     ax.set_title(title or f"merge weights (total lse = {float(total):.2f})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_chunk_schedule_failures(plan: ChunkPlan, request_errors, *, title: str | None = None) -> Figure:
+    """:func:`draw_chunk_schedule` of a failing case, each request's worst ``|error| / bound`` written at the end
+    of its row and the failing requests (above 1, NaN or inf) outlined red, in both panels.
+
+    Args:
+        plan: the case's chunk plan (one row per prefill, in batch order).
+        request_errors: ``[B_p]`` float, the worst ``|error| / bound`` over each request's new tokens and heads.
+        title: the figure's title.
+    """
+    errors = [float(e) for e in (request_errors.tolist() if isinstance(request_errors, torch.Tensor)
+                                 else request_errors)]  # fmt: skip
+    if len(errors) != plan.num_prefills:
+        raise ValueError(f"request_errors must have one entry per prefill ({plan.num_prefills}), got {len(errors)}")
+    failing = [r for r, e in enumerate(errors) if not e <= 1.0]
+    fig = draw_chunk_schedule(plan, title=title)
+    top, bottom = fig.axes[0], fig.axes[1]
+    b, n = plan.num_prefills, plan.num_chunks
+    x_max = top.get_xlim()[1]
+    for r, e in enumerate(errors):
+        y = b - 1 - r
+        bad = r in failing
+        top.text(x_max * 0.995, y + 0.5, f"{e:.3g}" if e == e and abs(e) != float("inf") else "NaN/inf",
+                 ha="right", va="center", fontsize=8, color="#d62728" if bad else "#555555",
+                 fontweight="bold" if bad else "normal")  # fmt: skip
+        if bad:
+            top.add_patch(Rectangle((0, y + 0.02), x_max, 0.96, fill=False, edgecolor="#d62728", linewidth=1.8))
+            for i in range(n):
+                lo, hi = int(plan.cu_seq_lens[i, r]), int(plan.cu_seq_lens[i, r + 1])
+                if hi > lo:
+                    bottom.add_patch(Rectangle((lo, n - 1 - i + 0.1), hi - lo, 0.8, fill=False, edgecolor="#d62728",
+                                               linewidth=1.8))  # fmt: skip
+    for r in failing:
+        top.get_yticklabels()[r].set_color("#d62728")
+    top.set_title(f"{title or 'chunk schedule'}\nred: {len(failing)} of {b} requests fail (worst |error| / bound at "
+                  f"the right)", fontsize=10)  # fmt: skip
     fig.tight_layout()
     return fig
