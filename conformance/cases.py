@@ -49,6 +49,19 @@ def _cases(scale: str) -> list[tuple[str, str, dict]]:
         ("mla_decode", "mtp2", dict(B=2, S_q=2, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True)),
         ("mla_decode", "mtp4", dict(B=1, S_q=4, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True)),
         ("mla_decode", "length-1", dict(B=3, S_q=1, S_kv=1, H_q=16, D_qk=576, D_v=512, causal=True)),
+        # absorbed decode over an fp8 cache: vLLM's per-tensor e4m3 cache (FlashMLA's dense fp8 kernel), and the
+        # 656-byte fp8_ds_mla records (sparse kernels only); q e4m3-representable, scales not powers of two
+        ("mla_decode_fp8", "v3-tp8-per-tensor", dict(B=4 if full else 2, S_q=1, S_kv=ctx, H_q=16, D_qk=576, D_v=512,
+                                                    causal=True, layout="fp8_e4m3_per_tensor", k_scale=0.046875,
+                                                    q_scale=0.15625)),  # fmt: skip
+        ("mla_decode_fp8", "v3-tp1-per-tensor", dict(B=2, S_q=1, S_kv=ctx, H_q=128 if full else 32, D_qk=576,
+                                                    D_v=512, causal=True, layout="fp8_e4m3_per_tensor",
+                                                    k_scale=0.046875, q_scale=0.15625)),  # fmt: skip
+        ("mla_decode_fp8", "mtp2-per-tensor", dict(B=2, S_q=2, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True,
+                                                  layout="fp8_e4m3_per_tensor", k_scale=0.046875,
+                                                  q_scale=0.15625)),  # fmt: skip
+        ("mla_decode_fp8", "v32-656-dense", dict(B=2, S_q=1, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True,
+                                                layout="fp8_ds_mla_v32", q_scale=0.15625)),  # fmt: skip
         # compute-friendly prefill: qk 192 / v 128 per head over a 512 latent
         ("mla_prefill", "v3-tp8-chunk", dict(B=1, S_q=7 if not full else 512, S_kv=(7 if not full else 512) + ctx,
                                              H_q=16, Lkv=512, P=128, R=64, V=128, causal=True)),  # fmt: skip
@@ -120,6 +133,9 @@ def _cases(scale: str) -> list[tuple[str, str, dict]]:
          dict(P=16, decode_threshold=4, requests=reordered, require_uniform=True)),
         ("split_decodes_and_prefills", "mtp2-uniform-cudagraph-pad",
          dict(P=16, decode_threshold=2, requests=[[5, 2, None], [7, 2, None], [9, 0, None]], require_uniform=True)),
+        ("split_decodes_and_prefills", "uniform-padding-row-before-prefill",  # vLLM 0.33: q = 0 is never a prefill
+         dict(P=16, decode_threshold=1, requests=[[30, 1, None], [15, 0, None], [7, 1, None], [0, 2, None]],
+              require_uniform=True)),
         ("reorder_batch_to_split_decodes_and_prefills", "mtp4-mixed-4-regions",
          dict(requests=mixed, decode_threshold=4, regions=4)),
         ("reorder_batch_to_split_decodes_and_prefills", "mtp4-mixed-2-regions",

@@ -324,16 +324,22 @@ def split_decodes_and_prefills(
     Math (``q = query_lens``, ``B`` requests, ``T`` tokens)::
 
         is_prefill[b] = q[b] > decode_threshold                       (default)
-                      = q[b] != q[0]            if require_uniform     (decodes must share one length)
+                      = q[b] != q[0] and q[b] != 0   if require_uniform   (decodes share one length;
+                                                                          0 is CUDA-graph padding)
                       |= is_prefilling[b]       if not treat_short_extends_as_decodes
         num_decodes   = first b with is_prefill[b]      (B if none; 0 if q[0] > decode_threshold)
         num_decode_tokens = query_start_loc[num_decodes]
 
+    With ``require_uniform`` and ``treat_short_extends_as_decodes``, a batch whose every query has length ``q[0]``
+    or 0 is all decodes. (Both the ``q[b] != 0`` term and the ``treat_short_extends_as_decodes`` condition of that
+    shortcut are vLLM 0.33's; an earlier reading of the source left them out, so a padding row ``q = 0`` *before*
+    the first longer query counted as the first prefill. The ``vllm`` conformance backend, which runs 0.33's own
+    function, found it.)
+
     Everything after the first prefill counts as a prefill, including a short first chunk (``q <= threshold``,
     no context), which the 0.33 reorder places in its last region.
 
-    A decode may have several query tokens (``1 < q <= decode_threshold``: MTP / speculative decoding). With
-    ``require_uniform`` a batch where every query has length ``q[0]`` or 0 (CUDA-graph padding) is all decodes.
+    A decode may have several query tokens (``1 < q <= decode_threshold``: MTP / speculative decoding).
 
     Args:
         metadata: the batch, already reordered decodes first.
@@ -374,9 +380,9 @@ def split_decodes_and_prefills(
     if int(q[0]) > decode_threshold:
         return SplitCounts(0, b, 0, t)
     if require_uniform:
-        if bool(((q == q[0]) | (q == 0)).all()):
+        if treat_short_extends_as_decodes and bool(((q == q[0]) | (q == 0)).all()):
             return SplitCounts(b, 0, t, 0)
-        is_prefill = q != q[0]
+        is_prefill = (q != q[0]) & (q != 0)  # a padding row (q = 0) is never the first prefill
     else:
         is_prefill = q > decode_threshold
     if not treat_short_extends_as_decodes:

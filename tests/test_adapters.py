@@ -4,13 +4,17 @@ translations agree with the spec, torch_sdpa passes the dense cases, and the mat
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import io
 import json
 import math
+import os
 from contextlib import redirect_stdout
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mlaspec.conformance import backend as backend_mod
 from mlaspec.conformance.backends.common import (
@@ -24,15 +28,18 @@ from mlaspec.conformance.backends.common import (
 from mlaspec.conformance.backends.deepgemm import absolute_from_kernel, expand_context_lens, mask_paged_tail
 from mlaspec.conformance.backends.flashinfer import page_table_csr
 from mlaspec.conformance.backends.flashmla import quantize_sparse_cache, v4_indices
+from mlaspec.conformance.backends.torch_fp8 import TorchFP8, decode_records
 from mlaspec.conformance.backends.vllm import num_kv_splits
 from mlaspec.conformance.cases import curated_cases
 from mlaspec.conformance.cli import main
 from mlaspec.conformance.matrix import KNOWN_BACKENDS, run_matrix, write_matrix
 from mlaspec.conformance.runner import run_case
 from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec.attention import causal_mask
+from mlaspec.spec.batch import Request
 from mlaspec.spec.indexer import absolute_to_compressed, indexer_logits
 
-ADAPTERS = ["flashmla", "deepgemm", "flashinfer", "torch_sdpa", "vllm", "common"]
+ADAPTERS = ["flashmla", "deepgemm", "flashinfer", "torch_sdpa", "vllm", "common", "torch_fp8"]
 KERNEL_BACKENDS = {
     "flashmla": "flash_mla not installed",
     "deepgemm": "deep_gemm not installed",
@@ -63,11 +70,14 @@ def test_kernel_backend_without_its_library_raises_with_the_reason(name):
     assert "vendor" in str(info.value)
 
 
-def test_vllm_backend_without_cuda_or_interpreter_raises(monkeypatch):
+def test_vllm_backend_without_cuda_interpreter_or_sources_raises(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
+    if not _absent("vllm.v1.attention.backends.utils"):
+        pytest.skip("vllm is installed here")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(RuntimeError, match="need CUDA"):
+    monkeypatch.delenv("MLASPEC_VLLM_WHEEL_DIR", raising=False)
+    with pytest.raises(RuntimeError, match="need CUDA.*metadata helpers not loaded.*MLASPEC_VLLM_WHEEL_DIR"):
         backend_mod.load_backend(KNOWN_BACKENDS["vllm"])
 
 
@@ -265,3 +275,161 @@ def test_matrix_merge_keeps_other_backends(tmp_path):
     data = json.loads((tmp_path / "matrix.json").read_text())
     assert list(data["backends"]) == ["spec", "torch"]
     assert "| merge_attn_states | tp8-bfloat16 | ✅ 0 | ✅" in (tmp_path / "matrix.md").read_text()
+
+
+# -- vllm's own metadata helpers on CPU (needs vLLM 0.33's utils.py + backend.py: skipped in CI) ----------------------
+def _vllm_033_source():
+    """A folder or wheel holding vLLM 0.33's ``utils.py`` and ``backend.py``, or None (CI fetches no 400 MB wheel)."""
+    from pathlib import Path
+
+    from mlaspec.conformance.backends.vllm import BACKEND, UTILS
+
+    env = os.environ.get("MLASPEC_VLLM_WHEEL_DIR")
+    repo = Path(__file__).resolve().parents[1] / ".vendor" / "vllm-py"
+    for folder in ([Path(env)] if env else []) + [repo]:
+        if (folder / UTILS).exists() and (folder / BACKEND).exists():
+            return folder
+    wheels = sorted((Path.home() / ".cache" / "mla-vendor").glob("vllm-0.33.0-*.whl"))
+    return wheels[0] if wheels else None
+
+
+VLLM_033 = _vllm_033_source()
+needs_vllm_033 = pytest.mark.skipif(VLLM_033 is None, reason="vLLM 0.33 sources not available (no .vendor/vllm-py, "
+                                    "no ~/.cache/mla-vendor wheel, no MLASPEC_VLLM_WHEEL_DIR)")  # fmt: skip
+METADATA_OPS = ("split_decodes_and_prefills", "reorder_batch_to_split_decodes_and_prefills",
+                "make_local_attention_virtual_batches")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vllm_cpu():
+    from mlaspec.conformance.backends.vllm import VLLMBackend
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLASPEC_VLLM_WHEEL_DIR", str(VLLM_033))
+        mp.delenv("TRITON_INTERPRET", raising=False)  # metadata only: the kernels must not be needed
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present: the CPU-only path is what this tests")
+        return VLLMBackend()
+
+
+@needs_vllm_033
+def test_vllm_metadata_helpers_load_without_leaving_a_fake_vllm(vllm_cpu):
+    import sys
+
+    if importlib.util.find_spec("vllm") is None:  # no real vllm: the stand-in package is gone after the load
+        assert not [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]
+    assert vllm_cpu.utils.CommonAttentionMetadata.__name__ == "CommonAttentionMetadata"
+    assert "metadata helpers from" in vllm_cpu.version
+
+
+@needs_vllm_033
+@pytest.mark.parametrize("case", curated_cases(dtypes=("bfloat16",), ops=METADATA_OPS), ids=lambda c: c.id)
+def test_vllm_metadata_helpers_pass_the_curated_cases_on_cpu(vllm_cpu, case):
+    r = run_case(vllm_cpu, case, backend_name="vllm")
+    if case.params.get("regions", 4) == 2:
+        assert r.verdict == "skip" and "four regions" in r.reason
+    else:
+        assert r.verdict == "pass", r.reason
+
+
+@needs_vllm_033
+def test_vllm_kernel_ops_are_declared_unsupported_on_cpu(vllm_cpu):
+    case = curated_cases(dtypes=("bfloat16",), ops=("mla_decode",))[0]
+    r = run_case(vllm_cpu, case, backend_name="vllm")
+    assert r.verdict == "skip" and "need CUDA" in r.reason
+
+
+_request = st.builds(lambda c, q, p, first: Request(0 if first else c, max(q, 1) if first else q, p),
+                     st.integers(1, 30), st.integers(0, 12), st.one_of(st.none(), st.integers(1, 40)),
+                     st.booleans())  # fmt: skip
+
+
+@needs_vllm_033
+@given(requests=st.lists(_request, min_size=1, max_size=7), threshold=st.integers(1, 4),
+       require_uniform=st.booleans(), short_as_decodes=st.booleans())  # fmt: skip
+def test_vllm_split_and_reorder_agree_with_the_spec(vllm_cpu, requests, threshold, require_uniform, short_as_decodes):
+    from mlaspec.spec.batch import build_metadata, reorder_batch_to_split_decodes_and_prefills as reorder
+    from mlaspec.spec.batch import split_decodes_and_prefills as split
+
+    r = reorder(requests, threshold, regions=4)
+    assert vllm_cpu.reorder_batch_to_split_decodes_and_prefills(requests, threshold) == (r.order, r.regions,
+                                                                                          r.modified)  # fmt: skip
+    m = build_metadata(list(r.requests), block_size=4)
+    got = vllm_cpu.split_decodes_and_prefills(m, threshold, require_uniform, short_as_decodes)
+    assert got == tuple(split(m, threshold, require_uniform, short_as_decodes))
+
+
+@needs_vllm_033
+@given(requests=st.lists(_request, min_size=1, max_size=5), chunk=st.sampled_from([2, 4, 8]))
+def test_vllm_local_virtual_batches_agree_with_the_spec(vllm_cpu, requests, chunk):
+    from mlaspec.spec.batch import build_metadata, make_local_attention_virtual_batches
+
+    requests = [Request(r.context_len, max(r.new_tokens, 1), r.prompt_len) for r in requests]  # q > 0 required
+    m = build_metadata(requests, block_size=2)
+    ref = make_local_attention_virtual_batches(chunk, m)
+    got = vllm_cpu.make_local_attention_virtual_batches(chunk, m)
+    names = ("seqlens_q_local", "cu_seqlens_q_local", "seqlens_k_local", "block_table_local", "k_seqstarts_absolute")
+    for name, g in zip(names, got):
+        assert torch.equal(g.long(), getattr(ref, name).long()), name
+
+
+# -- mla_decode_fp8: the op, its budget, the torch fp8 mixin ---------------------------------------------------------
+FP8_CASES = curated_cases(dtypes=("bfloat16", "float16"), ops=("mla_decode_fp8",))
+
+
+class _TorchFP8(TorchFP8):
+    name, version, device = "torch_fp8", "test", torch.device("cpu")
+    ops, dtypes = frozenset({"mla_decode_fp8"}), frozenset({"bfloat16", "float16", "float32"})
+
+
+class _PInE4M3(_TorchFP8):
+    """A kernel that feeds e4m3 weights to P @ V (what an fp8 tensor-core kernel must do): inside the budget."""
+
+    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
+        kv = decode_records(kv_cache, layout, k_scale)
+        s = torch.einsum("bqhd,bkd->bhqk", q.float(), kv) * scale
+        if causal:
+            s = s.masked_fill(~causal_mask(q.shape[1], kv.shape[1]), -math.inf)
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        ell = p.sum(-1)
+        out = torch.einsum("bhqk,bkd->bqhd", p.to(torch.float8_e4m3fn).float(), kv[..., :d_v])
+        return (out / ell.transpose(1, 2)[..., None]).to(q.dtype), torch.log(ell) + m[..., 0]
+
+
+class _DropsKScale(_TorchFP8):
+    def mla_decode_fp8(self, q, kv_cache, **kw):
+        return super().mla_decode_fp8(q, kv_cache, **{**kw, "k_scale": 1.0})
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: c.id)
+def test_torch_fp8_and_an_e4m3_weight_kernel_pass_mla_decode_fp8(case):
+    from mlaspec.conformance.backends.reference import SpecBackend
+
+    assert run_case(SpecBackend(), case, backend_name="spec").verdict == "pass"
+    for backend in (_TorchFP8(), _PInE4M3()):
+        r = run_case(backend, case, backend_name=backend.name)
+        assert r.verdict == "pass", (type(backend).__name__, r.reason)
+
+
+def test_mla_decode_fp8_catches_a_dropped_k_scale():
+    for case in [c for c in FP8_CASES if c.params["layout"] == "fp8_e4m3_per_tensor"]:
+        r = run_case(_DropsKScale(), case, backend_name="drops")
+        assert r.verdict == "fail", case.id
+
+
+def test_fp8_inputs_are_exact_and_decode_like_the_spec():
+    from mlaspec.conformance.ops import OPS
+    from mlaspec.conformance.ops.fp8_decode import dequantized_entries, fp8_query
+
+    for case in FP8_CASES:
+        kw = OPS["mla_decode_fp8"].make_inputs(case)
+        q8 = (kw["q"].float() / kw["q_scale"]).to(torch.float8_e4m3fn).float() * kw["q_scale"]
+        assert torch.equal(q8.to(kw["q"].dtype), kw["q"])  # quantizing q to e4m3 loses nothing
+        ref = dequantized_entries(kw["kv_cache"], kw["layout"], kw["k_scale"])
+        assert torch.allclose(decode_records(kw["kv_cache"], kw["layout"], kw["k_scale"]).double(), ref,
+                              rtol=2**-23, atol=0)  # fmt: skip
+    with pytest.raises(ValueError, match="q_scale"):
+        fp8_query(torch.tensor([1.3, 2.7]), 0.1, torch.bfloat16)  # e4m3 * 0.1 needs more than bf16's 8 bits
+    with pytest.raises(ValueError, match="layout"):
+        decode_records(torch.zeros(1, 584, dtype=torch.uint8), "fp8_ds_mla_v4", None)

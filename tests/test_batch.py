@@ -319,3 +319,15 @@ def test_local_virtual_batches_bad_input():
     empty = build_metadata([Request(2, 0)], block_size=4)
     with pytest.raises(ValueError, match="at least one new token"):
         make_local_attention_virtual_batches(4, empty)
+
+
+def test_split_require_uniform_padding_rows_follow_vllm_033():
+    # vLLM 0.33: is_prefill = (q != q[0]) & (q != 0) -- a CUDA-graph padding row (q = 0) before the first longer
+    # query is not the first prefill (found by running 0.33's own split_decodes_and_prefills on random batches)
+    m = build_metadata([Request(30, 1), Request(15, 0), Request(7, 1), Request(0, 2)], block_size=4)
+    assert split_decodes_and_prefills(m, decode_threshold=1, require_uniform=True) == (3, 1, 2, 2)
+    # the uniform shortcut applies only when short extends count as decodes: otherwise is_prefilling decides
+    u = build_metadata([Request(5, 2), Request(3, 2, prompt_len=10), Request(9, 0)], block_size=4)
+    assert split_decodes_and_prefills(u, decode_threshold=2, require_uniform=True) == (3, 0, 4, 0)
+    assert split_decodes_and_prefills(u, decode_threshold=2, require_uniform=True,
+                                      treat_short_extends_as_decodes=False) == (1, 2, 2, 2)  # fmt: skip

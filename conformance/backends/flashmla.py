@@ -16,6 +16,17 @@ vLLM 0.33 wheel), else ``vllm.third_party.flashmla.flash_mla_interface``. Ops:
   spec's -- and refuses a cache the layout cannot hold exactly (so quantization error never poses as a kernel
   error). The cache is re-blocked into 64-token pages; global slot indices are unchanged by that.
 * ``sparse_prefill`` -> ``flash_mla_sparse_fwd`` (bf16 ``kv``, returns ``out, max_logits, lse``).
+* ``mla_decode_fp8`` -> ``torch.ops._flashmla_extension_C.fwd_kvcache_mla_fp8``, the kernel vLLM 0.33's FLASHMLA
+  backend calls for ``--kv-cache-dtype fp8`` / ``fp8_e4m3`` (``vllm/v1/attention/ops/flashmla.py``
+  ``flash_mla_with_kvcache_fp8``, from ``vllm/v1/attention/backends/mla/flashmla.py`` ``forward_mqa``). Not
+  ``flash_mla_with_kvcache``: its dense path never passes ``is_fp8_kvcache`` to ``dense_decode_fwd`` (the flag only
+  reaches the scheduler config and the sparse kernel). The cache is vLLM's per-tensor e4m3 cache (576 B per token,
+  paged 64 per block, NaN bytes ``0xFF`` in unused slots), viewed as ``float8_e4m3fn``; ``q`` is quantized to e4m3
+  with ``q_scale`` as vLLM's ``_DecodeConcatQuantFP8`` does (exact for the op's inputs); ``descale_q`` /
+  ``descale_k`` are ``[1]`` fp32; metadata from ``get_mla_decoding_metadata_dense_fp8(seqlens, S_q * H_q, 1)``.
+  SM90 only ("Dense FP8 MLA is only supported on SM90"), bf16 output only (the library instantiates
+  ``run_mha_fwd_splitkv_mla<float_e4m3_t, bfloat16_t, 576>``), the 656-byte ``fp8_ds_mla`` layout is not read
+  by it (vLLM maps fp8 caches to ``fp8_ds_mla`` only for ``FLASHMLA_SPARSE``).
 
 Translations that change nothing (each is what vLLM's ``flashmla_sparse.py`` does too, or exact by the spec):
 query heads are zero-padded to a count the kernel has (sparse decode 64/128; sparse prefill 8/16/32/64/128 on
@@ -91,7 +102,7 @@ class FlashMLABackend:
     """FlashMLA's dense decode, sparse decode (fp8 cache) and sparse prefill (see the module docstring)."""
 
     name = "flashmla"
-    ops = frozenset({"mla_decode", "sparse_decode", "sparse_prefill", "v4_attention"})
+    ops = frozenset({"mla_decode", "mla_decode_fp8", "sparse_decode", "sparse_prefill", "v4_attention"})
     dtypes = frozenset({"bfloat16", "float16"})
 
     def __init__(self, device: str | None = None):
@@ -111,6 +122,8 @@ class FlashMLABackend:
             return f"FlashMLA needs D_qk 576 or 512 (csrc/api: 'Only head_size_k == 576 or 512'), case has {d}"
         if d_v != 512:
             return f"FlashMLA needs d_v 512 ('Only head_size_v == 512'), case has {d_v}"
+        if case.op == "mla_decode_fp8":
+            return self._fp8_unsupported(case)
         if case.op == "mla_decode":
             if not self.sm90:
                 return "FlashMLA dense decode is SM90a only ('Dense decode MLA is only supported on SM90a')"
@@ -152,6 +165,42 @@ class FlashMLABackend:
             out, lse = fm.flash_mla_with_kvcache(q, cache, paged.block_table, paged.seqlens, d_v, meta, splits,
                                                  softmax_scale=scale, causal=causal)  # fmt: skip
         return out, lse  # [B, S_q, H, D_v], [B, H, S_q] natural log
+
+    # -- dense decode over vLLM's per-tensor fp8 cache -----------------------------------------------------------
+    def _fp8_ext(self):
+        """``torch.ops._flashmla_extension_C`` (imports ``vllm._flashmla_extension_C``), or ``ImportError``."""
+        import_first("vllm._flashmla_extension_C", what="vllm._flashmla_extension_C (FlashMLA dense fp8)")
+        return torch.ops._flashmla_extension_C
+
+    def _fp8_unsupported(self, case) -> str | None:
+        if not self.sm90:
+            return "FlashMLA dense fp8 decode is SM90 only ('Dense FP8 MLA is only supported on SM90')"
+        if case.params.get("layout") != "fp8_e4m3_per_tensor":
+            return (f"FlashMLA's dense fp8 kernel reads vLLM's per-tensor e4m3 cache (576 B/token), not "
+                    f"{case.params.get('layout')} (the 656-byte fp8_ds_mla cache goes to the sparse kernels only)")
+        if case.dtype != "bfloat16":
+            return (f"FlashMLA's dense fp8 kernel writes bf16 only (run_mha_fwd_splitkv_mla<float_e4m3_t, bfloat16_t, "
+                    f"576>), case dtype is {case.dtype}")  # fmt: skip
+        try:
+            self._fp8_ext()
+        except ImportError as exc:
+            return str(exc)
+        return None
+
+    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
+        if layout != "fp8_e4m3_per_tensor":
+            raise ValueError(f"layout must be fp8_e4m3_per_tensor for FlashMLA's dense fp8 kernel, got {layout!r}")
+        ext, dev = self._fp8_ext(), self.device
+        b, s_q, h, d = q.shape
+        paged = page_kv(kv_cache.to(dev), PAGE, seed=b * 7919 + kv_cache.shape[1], fill=0xFF)  # 0xFF: e4m3 NaN
+        cache = paged.cache.view(torch.float8_e4m3fn).unsqueeze(2)  # [num_blocks, 64, 1, 576]
+        q8 = (q.to(dev, torch.float32) / q_scale).to(torch.float8_e4m3fn).contiguous()  # exact for the op's q
+        descale_q = torch.tensor([q_scale], dtype=torch.float32, device=dev)
+        descale_k = torch.tensor([k_scale], dtype=torch.float32, device=dev)
+        meta, splits = ext.get_mla_decoding_metadata_dense_fp8(paged.seqlens, s_q * h, 1)
+        out, lse = ext.fwd_kvcache_mla_fp8(q8, cache, d_v, paged.seqlens, paged.block_table, scale, causal, meta,
+                                           splits, descale_q, descale_k)[:2]  # fmt: skip
+        return out, lse  # [B, S_q, H, D_v] bf16, [B, H, S_q] natural log
 
     # -- sparse decode -------------------------------------------------------------------------------------------
     def sparse_decode(self, q, kv_cache, indices, *, softmax_scale=None, head_dim_v=512, topk_length=None,

@@ -15,11 +15,12 @@ import torch
 from mlaspec.spec.attention import causal_mask
 
 from ..ops import OPS
+from .torch_fp8 import TorchFP8
 from .torch_serving import TorchServing
 from .torch_sparse import TorchSparse
 
 
-class TorchBackend(TorchServing, TorchSparse):
+class TorchBackend(TorchServing, TorchSparse, TorchFP8):
     name = "torch"
     version = f"torch {torch.__version__}"
     dtypes = frozenset({"bfloat16", "float16", "float32"})

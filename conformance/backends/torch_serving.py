@@ -282,10 +282,10 @@ class TorchServing:
             return b, 0, t, 0
         if int(q[0]) > decode_threshold:
             return 0, b, 0, t
-        if require_uniform:
-            if bool(((q == q[0]) | (q == 0)).all()):
+        if require_uniform:  # vLLM 0.33: the shortcut needs treat_short_extends_as_decodes; q = 0 is padding
+            if treat_short_extends_as_decodes and bool(((q == q[0]) | (q == 0)).all()):
                 return b, 0, t, 0
-            prefill = q != q[0]
+            prefill = (q != q[0]) & (q != 0)
         else:
             prefill = q > decode_threshold
         if not treat_short_extends_as_decodes:

@@ -23,13 +23,37 @@ Ops:
   is rounded to 8 bits; the adapter does the same by default (what vLLM returns for DCP merges) and
   ``MLASPEC_VLLM_LSE_FP32=1`` gives the kernel an fp32 buffer instead.
 
-Runs on CUDA, or on CPU under the Triton interpreter (``TRITON_INTERPRET=1``, tiny cases only).
-The metadata helpers of ``vllm/v1/attention/backends/utils.py`` need vLLM's dataclasses and are not wired here.
+* ``split_decodes_and_prefills``, ``reorder_batch_to_split_decodes_and_prefills``,
+  ``make_local_attention_virtual_batches`` -> vLLM 0.33's own functions of the same names in
+  ``vllm/v1/attention/backends/utils.py``. That file imports half of vLLM (config, logger, distributed, Triton), but
+  the three functions use only numpy, torch, ``cdiv``, ``async_tensor_h2d``, ``gpu_sync_allowed`` and the
+  ``CommonAttentionMetadata`` dataclass. So :func:`load_vllm_utils` executes ``utils.py`` -- and
+  ``vllm/v1/attention/backend.py``, which defines the real ``CommonAttentionMetadata`` -- under a *fake* ``vllm``
+  package that exists only during the load: every other ``vllm.*`` module is a stand-in whose every name is an inert
+  placeholder, except those one-line helpers (``cdiv(a, b) = -(a // -b)``, ``async_tensor_h2d`` as a plain copy
+  to the device, ``gpu_sync_allowed`` a no-op context, as in ``vllm/utils/{math,torch}_utils.py`` and
+  ``gpu_sync_debug.py``). The spec's metadata is translated into vLLM's dataclass field by field
+  (:func:`to_vllm_metadata`); the reorder runs on a stand-in ``InputBatch`` / ``SchedulerOutput`` that records
+  ``swap_states``. These run on CPU: no CUDA and no Triton are needed.
+
+  Outputs vLLM does not return are reconstructed from what it does, and say so: the reorder's ``order`` is the
+  stand-in batch's request ids after vLLM's swaps, its ``regions`` are the spec's labels of that order (so a
+  classification that differs from the spec's shows as a non-sorted or mismatching row), ``modified`` is vLLM's
+  return value; the local batches' ``k_seqstarts_absolute`` (internal to vLLM) is recovered from the returned
+  ``query_start_loc_cpu`` and ``seq_lens`` (``k_start = q_first + seqlens_q - seqlens_k``). vLLM 0.33 has only the
+  four-region reorder, so the seed's two-region cases are skipped.
+
+The Triton ops run on CUDA, or on CPU under the Triton interpreter (``TRITON_INTERPRET=1``, tiny cases only); the
+metadata ops run anywhere. The backend is usable when either group is; :meth:`VLLMBackend.unsupported` names the
+missing piece per op.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -38,43 +62,56 @@ import types
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from mlaspec.spec.batch import CommonAttentionMetadata as SpecMetadata
+from mlaspec.spec.batch import Request, request_region
 
 from .common import page_kv
 
-__all__ = ["VLLMBackend", "load_vllm_file", "find_vllm_source"]
+__all__ = ["VLLMBackend", "load_vllm_file", "load_vllm_utils", "find_vllm_source", "to_vllm_metadata"]
 
 OPS_DIR = "vllm/v1/attention/ops"
 FILES = ("triton_merge_attn_states.py", "triton_decode_attention.py")
+UTILS = "vllm/v1/attention/backends/utils.py"
+BACKEND = "vllm/v1/attention/backend.py"  # defines CommonAttentionMetadata
+SOURCES = (*(f"{OPS_DIR}/{f}" for f in FILES), UTILS, BACKEND)
+KERNEL_OPS = frozenset({"merge_attn_states", "mla_decode"})
+METADATA_OPS = frozenset({"split_decodes_and_prefills", "reorder_batch_to_split_decodes_and_prefills",
+                          "make_local_attention_virtual_batches"})  # fmt: skip
 _MIN_WORK_PER_SPLIT = 512  # vllm/v1/attention/backends/mla/triton_mla.py
 _SPLIT_OCCUPANCY_MULTIPLIER = 2
 
 
 def find_vllm_source() -> Path:
-    """The folder that holds ``vllm/v1/attention/ops/`` (see the module docstring), or ``ImportError``."""
+    """The folder that holds ``vllm/v1/attention/{ops,backends}/`` (see the module docstring), or ``ImportError``."""
     try:
         spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):
         spec = None
     for root in list(spec.submodule_search_locations or []) if spec else []:
-        if (Path(root) / "v1/attention/ops" / FILES[0]).exists():
+        if any((Path(root).parent / f).exists() for f in SOURCES):
             return Path(root).parent
     given = os.environ.get("MLASPEC_VLLM_WHEEL_DIR")
     if not given:
         raise ImportError(
-            "vllm's Triton files not found: no importable vllm with vllm/v1/attention/ops, and MLASPEC_VLLM_WHEEL_DIR "
+            "vllm's source files not found: no importable vllm with vllm/v1/attention, and MLASPEC_VLLM_WHEEL_DIR "
             "is not set (point it at an unzipped vllm 0.33 wheel, at the .whl, or at a folder holding it)"
         )
     path = Path(given)
-    if (path / OPS_DIR / FILES[0]).exists():
+    if any((path / f).exists() for f in SOURCES):
         return path
     wheels = [path] if path.suffix == ".whl" else sorted(path.glob("vllm-*.whl")) if path.is_dir() else []
     if not wheels:
-        raise ImportError(f"MLASPEC_VLLM_WHEEL_DIR={given} holds neither {OPS_DIR}/{FILES[0]} nor a vllm-*.whl")
+        names = ", ".join(SOURCES)
+        raise ImportError(f"MLASPEC_VLLM_WHEEL_DIR={given} holds neither vLLM's sources ({names}) nor a vllm-*.whl")
     out = Path(tempfile.mkdtemp(prefix="mlaspec-vllm-"))
     with zipfile.ZipFile(wheels[0]) as z:
-        for f in FILES:
-            z.extract(f"{OPS_DIR}/{f}", out)
+        names = set(z.namelist())
+        for f in SOURCES:
+            if f in names:
+                z.extract(f, out)
     return out
 
 
@@ -135,6 +172,158 @@ def _importable(name: str) -> bool:
         return False
 
 
+# -- a fake vllm package, for loading utils.py without vLLM's dependencies -------------------------------------------
+class _PlaceholderMeta(type):
+    def __getattr__(cls, name):  # KVCacheLayout.LBNHC and the like, read at import time
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder()
+
+    def __getitem__(cls, item):  # Generic[...] subscripts
+        return cls
+
+    def __or__(cls, other):  # ``X | None`` annotations
+        return cls
+
+    __ror__ = __or__
+
+
+class _Placeholder(metaclass=_PlaceholderMeta):
+    """Any name of a stand-in module: a class that accepts any call, attribute, subscript or base-class use."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):  # decorators with arguments (``@triton.jit(...)``), loggers
+        return self
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder()
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cls = type(name, (_Placeholder,), {"__module__": self.__name__})
+        setattr(self, name, cls)
+        return cls
+
+
+def _h2d(data, device=None, dtype=None, out=None):
+    """``vllm/utils/torch_utils.py`` ``async_tensor_h2d`` without pinned memory: a copy to ``device``."""
+    t = torch.from_numpy(data) if isinstance(data, np.ndarray) else torch.as_tensor(data, dtype=dtype)
+    if out is not None:
+        return out.copy_(t)
+    return t.to(device)
+
+
+_HELPERS = {  # the only vLLM names the three metadata functions call, as vLLM 0.33 defines them
+    "vllm.utils.math_utils": {"cdiv": lambda a, b: -(a // -b), "round_down": lambda a, b: a // b * b},
+    "vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": lambda first_only=False: contextlib.nullcontext()},
+    "vllm.utils.torch_utils": {"PIN_MEMORY": False, "async_tensor_h2d": _h2d},
+}
+
+
+class _FakeVLLM(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds every ``vllm.*`` module: the given source files as themselves, everything else as a stand-in."""
+
+    def __init__(self, files: dict[str, Path]):
+        self.files = files
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "vllm" and not name.startswith("vllm."):
+            return None
+        if name in self.files:
+            return importlib.util.spec_from_file_location(name, self.files[name])
+        return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec):
+        module = _StandInModule(spec.name)
+        module.__path__ = []
+        for k, v in _HELPERS.get(spec.name, {}).items():
+            setattr(module, k, v)
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def load_vllm_utils(root: Path) -> types.ModuleType:
+    """``vllm/v1/attention/backends/utils.py`` from ``root``, executed under a fake ``vllm`` package.
+
+    The fake package is on ``sys.meta_path`` and in ``sys.modules`` only during the load (any ``vllm`` modules
+    already imported are restored afterwards). ``CommonAttentionMetadata`` is the real dataclass, from
+    ``backend.py`` executed the same way. ``ImportError`` if either file is missing.
+    """
+    root = Path(root)
+    for f in (UTILS, BACKEND):
+        if not (root / f).exists():
+            raise ImportError(f"{root} has no {f} (unzip it from the vllm 0.33 wheel)")
+    files = {"vllm.v1.attention.backends.utils": root / UTILS, "vllm.v1.attention.backend": root / BACKEND}
+    is_vllm = lambda k: k == "vllm" or k.startswith("vllm.")  # noqa: E731
+    saved = {k: m for k, m in sys.modules.items() if is_vllm(k)}
+    for k in saved:
+        del sys.modules[k]
+    finder = _FakeVLLM(files)
+    sys.meta_path.insert(0, finder)
+    try:
+        module = importlib.import_module("vllm.v1.attention.backends.utils")
+    finally:
+        sys.meta_path.remove(finder)
+        for k in [k for k in sys.modules if is_vllm(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+    return module
+
+
+def to_vllm_metadata(utils: types.ModuleType, m: SpecMetadata):
+    """The spec's :class:`~mlaspec.spec.batch.CommonAttentionMetadata` as vLLM 0.33's dataclass of that name.
+
+    Field by field (``vllm/v1/attention/backend.py``): ``query_start_loc`` (and its ``_cpu`` copy) int32,
+    ``seq_lens`` int32 (also as ``seq_lens_cpu_upper_bound``, exact outside async speculative decoding),
+    ``block_table_tensor`` int32, ``slot_mapping`` int64, ``is_prefilling`` bool, the scalars
+    ``num_reqs``, ``num_actual_tokens``, ``max_query_len``, ``max_seq_len``, ``causal=True``.
+    """
+    qsl = m.query_start_loc.to(torch.int32)
+    seq_lens = m.seq_lens.to(torch.int32)
+    return utils.CommonAttentionMetadata(
+        query_start_loc=qsl.clone(),
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=seq_lens.clone(),
+        num_reqs=m.num_reqs,
+        num_actual_tokens=m.num_actual_tokens,
+        max_query_len=m.max_query_len,
+        max_seq_len=m.max_seq_len,
+        block_table_tensor=m.block_table.to(torch.int32).clone(),
+        slot_mapping=m.slot_mapping.to(torch.int64).clone(),
+        causal=True,
+        is_prefilling=m.is_prefilling.to(torch.bool).clone(),
+        seq_lens_cpu_upper_bound=seq_lens.clone(),
+    )
+
+
+class _InputBatch:
+    """The three arrays and ``swap_states`` that vLLM's reorder reads from ``gpu_input_batch.InputBatch``."""
+
+    def __init__(self, requests: list[Request]):
+        self.req_ids = [str(i) for i in range(len(requests))]
+        self.num_computed_tokens_cpu = np.array([r.context_len for r in requests], dtype=np.int32)
+        # prompt_len None: the prompt is consumed once there is context (the spec's rule); any value <= context
+        self.num_prompt_tokens = np.array(
+            [r.prompt_len if r.prompt_len is not None else max(r.context_len, 1) for r in requests], dtype=np.int32
+        )
+        self.swaps: list[tuple[int, int]] = []
+
+    def swap_states(self, i: int, j: int) -> None:
+        self.req_ids[i], self.req_ids[j] = self.req_ids[j], self.req_ids[i]
+        for a in (self.num_computed_tokens_cpu, self.num_prompt_tokens):
+            a[[i, j]] = a[[j, i]]
+        self.swaps.append((i, j))
+
+
 def num_kv_splits(max_seq_len: int, sm_count: int) -> int:
     """``min(next_pow2(max(1, max_seq_len // 512)), 2 * SMs)`` (``triton_mla.py`` ``_compute_num_kv_splits``)."""
     ideal = 1 << (max(1, max_seq_len // _MIN_WORK_PER_SPLIT) - 1).bit_length()
@@ -142,39 +331,81 @@ def num_kv_splits(max_seq_len: int, sm_count: int) -> int:
 
 
 class VLLMBackend:
-    """vLLM 0.33's Triton ``merge_attn_states`` and Triton MLA decode (see the module docstring)."""
+    """vLLM 0.33's Triton kernels and batch-metadata helpers (see the module docstring)."""
 
     name = "vllm"
-    ops = frozenset({"merge_attn_states", "mla_decode"})
+    ops = KERNEL_OPS | METADATA_OPS
     dtypes = frozenset({"bfloat16", "float16", "float32"})
 
     def __init__(self, device: str | None = None):
         interpret = os.environ.get("TRITON_INTERPRET") == "1"
+        self.kernel_reason: str | None = None
+        self.metadata_reason: str | None = None
         if device:
             self.device = torch.device(device)
         elif torch.cuda.is_available():
             self.device = torch.device(os.environ.get("MLASPEC_DEVICE", "cuda"))
-        elif interpret:
-            self.device = torch.device("cpu")
         else:
-            raise RuntimeError("vllm's Triton kernels need CUDA (or TRITON_INTERPRET=1 for tiny CPU runs)")
+            self.device = torch.device("cpu")
+            if not interpret:
+                self.kernel_reason = "vllm's Triton kernels need CUDA (or TRITON_INTERPRET=1 for tiny CPU runs)"
+        where = []
+        try:  # an installed vLLM first
+            self.utils = importlib.import_module("vllm.v1.attention.backends.utils")
+            where.append("metadata helpers from installed vllm")
+        except Exception:  # noqa: BLE001
+            self.utils = None
+        root = None
+        try:
+            root = find_vllm_source()
+        except ImportError as exc:
+            source_error = str(exc)
+        if self.utils is None:
+            try:
+                if root is None:
+                    raise ImportError(source_error)
+                self.utils = load_vllm_utils(root)
+                where.append(f"metadata helpers from {root}/{UTILS}")
+            except Exception as exc:  # noqa: BLE001
+                self.metadata_reason = f"vLLM's metadata helpers not loaded: {type(exc).__name__}: {exc}"
+        if self.kernel_reason is None:
+            self.kernel_reason = self._load_kernels(root, where)
+        if self.kernel_reason and self.metadata_reason:
+            raise RuntimeError(f"{self.kernel_reason}; {self.metadata_reason}")
+        self.lse_fp32 = os.environ.get("MLASPEC_VLLM_LSE_FP32") == "1"
+        self.page = int(os.environ.get("MLASPEC_VLLM_PAGE", "64"))
+        self.version = "vllm " + ", ".join(where) + (" (fp32 LSE)" if self.lse_fp32 else "")
+
+    def _load_kernels(self, root: Path | None, where: list[str]) -> str | None:
         try:
             import triton  # noqa: F401
         except ImportError as exc:
-            raise ImportError(f"triton not installed: {exc}") from exc
-        try:  # an installed vLLM first
+            return f"triton not installed: {exc}"
+        try:
             self.merge_mod = importlib.import_module("vllm.v1.attention.ops.triton_merge_attn_states")
             self.decode_mod = importlib.import_module("vllm.v1.attention.ops.triton_decode_attention")
-            where = "installed vllm"
+            where.append("Triton kernels from installed vllm")
+            return None
         except Exception:  # noqa: BLE001
-            root = find_vllm_source()
-            self.merge_mod = load_vllm_file(root, f"{OPS_DIR}/{FILES[0]}")
-            self.decode_mod = load_vllm_file(root, f"{OPS_DIR}/{FILES[1]}")
-            where = str(root)
-        self.lse_fp32 = os.environ.get("MLASPEC_VLLM_LSE_FP32") == "1"
-        self.page = int(os.environ.get("MLASPEC_VLLM_PAGE", "64"))
-        self.version = f"vllm Triton kernels from {where}" + (" (fp32 LSE)" if self.lse_fp32 else "")
+            pass
+        if root is None or not all((root / OPS_DIR / f).exists() for f in FILES):
+            return f"vllm's Triton files ({OPS_DIR}/{', '.join(FILES)}) not found"
+        self.merge_mod = load_vllm_file(root, f"{OPS_DIR}/{FILES[0]}")
+        self.decode_mod = load_vllm_file(root, f"{OPS_DIR}/{FILES[1]}")
+        where.append(f"Triton kernels from {root}")
+        return None
 
+    def unsupported(self, case) -> str | None:
+        if case.op in KERNEL_OPS:
+            return self.kernel_reason
+        if case.op in METADATA_OPS and self.metadata_reason:
+            return self.metadata_reason
+        if case.op == "reorder_batch_to_split_decodes_and_prefills" and case.params.get("regions", 4) != 4:
+            return ("vLLM 0.33's reorder has four regions (decode / short extend / long extend / prefill); "
+                    "regions=2 is the seed's version")  # fmt: skip
+        return None
+
+    # -- Triton kernels ------------------------------------------------------------------------------------------
     def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
         dev = self.device
         p_out, s_out = prefix_output.to(dev).contiguous(), suffix_output.to(dev).contiguous()
@@ -210,3 +441,36 @@ class VLLMBackend:
         )  # fmt: skip
         out = o.reshape(b, s_q, h, d_v)
         return out, lse.reshape(b, s_q, h).transpose(1, 2)
+
+    # -- batch metadata (CPU) ------------------------------------------------------------------------------------
+    def split_decodes_and_prefills(self, metadata, decode_threshold=1, require_uniform=False,
+                                   treat_short_extends_as_decodes=True):  # fmt: skip
+        cam = to_vllm_metadata(self.utils, metadata)
+        got = self.utils.split_decodes_and_prefills(cam, decode_threshold, require_uniform,
+                                                    treat_short_extends_as_decodes)  # fmt: skip
+        return tuple(int(x) for x in got)
+
+    def reorder_batch_to_split_decodes_and_prefills(self, requests, decode_threshold=1, *, regions=4):
+        if regions != 4:
+            raise ValueError(f"regions must be 4 for vLLM 0.33 (its only reorder), got {regions!r}")
+        batch = _InputBatch(list(requests))
+        sched = types.SimpleNamespace(num_scheduled_tokens={str(i): r.new_tokens for i, r in enumerate(requests)})
+        modified = bool(self.utils.reorder_batch_to_split_decodes_and_prefills(batch, sched, decode_threshold))
+        order = tuple(int(i) for i in batch.req_ids)
+        labels = tuple(request_region(requests[i], decode_threshold, 4) for i in order)
+        return order, labels, modified
+
+    def make_local_attention_virtual_batches(self, attn_chunk_size, metadata, block_size=None):
+        cam = to_vllm_metadata(self.utils, metadata)
+        p = metadata.block_size if block_size is None else block_size
+        local, _ = self.utils.make_local_attention_virtual_batches(attn_chunk_size, cam, p)
+        cu = local.query_start_loc_cpu.to(torch.int64)
+        seqlens_q = (cu[1:] - cu[:-1]).to(torch.int32)
+        seqlens_k = local.seq_lens.cpu()
+        # k_seqstarts_absolute is internal to vLLM: the virtual request's first query token is token cu[v] of the
+        # batch, i.e. position context_b + cu[v] - query_start_loc[b] of real request b; its keys end with it.
+        qsl = metadata.query_start_loc.to(torch.int64)
+        req = torch.searchsorted(qsl, cu[:-1], right=True) - 1
+        q_first = metadata.num_computed_tokens.to(torch.int64)[req] + cu[:-1] - qsl[req]
+        k_starts = (q_first + seqlens_q.to(torch.int64) - seqlens_k.to(torch.int64)).to(torch.int32)
+        return seqlens_q, local.query_start_loc_cpu, seqlens_k, local.block_table_tensor.cpu(), k_starts

@@ -1,0 +1,107 @@
+"""``mla_decode_fp8``: the absorbed MLA decode over an fp8 KV cache, as vLLM 0.33 serves ``--kv-cache-dtype fp8``.
+
+What it checks: :func:`~mlaspec.spec.forms.mqa_latent_attention` over the *dequantized* cache, i.e. the kernel
+must read the cache records of a layout of :mod:`mlaspec.spec.cache_layouts` and apply their scales; the
+quantization itself is not its error (the inputs are chosen so nothing is lost before the kernel runs).
+
+Inputs (``B`` requests, ``S_kv`` cached tokens each):
+
+* ``q [B, S_q, H_q, 576]`` in the case dtype, **fp8-representable**: every element is ``e4m3(x / q_scale) *
+  q_scale`` and exact in bf16/fp16. vLLM quantizes the absorbed query to e4m3 with the layer's static per-tensor
+  ``_q_scale`` before FlashMLA's fp8 kernel (``vllm/model_executor/layers/attention/mla_attention.py``,
+  ``_DecodeConcatQuantFP8``); a backend that does the same loses nothing, one that keeps q in bf16 loses nothing
+  either.
+* ``kv_cache [B, S_kv, token_bytes]`` uint8: each request's tokens as records of ``layout``, written by the spec
+  (:func:`~mlaspec.spec.cache_layouts.quantize`): ``fp8_e4m3_per_tensor`` (576 B, ``e4m3(x / k_scale)``, vLLM's
+  ``fp8`` / ``fp8_e4m3`` cache, what the dense FlashMLA fp8 kernel reads) or ``fp8_ds_mla_v32`` (656 B, per-128
+  fp32 scales and bf16 RoPE, vLLM's ``fp8_ds_mla``, read by the *sparse* kernels only).
+* ``k_scale`` (per-tensor layouts), ``q_scale``: floats, neither a power of two (a kernel that drops or swaps a
+  descale is off by a factor the budget cannot hide).
+
+Reference: ``mqa_latent_attention(q, dequantize(kv_cache), d_v, scale, causal)`` in float64.
+
+**Budget.** As :func:`~mlaspec.conformance.ops.common.attention_bounds` (fp32 logits, output rounded to the case
+dtype), with the softmax weights rounded to **e4m3** rather than the case dtype: an fp8 tensor-core ``P @ V`` needs
+both operands in fp8 (``run_mha_fwd_splitkv_mla<cutlass::float_e4m3_t, cutlass::bfloat16_t, 576>`` in vLLM's
+``_flashmla_extension_C``). Rounding ``p`` in ``[0, 1]`` to e4m3 costs ``|δp| <= 2^-4 p`` for normal values and at
+most ``2^-10`` (half the smallest subnormal) below ``2^-6``, so per output element::
+
+    |out - ref| <= 2 * (u |ref| + (2^-4 + 2 δs) M + 2^-10 A)       A = Σ_j |v_j| / ℓ,  ℓ = Σ_j exp(s_j - max s)
+
+(``M = Σ_j p_j |v_j|`` as in the dense budget; ``A`` is what flushing every weight by ``2^-10`` could cost, over
+the row's sum of weights ``ℓ >= 1``). A kernel that keeps ``P`` in bf16 passes with room to spare.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec.attention import attention, causal_mask
+from mlaspec.spec.forms import mqa_latent_attention
+
+from ..cases import Case
+from .common import DTYPES, Op, attention_bounds
+
+U_P = 2.0**-4  # e4m3 unit roundoff (3 mantissa bits)
+P_FLOOR = 2.0**-10  # half the smallest e4m3 subnormal (2^-9)
+
+
+def fp8_query(x: torch.Tensor, q_scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``e4m3(x / q_scale) * q_scale`` in ``dtype``; ``ValueError`` if that is not exact in ``dtype``."""
+    q = cl.round_to_format(x.double() / q_scale, cl.E4M3) * q_scale
+    out = q.to(dtype)
+    if not torch.equal(out.double(), q):
+        raise ValueError(f"q_scale={q_scale} makes e4m3 queries that {dtype} cannot hold exactly")
+    return out
+
+
+def _inputs(c: Case) -> dict:
+    p = c.params
+    b, s_q, s_kv, h, d, dv = (p[k] for k in ("B", "S_q", "S_kv", "H_q", "D_qk", "D_v"))
+    layout = cl.LAYOUTS[p["layout"]]
+    k_scale = p.get("k_scale") if layout.scale_rule.kind == "per_tensor" else None
+    g = torch.Generator().manual_seed(c.seed)
+    x = torch.randn(b * s_kv, d, generator=g, dtype=torch.float64)
+    x *= torch.exp2(torch.randint(-2, 3, (b * s_kv, 1), generator=g).to(torch.float64))  # per-token magnitudes
+    raw = cl.quantize(x, layout, scale=k_scale).raw.reshape(b, s_kv, layout.token_bytes)
+    q = fp8_query(torch.randn(b, s_q, h, d, generator=g, dtype=torch.float64) * 3.0, p["q_scale"], DTYPES[c.dtype])
+    return dict(q=q, kv_cache=raw, layout=layout.name, k_scale=k_scale, q_scale=p["q_scale"], d_v=dv,
+                scale=p.get("scale", 192**-0.5), causal=p["causal"])  # fmt: skip
+
+
+def dequantized_entries(kv_cache: torch.Tensor, layout: str, k_scale: float | None) -> torch.Tensor:
+    """``[B, S_kv, token_bytes]`` uint8 records -> ``[B, S_kv, 576]`` float64 entries (the spec's decoder)."""
+    b, s = kv_cache.shape[:2]
+    flat = kv_cache.reshape(b * s, -1).cpu()
+    return cl.dequantize(flat, layout, scale=k_scale).entries.reshape(b, s, -1)
+
+
+def mla_decode_fp8_reference(q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False) -> tuple:
+    """Spec attention over the dequantized cache (``q_scale`` only tells a kernel how q was quantized)."""
+    kv = dequantized_entries(kv_cache, layout, k_scale)
+    return tuple(mqa_latent_attention(q.double(), kv, d_v=d_v, scale=scale, causal=causal))
+
+
+def _bounds(kw, ref, u):
+    kv = dequantized_entries(kw["kv_cache"], kw["layout"], kw["k_scale"])
+    q, k = kw["q"].double(), kv[:, :, None]
+    v = k[..., : kw["d_v"]]
+    out_b, lse_b = attention_bounds(q, k, v, scale=kw["scale"], causal=kw["causal"], ref=ref, u=u)
+    m = attention(q, k, v.abs(), scale=kw["scale"], causal=kw["causal"]).out  # [B, S_q, H, D_v]
+    s = torch.einsum("bqhd,bkd->bhqk", q, kv) * kw["scale"]
+    allowed = causal_mask(q.shape[1], kv.shape[1]) if kw["causal"] else torch.ones(q.shape[1], kv.shape[1]).bool()
+    s = s.masked_fill(~allowed, -math.inf)
+    ell = torch.exp(s - s.amax(-1, keepdim=True)).nan_to_num(0.0).sum(-1).clamp_min(1.0)  # [B, H, S_q]
+    total_v = torch.einsum("qk,bkd->bqd", allowed.double(), v[:, :, 0].abs())  # [B, S_q, D_v]
+    a = total_v[:, :, None] / ell.transpose(1, 2)[..., None]  # [B, S_q, H, D_v]
+    return out_b + 2 * (U_P * m + P_FLOOR * a), lse_b
+
+
+OPS = [
+    Op("mla_decode_fp8", _inputs, mla_decode_fp8_reference, _bounds,
+       doc="Absorbed-form MQA over an fp8 KV cache (per-tensor e4m3 576 B, or 656 B fp8_ds_mla), judged against "
+           "spec attention over the dequantized cache; P may be e4m3 (spec.forms.mqa_latent_attention)"),
+]  # fmt: skip
