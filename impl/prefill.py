@@ -234,14 +234,25 @@ def flash_attn_varlen(
 
     da, db = split_head_dim(D_qk)
     dv = max(16, triton.next_power_of_2(D_v))
+    # Widths that are not exactly the blocks are zero-padded here, so every row the kernel reads is whole blocks.
+    # Triton 3.6's Hopper code for rows whose width is not the block width (e.g. D_qk 35 or D_v 10 in fp16) made
+    # illegal accesses and wrong values on the H200 (found by the harness's generated cases; the interpreter and
+    # every block-aligned width, MLA's 192 / 128 included, are fine). Zero columns change no dot product.
+    out_ = out
+    if D_qk != da + db or D_v != dv:
+        q, k = (torch.nn.functional.pad(t, (0, da + db - D_qk)) for t in (q, k))
+        v = torch.nn.functional.pad(v, (0, dv - D_v))
+        out_ = torch.empty(T_q, H_q, dv, dtype=q.dtype, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     grid = (triton.cdiv(max_seqlen_q, cfg.block_m), H_q, B)
     _flash_fwd_varlen_kernel[grid](
-        q, k, v, cu_q, cu_k, out, lse,
+        q, k, v, cu_q, cu_k, out_, lse,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0),
-        scale * LOG2E, H_q // H_kv, D_qk, D_v,
+        out_.stride(0), out_.stride(1), lse.stride(0),
+        scale * LOG2E, H_q // H_kv, da + db, dv,
         CAUSAL=bool(causal), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DA=da, BLOCK_DB=db, BLOCK_DV=dv,
         PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if out_ is not out:
+        out.copy_(out_[..., :D_v])
     return PrefillOutput(out, lse)

@@ -233,6 +233,27 @@ def test_attention_generated_classes_at_gpu_tiles(params, dtype, tile):
     assert r.verdict == "pass", f"{case!r} at {tile}: {r.verdict}: {r.reason}"
 
 
+# The seeded H200 run (`selfcheck --generated 120 --seed 0`, triton 3.6) failed these three, all fp16 with D_qk in
+# 33..40 (32 + 16 blocks) and a 16-wide v block: NaN at out[2, 0, 2, 2], error/bound 467 at out[0, 1, 0, 0], and an
+# illegal address. The interpreter computes them right (the kernel's masks are sound; the fault is in Triton 3.6's
+# Hopper code for these narrow, masked head dims, not yet worked around), so here they pin the shapes at the CPU tile
+# and at both GPU tiles; `selfcheck --case` reruns them on the GPU.
+H200_SEED0_FAILURES = [
+    ("hyp-376", dict(B=3, D_qk=35, D_v=3, H_kv=1, H_q=3, S_kv=17, S_q=2, causal=False)),
+    ("hyp-379", dict(B=3, D_qk=35, D_v=5, H_kv=1, H_q=1, S_kv=20, S_q=2, causal=True)),
+    ("hyp-1", dict(B=1, D_qk=37, D_v=2, H_kv=2, H_q=4, S_kv=2, S_q=4, causal=False)),
+]
+
+
+@pytest.mark.parametrize("tile", [None, *GPU_TILES], ids=lambda t: "cpu" if t is None else f"{t.block_m}x{t.block_n}")
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("name, params", H200_SEED0_FAILURES, ids=[n for n, _ in H200_SEED0_FAILURES])
+def test_attention_h200_seed0_failures(name, params, dtype, tile):
+    case = Case("attention", name, dtype, params)
+    r = run_case(TritonBackend(prefill_config=tile), case, backend_name="triton", timeout=None)
+    assert r.verdict == "pass", f"{case!r} at {tile}: {r.verdict}: {r.reason}"
+
+
 @pytest.mark.parametrize("tile", [None, *GPU_TILES])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_prefill_writes_every_output_element(dtype, tile):
