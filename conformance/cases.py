@@ -122,6 +122,24 @@ def _cases(scale: str) -> list[tuple[str, str, dict]]:
               workspace_size=24)),  # fmt: skip
         ("chunked_prefill_attention", "first-chunks-only",
          dict(H_q=4, Lkv=32, P=16, R=8, V=16, contexts=[0, 0], q_lens=[4, 2], block_size=4, workspace_size=16)),
+        # one MLA step over a mixed batch from a paged cache: decodes (MTP query_len 2) through the absorbed form,
+        # prefills with and without context through a workspace smaller than the longest context (3+ chunks)
+        ("mla_mixed_batch", "v3-tp8-mixed-mtp2-chunked",
+         dict(H_q=16, Lkv=512, P=128, R=64, V=128, block_size=64, workspace_size=2048, decode_threshold=2,
+              requests=[[4096, 1], [3000, 2], [1, 2], [777, 1], [3000, 64], [0, 128], [700, 33], [0, 1]])
+         if full else
+         dict(H_q=4, Lkv=32, P=16, R=16, V=16, block_size=16, workspace_size=32, decode_threshold=2,
+              requests=[[37, 1], [20, 2], [5, 2], [16, 1], [40, 5], [0, 4], [19, 3], [0, 1]])),  # fmt: skip
+        ("mla_mixed_batch", "v3-tp1-decodes-only-mtp2",
+         dict(H_q=128 if full else 16, Lkv=512 if full else 32, P=128 if full else 16, R=64 if full else 16,
+              V=128 if full else 16, block_size=64 if full else 16, workspace_size=2048 if full else 32,
+              decode_threshold=2, requests=[[ctx, 2], [ctx // 3, 2], [0, 1], [65, 1]])),  # fmt: skip
+        ("mla_mixed_batch", "prefills-only-long-context",
+         dict(H_q=16, Lkv=512, P=128, R=64, V=128, block_size=64, workspace_size=4096, decode_threshold=1,
+              requests=[[8000, 100], [64, 200], [0, 50]])
+         if full else
+         dict(H_q=4, Lkv=32, P=16, R=16, V=16, block_size=16, workspace_size=32, decode_threshold=1,
+              requests=[[50, 6], [3, 9], [0, 7]])),  # fmt: skip
         ("build_metadata", "v3-mixed-default-pages", dict(P=64 if full else 16, requests=mixed)),
         ("build_metadata", "mixed-shuffled-table", dict(P=64 if full else 4, requests=mixed, shuffle=True)),
         ("split_decodes_and_prefills", "mtp4-mixed",

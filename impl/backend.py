@@ -28,6 +28,7 @@ import triton
 from . import decode as _decode
 from .decode import mla_decode_paged, page_cache
 from .backend_indexer import INDEXER_OPS, TritonIndexer
+from .backend_layer import LAYER_OPS, TritonLayer
 from .backend_serving import SERVING_OPS, TritonServing
 from .backend_sparse import SPARSE_OPS, TritonSparse
 from .merge import merge_attn_states as _merge
@@ -47,13 +48,13 @@ def _pow2_at_least_16(x: int) -> bool:
 
 DENSE_OPS = frozenset({"attention", "mla_decode", "mla_prefill", "merge_attn_states"})
 # ops whose kernels multiply in the case dtype: the interpreter's bf16 tl.dot is wrong for them
-_DOT_OPS = (DENSE_OPS - {"merge_attn_states"}) | SPARSE_OPS
+_DOT_OPS = (DENSE_OPS - {"merge_attn_states"}) | SPARSE_OPS | LAYER_OPS
 
 
-class TritonBackend(TritonSparse, TritonIndexer, TritonServing):
+class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing):
     name = "triton"
     version = f"triton {triton.__version__}"
-    ops = DENSE_OPS | SPARSE_OPS | INDEXER_OPS | SERVING_OPS
+    ops = DENSE_OPS | SPARSE_OPS | INDEXER_OPS | SERVING_OPS | LAYER_OPS
     dtypes = frozenset({"bfloat16", "float16", "float32"})
 
     def __init__(self, device: str | None = None, *, prefill_config: PrefillConfig | None = None):

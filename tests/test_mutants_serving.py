@@ -139,6 +139,27 @@ class PerTensorScaleMultiplied(TorchBackend):
                                             scale=scale)  # fmt: skip
 
 
+class ContextFirstChunkOnly(TorchBackend):
+    """Mixed batch: prefills see only the first workspace chunk of their context (the chunk loop stops after one
+    pass), so a context longer than the workspace share loses its tail."""
+
+    def _context_plan(self, context_lens, workspace_size, block_size):
+        plan = super()._context_plan(context_lens, workspace_size, block_size)
+        n = min(plan.num_chunks, 1)
+        return dataclasses.replace(plan, starts=plan.starts[:n], seq_lens=plan.seq_lens[:n],
+                                   cu_seq_lens=plan.cu_seq_lens[:n], seq_tot=plan.seq_tot[:n],
+                                   max_seq_lens=plan.max_seq_lens[:n])  # fmt: skip
+
+
+class DecodesComputeFormWrongScale(TorchBackend):
+    """Mixed batch: decodes routed through the compute-friendly form with the absorbed width's scale
+    1/sqrt(Lkv + R) (1/sqrt(576)) instead of the model's 1/sqrt(P + R) * mscale^2."""
+
+    def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
+        wrong = (kv_c.shape[-1] + k_pe.shape[-1]) ** -0.5
+        return self.mla_prefill(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, scale=wrong, causal=causal)
+
+
 @pytest.mark.parametrize(
     "mutant, case_id",
     [
@@ -156,6 +177,10 @@ class PerTensorScaleMultiplied(TorchBackend):
         (SlotFromWrongRequest, "build_metadata[v3-mixed-default-pages-bfloat16]"),
         (GatherIgnoresSeqStarts, "gather_cache[v3-context-chunk-seq-starts-bfloat16]"),
         (PerTensorScaleMultiplied, "concat_and_cache_mla[v3-fp8-per-tensor-bfloat16]"),
+        (ContextFirstChunkOnly, "mla_mixed_batch[v3-tp8-mixed-mtp2-chunked-bfloat16]"),
+        (ContextFirstChunkOnly, "mla_mixed_batch[prefills-only-long-context-bfloat16]"),
+        (DecodesComputeFormWrongScale, "mla_mixed_batch[v3-tp8-mixed-mtp2-chunked-bfloat16]"),
+        (DecodesComputeFormWrongScale, "mla_mixed_batch[v3-tp1-decodes-only-mtp2-bfloat16]"),
     ],
 )  # fmt: skip
 def test_mutant_fails_its_case(mutant, case_id):
@@ -173,6 +198,11 @@ def test_mutants_pass_the_cases_their_bug_does_not_touch():
     four = case_by_id("reorder_batch_to_split_decodes_and_prefills[mtp4-mixed-4-regions-bfloat16]")
     assert run_case(ReorderStopsOneSwapEarly(), four, backend_name="m").verdict == "pass"
     assert run_case(MergeWithoutInfGuard(), case_by_id("chunked_prefill_attention[first-chunks-only-bfloat16]"),
+                    backend_name="m").verdict == "pass"  # fmt: skip
+    # a decode-path bug leaves a batch of prefills alone, a chunk-loop bug a batch of decodes
+    assert run_case(DecodesComputeFormWrongScale(), case_by_id("mla_mixed_batch[prefills-only-long-context-bfloat16]"),
+                    backend_name="m").verdict == "pass"  # fmt: skip
+    assert run_case(ContextFirstChunkOnly(), case_by_id("mla_mixed_batch[v3-tp1-decodes-only-mtp2-bfloat16]"),
                     backend_name="m").verdict == "pass"  # fmt: skip
 
 

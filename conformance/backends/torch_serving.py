@@ -4,7 +4,9 @@ Written the way the kernels work, independently of the spec functions (which the
 writers quantize in fp32 (``x / s`` then a saturating cast to e4m3, as vLLM's ``scaled_convert``; fp32 scales
 ``amax / 448``; e8m0 scales from ``frexp``), gathers index the block table, chunked prefill runs the context
 chunk by chunk through :meth:`mla_prefill` and folds the parts with :meth:`merge_attn_states` (outputs in the case
-dtype, LSE in fp32), and the batch metadata is computed with tensor ops (``searchsorted`` for the request of each
+dtype, LSE in fp32), a mixed batch writes its new tokens into the cache, then runs the decodes through
+:meth:`mla_absorbed` and the prefills through the chunked path with the context read through the block table, and
+the batch metadata is computed with tensor ops (``searchsorted`` for the request of each
 token). Only the layout *records* (:class:`~mlaspec.spec.cache_layouts.CacheLayout`: offsets, dtypes, group sizes)
 and the plain input records (``Request``, ``ChunkPlan``, ``CommonAttentionMetadata``) are shared with the spec.
 
@@ -20,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from mlaspec.spec.cache_layouts import LAYOUTS, CacheLayout
+from mlaspec.spec.chunked_context import ChunkPlan
 
 _FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -249,6 +252,58 @@ class TorchServing:
             if run is not None:
                 o, l = self.merge_attn_states(run[0], run[1], o, l)
             out[qs:qe], lse[:, qs:qe] = o, l
+        return out, lse
+
+    # -- one step over a mixed batch -------------------------------------------------------------------------
+    def _context_plan(self, context_lens: torch.Tensor, workspace_size: int, block_size: int) -> ChunkPlan:
+        """vLLM's chunk plan: every prefill with context gets ``round_down(workspace / #with_context, P)`` rows."""
+        ctx = context_lens.long().cpu()
+        b = ctx.numel()
+        with_ctx = int((ctx > 0).sum())
+        width = workspace_size // max(with_ctx, 1) // block_size * block_size
+        n = -(-int(ctx.max()) // width) if with_ctx else 0
+        starts = (torch.arange(n)[:, None] * width).expand(n, b).clone()
+        seq_lens = (torch.minimum(ctx[None, :], starts + width) - starts).clamp(min=0)
+        cu = torch.cat([torch.zeros(n, 1, dtype=torch.int64), torch.cumsum(seq_lens, 1)], 1)
+        return ChunkPlan(ctx, workspace_size, block_size, width, starts, seq_lens, cu,
+                         tuple(cu[:, -1].tolist()), tuple(seq_lens.amax(1).tolist()) if b else (0,) * n)  # fmt: skip
+
+    def mla_mixed_batch(self, q_nope, q_pe, kv_c, k_pe, metadata, kv_cache, W_UK, W_UV, *, scale, workspace_size,
+                        decode_threshold=1):  # fmt: skip
+        """As a serving layer: write the new tokens into the cache, decodes through :meth:`mla_absorbed` over the
+        cache, prefills through :meth:`chunked_prefill_attention` with the context read from the cache."""
+        dev = getattr(self, "device", q_nope.device)
+        (cache,) = self.concat_and_cache_mla(kv_c, k_pe, kv_cache, metadata.slot_mapping)  # new tokens first
+        cache = cache.to(dev)
+        q_nope, q_pe, kv_c, k_pe, W_UK, W_UV = (x.to(dev) for x in (q_nope, q_pe, kv_c, k_pe, W_UK, W_UV))
+        lkv, p = kv_c.shape[1], cache.shape[1]
+        table = metadata.block_table.long().to(dev)
+        qsl = metadata.query_start_loc.long()
+        ctx = metadata.num_computed_tokens.long()
+
+        def read(b, start, length):  # request b's positions [start, start + length) through its block table
+            pos = torch.arange(start, start + length, device=dev)
+            e = cache[table[b, pos // p], pos % p]
+            return e[:, :lkv], e[:, lkv:]
+
+        d, _, d_tok, _ = self.split_decodes_and_prefills(metadata, decode_threshold)
+        n_heads, v_dim = W_UV.shape[1], W_UV.shape[2]
+        out = torch.zeros(q_nope.shape[0], n_heads, v_dim, dtype=q_nope.dtype, device=dev)
+        lse = torch.full((n_heads, q_nope.shape[0]), -math.inf, dtype=torch.float32, device=dev)
+        for b in range(d):  # decodes: the whole sequence (context + the tokens just written) from the cache
+            qs, qe = int(qsl[b]), int(qsl[b + 1])
+            if qe == qs:
+                continue
+            skv, spe = read(b, 0, int(ctx[b]) + qe - qs)
+            o, l = self.mla_absorbed(q_nope[None, qs:qe], q_pe[None, qs:qe], skv[None], spe[None], W_UK, W_UV,
+                                     scale=scale, causal=True)  # fmt: skip
+            out[qs:qe], lse[:, qs:qe] = o[0], l[0]
+        if d < metadata.num_reqs:  # prefills: context chunk by chunk from the cache, new tokens as given
+            plan = self._context_plan(ctx[d:], workspace_size, p)
+            o, l = self.chunked_prefill_attention(q_nope[d_tok:], q_pe[d_tok:], kv_c[d_tok:], k_pe[d_tok:],
+                                                  qsl[d:] - d_tok, lambda b, s, n: read(b + d, s, n), plan, W_UK,
+                                                  W_UV, scale=scale)  # fmt: skip
+            out[d_tok:], lse[:, d_tok:] = o, l
         return out, lse
 
     # -- batch metadata -------------------------------------------------------------------------------------

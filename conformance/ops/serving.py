@@ -30,6 +30,14 @@ here are bytes or integers, so most ops judge with a ``compare`` hook rather tha
   merged with fp32 weights (``4 ε32 M``), and each merge's LSE costs ``2 ε32 (|lse| + 1)``. The op returns only
   ``(out, lse)``, so the workspace limit is not checked here (the plan is an input; the spec checks its chunks
   fit).
+* **A mixed batch** (``mla_mixed_batch``: decodes, MTP decodes and prefills in one step, vLLM's ``MLACommonImpl``)
+  is budgeted per request by the path the spec sends it down: a decode as the absorbed form over its whole
+  sequence (:func:`~mlaspec.conformance.ops.dense._absorbed_bounds`: ``ql_nope`` and the latent output rounded to
+  the case dtype, root-sum-square over the 512-long sums), the prefills as ``chunked_prefill_attention`` above with
+  the plan the spec derives from ``workspace_size``. The backend gets what a serving layer gets: the paged cache
+  holding every request's *context* (the new tokens' slots are still NaN: a layer writes them first, as vLLM's
+  ``concat_and_cache_mla`` does before attention), the batch metadata (reordered decodes first, shuffled pages, the
+  unused block-table columns pointing at a NaN page), the new tokens' ``kv_c`` / ``k_pe`` and the weights.
 
 Inputs are hostile by default: NaN (all ``0xFF`` bytes) in every cache slot nobody writes, padding slots ``-1``,
 the last slot left unused so a ``-1`` that wraps shows, shuffled block tables whose unused columns point at a NaN
@@ -52,7 +60,7 @@ from mlaspec.spec.batch import (
     reorder_batch_to_split_decodes_and_prefills,
     split_decodes_and_prefills,
 )
-from mlaspec.spec.chunked_context import chunked_prefill_attention, plan_context_chunks
+from mlaspec.spec.chunked_context import chunked_prefill_attention, mla_mixed_batch, plan_context_chunks
 from mlaspec.spec.config import MLAConfig, make_weights
 from mlaspec.spec.paged_cache import (
     concat_and_cache_mla,
@@ -64,6 +72,7 @@ from mlaspec.spec.paged_cache import (
 from ..cases import Case
 from ..verdict import Metric, judge, judge_exact
 from .common import DTYPES, EPS32, Op, attention_bounds, logit_error, randn, worst_rows
+from .dense import _absorbed_bounds
 
 QUANTIZED_CACHE = {"fp8": cl.FP8_PER_TENSOR, "fp8_e4m3": cl.FP8_PER_TENSOR, "fp8_e5m2": cl.FP8_E5M2_PER_TENSOR,
                    "fp8_ds_mla": cl.FP8_DS_MLA_V32}  # fmt: skip
@@ -461,6 +470,76 @@ def _chunked_bounds(kw, ref, u):
     return out_b, lse_b
 
 
+# -- mla_mixed_batch -------------------------------------------------------------------------------------------
+def _mixed_inputs(c: Case) -> dict:
+    """A reordered mixed batch over a paged cache that holds every request's context and NaN everywhere else."""
+    p, r = c.params, randn(c)
+    cfg = MLAConfig.tiny(num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"],
+                         qk_rope_head_dim=p["R"], v_head_dim=p["V"])  # fmt: skip
+    w = make_weights(cfg, seed=c.seed, dtype=DTYPES[c.dtype])
+    reqs, blk = _requests(p), p["block_size"]
+    pages = [-(-q.seq_len // blk) for q in reqs]
+    nb = sum(pages) + 2  # one page nobody owns, one spare that the unused block-table columns point at
+    meta = build_metadata(reqs, block_size=blk, block_table=_block_table(c, pages, nb, spare=nb - 1), num_blocks=nb)
+    cache = torch.full((nb, blk, cfg.kv_entry_dim), math.nan, dtype=DTYPES[c.dtype])
+    for b, q in enumerate(reqs):  # the context only: the new tokens' slots stay NaN until a layer writes them
+        pos = torch.arange(q.context_len)
+        cache[meta.block_table[b, pos // blk].long(), pos % blk] = r(q.context_len, cfg.kv_entry_dim)
+    t = meta.num_actual_tokens
+    return dict(q_nope=r(t, cfg.num_heads, cfg.qk_nope_head_dim, scale=2.0),
+                q_pe=r(t, cfg.num_heads, cfg.qk_rope_head_dim, scale=2.0),
+                kv_c=r(t, cfg.kv_lora_rank), k_pe=r(t, cfg.qk_rope_head_dim), metadata=meta, kv_cache=cache,
+                W_UK=w.W_UK, W_UV=w.W_UV, scale=cfg.softmax_scale, workspace_size=p["workspace_size"],
+                decode_threshold=p["decode_threshold"])  # fmt: skip
+
+
+def _cache_context(kv_cache: torch.Tensor, metadata, lkv: int):
+    """``gather(b, start, length) -> (kv_c, k_pe)``: request ``b``'s context read through its block table."""
+    blk = kv_cache.shape[1]
+
+    def gather(b: int, start: int, length: int):
+        pos = torch.arange(start, start + length)
+        e = kv_cache[metadata.block_table[b, pos // blk].long(), pos % blk]
+        return e[:, :lkv], e[:, lkv:]
+
+    return gather
+
+
+def _mixed_reference(q_nope, q_pe, kv_c, k_pe, metadata, kv_cache, W_UK, W_UV, *, scale, workspace_size,
+                     decode_threshold=1) -> tuple:  # fmt: skip
+    res = mla_mixed_batch(q_nope, q_pe, kv_c, k_pe, metadata, _cache_context(kv_cache, metadata, kv_c.shape[1]),
+                          W_UK, W_UV, scale=scale, workspace_size=workspace_size,
+                          decode_threshold=decode_threshold)  # fmt: skip
+    return res.out, res.lse
+
+
+def _mixed_bounds(kw, ref, u):
+    meta = kw["metadata"]
+    split = split_decodes_and_prefills(meta, kw["decode_threshold"])
+    gather = _cache_context(kw["kv_cache"], meta, kw["kv_c"].shape[1])
+    qsl, ctx = meta.query_start_loc.long(), meta.num_computed_tokens.long()
+    shared = {k: kw[k] for k in ("W_UK", "W_UV", "scale")}
+    out_b, lse_b = torch.zeros_like(ref[0]), torch.zeros_like(ref[1])
+    for b in range(split.num_decodes):  # the absorbed form over context + new tokens, causal
+        qs, qe = int(qsl[b]), int(qsl[b + 1])
+        if qe == qs:
+            continue
+        ckv, cpe = gather(b, 0, int(ctx[b]))
+        one = dict(q_nope=kw["q_nope"][None, qs:qe], q_pe=kw["q_pe"][None, qs:qe],
+                   kv_c=torch.cat([ckv, kw["kv_c"][qs:qe]])[None], k_pe=torch.cat([cpe, kw["k_pe"][qs:qe]])[None],
+                   causal=True, **shared)  # fmt: skip
+        o, l = _absorbed_bounds(one, (ref[0][None, qs:qe], ref[1][None, :, qs:qe]), u)
+        out_b[qs:qe], lse_b[:, qs:qe] = o[0], l[0]
+    if split.num_prefills:  # the chunked compute-friendly form, with the spec's plan
+        d, p0 = split.num_decodes, split.num_decode_tokens
+        pre = dict(q_nope=kw["q_nope"][p0:], q_pe=kw["q_pe"][p0:], kv_c=kw["kv_c"][p0:], k_pe=kw["k_pe"][p0:],
+                   cu_seqlens_q=qsl[d:] - p0, context=[gather(b, 0, int(ctx[b])) for b in range(d, meta.num_reqs)],
+                   plan=plan_context_chunks(ctx[d:], kw["workspace_size"], meta.block_size), **shared)  # fmt: skip
+        o, l = _chunked_bounds(pre, (ref[0][p0:], ref[1][:, p0:]), u)
+        out_b[p0:], lse_b[:, p0:] = o, l
+    return out_b, lse_b
+
+
 # -- batch metadata --------------------------------------------------------------------------------------------
 META_FIELDS = ("query_start_loc", "seq_lens", "num_computed_tokens", "block_table", "slot_mapping", "is_prefilling")
 SPLIT_FIELDS = ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens")
@@ -620,4 +699,7 @@ OPS = [
        doc="Decodes first: the seed's 2 regions or 0.33's 4 (spec.batch)"),
     Op("make_local_attention_virtual_batches", _local_inputs, _local_reference, None, outputs=LOCAL_FIELDS,
        compare=_exact(LOCAL_FIELDS), doc="Local attention as virtual requests, one per chunk (spec.batch)"),
+    Op("mla_mixed_batch", _mixed_inputs, _mixed_reference, _mixed_bounds,
+       doc="One MLA step over a mixed batch from a paged cache: decodes (MTP too) through the absorbed form, "
+           "prefills through workspace-chunked context, outputs in token order (spec.chunked_context.mla_mixed_batch)"),
 ]  # fmt: skip
