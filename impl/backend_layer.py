@@ -6,7 +6,7 @@
   and merge kernels).
 * ``mla_decode_fp8``: the per-request records ``kv_cache [B, S_kv, 576]`` (``fp8_e4m3_per_tensor``) are scattered
   into 64-slot pages in shuffled order, ``0xFF`` (e4m3 NaN) in every unused slot and page, a spare ``-1``
-  block-table column, then :func:`mlaspec.impl.decode_fp8.mla_decode_fp8_paged` runs. The 656-byte ``fp8_ds_mla``
+  block-table column, then :func:`mlaspec.impl.decode.mla_decode_paged` (fp8 bytes) runs. The 656-byte ``fp8_ds_mla``
   layout is a named limit (the sparse kernels read it).
 
 Both multiply matrices in the case dtype, so their bf16 cases are skipped in the interpreter (wrong ``tl.dot``).
@@ -18,7 +18,7 @@ import torch
 
 from . import decode as _decode
 from .decode import page_cache
-from .decode_fp8 import mla_decode_fp8_paged
+from .decode import mla_decode_paged
 from .layer import mla_mixed_batch_layer
 
 __all__ = ["LAYER_OPS", "TritonLayer"]
@@ -83,6 +83,6 @@ class TritonLayer:
         q, kv_cache = q.to(self.device), kv_cache.to(self.device)
         g = torch.Generator().manual_seed(S_kv)  # the page shuffle: fixed per shape
         cache, block_table, seq_lens = page_cache(kv_cache.view(torch.uint8), page_size=64, generator=g, fill=0xFF)
-        return tuple(mla_decode_fp8_paged(q, cache, block_table, seq_lens, k_scale=k_scale, d_v=d_v, scale=scale,
+        return tuple(mla_decode_paged(q, cache, block_table, seq_lens, k_scale=k_scale, d_v=d_v, scale=scale,
                                           causal=causal, max_seq_len=S_kv))  # fmt: skip
 

@@ -6,6 +6,15 @@ cache: one KV head, ``H_q`` query heads, each cache entry ``[kv_c (512) | k_pe (
 out ``[B, H_q, S_q]`` as FlashMLA's ``softmax_lse``; ``causal`` aligns the ``S_q`` queries (MTP) to the end of the
 context; a row with no key gives output 0 and LSE ``-inf``.
 
+Two caches, one kernel (``FP8`` is a compile-time flag): a cache in q's dtype, or vLLM's per-tensor fp8 cache
+(``--kv-cache-dtype fp8``, the ``fp8_e4m3_per_tensor`` layout of :mod:`mlaspec.spec.cache_layouts`: 576 e4m3 bytes
+per token, ``e4m3(x / k_scale)``), the op FlashMLA's dense fp8 decode computes for vLLM
+(``vllm/model_executor/layers/attention/mla_attention.py``). The descale stays out of the inner loop, as FlashMLA
+does: the bytes convert exactly to q's dtype (``e4m3`` has 4 significant bits), ``k_scale`` is folded into the
+logit scale (``s = (q . e) * scale * k_scale``) and into the output (``out = k_scale * sum p e / sum p``), so no
+rounding is added to what the 16-bit path does, and the traffic is half the bf16 cache. The 656-byte
+``fp8_ds_mla`` token (per-128 scales, bf16 RoPE) is read by the sparse kernels (:mod:`mlaspec.impl.sparse`).
+
 The naive computation, per sequence, and its memory traffic (``N = seq_len``, ``R = S_q * H_q`` query rows)::
 
     kv  = gather(cache, block_table[b])        # read N * 576 (each page once)    -> the bytes that matter
@@ -48,7 +57,7 @@ LN2 = 0.6931471805599453  # ln(2): ln(x) = log2(x) * LN2
 
 @triton.jit
 def _mla_decode_split_kernel(
-    Q, KV, BLOCK_TABLE, SEQ_LENS,  # q [B, S_q, H_q, D_V + D_ROPE], cache [num_pages, PAGE, D_V + D_ROPE]
+    Q, KV, BLOCK_TABLE, SEQ_LENS,  # q [B, S_q, H_q, D_V + D_ROPE], cache [num_pages, PAGE, D_V + D_ROPE] (FP8: bytes)
     O_PART, LSE_PART,  # [B, splits, R, D_V] fp32, [B, splits, R] fp32 (base 2): used unless SINGLE
     OUT, LSE,  # [B, S_q, H_q, D_V] q.dtype, [B, H_q, S_q] fp32 (natural log): used when SINGLE (one split)
     stride_qb, stride_qs, stride_qh,
@@ -56,10 +65,11 @@ def _mla_decode_split_kernel(
     stride_btb,
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh, stride_ls,
-    qk_scale,  # softmax scale * log2(e)
+    qk_scale,  # softmax scale * k_scale * log2(e)
+    k_scale,  # the value descale (1.0 unless FP8), applied once to the output
     S_Q, H_Q, blocks_per_split, num_splits,
     CAUSAL: tl.constexpr, D_V: tl.constexpr, D_ROPE: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):  # fmt: skip
     pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     R = S_Q * H_Q
@@ -103,8 +113,11 @@ def _mla_decode_split_kernel(
         key_ok = keys < seq_len  # slots past the end may hold anything (NaN): never let them in
         kv_ptr = KV + page * stride_kp + slots[:, None] * stride_ks
         # read BLOCK_N * 576: the entries; their first D_V columns are also the values
-        kv_nope = tl.load(kv_ptr + offs_v[None, :], mask=key_ok[:, None], other=0.0)  # [BLOCK_N, D_V]
-        kv_rope = tl.load(kv_ptr + D_V + offs_r[None, :], mask=key_ok[:, None], other=0.0)  # [BLOCK_N, D_ROPE]
+        kv_nope = tl.load(kv_ptr + offs_v[None, :], mask=key_ok[:, None], other=0)  # [BLOCK_N, D_V]
+        kv_rope = tl.load(kv_ptr + D_V + offs_r[None, :], mask=key_ok[:, None], other=0)  # [BLOCK_N, D_ROPE]
+        if FP8:  # e4m3 bytes -> q's dtype, exact; k_scale sits in qk_scale and in the epilogue
+            kv_nope = kv_nope.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
+            kv_rope = kv_rope.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
 
         # -- logits in base 2: (q . k) * scale * log2(e), fp32 accumulation -----------------------------------------
         qk = tl.dot(q_nope, tl.trans(kv_nope), input_precision=PRECISION)
@@ -127,7 +140,7 @@ def _mla_decode_split_kernel(
     has_keys = l_i > 0.0
     l_use = tl.where(has_keys, l_i, 1.0)
     lse2 = tl.where(has_keys, m_i + tl.log2(l_use), float("-inf"))  # base-2 LSE of the split (or -inf: empty)
-    out = acc / l_use[:, None]  # empty rows: acc = 0, so out = 0
+    out = acc * (k_scale / l_use)[:, None]  # empty rows: acc = 0, so out = 0
     if SINGLE:
         # write R * 512 in q's dtype, and the natural-log LSE in FlashMLA's [B, H_q, S_q] layout
         o_ptr = OUT + b.to(tl.int64) * stride_ob + s * stride_os + h * stride_oh
@@ -238,16 +251,18 @@ def mla_decode_paged(
     d_v: int = 512,
     scale: float,
     causal: bool = True,
+    k_scale: float | None = None,
     num_splits: int | None = None,
     max_seq_len: int | None = None,
     config: DecodeConfig | None = None,
 ) -> DecodeOutput:
-    """Absorbed MLA decode over a paged cache.
+    """Absorbed MLA decode over a paged cache, in q's dtype or per-tensor fp8.
 
     Args:
         q: ``[B, S_q, H_q, D_qk]`` bf16/fp16/fp32, the absorbed queries (``D_qk = 576``); last dim contiguous.
-        kv_cache: ``[num_pages, P, D_qk]`` same dtype, entries ``[kv_c | k_pe]``; slots past a sequence's end may
-            hold anything (NaN included): they are never used.
+        kv_cache: ``[num_pages, P, D_qk]``, entries ``[kv_c | k_pe]``, either in q's dtype or, for vLLM's
+            per-tensor fp8 cache, ``uint8`` / ``torch.float8_e4m3fn`` bytes ``e4m3(entry / k_scale)``. Slots past a
+            sequence's end may hold anything (NaN included): they are never used.
         block_table: ``[B, max_pages]`` int32, logical page ``i`` of sequence ``b`` is physical page
             ``block_table[b, i]``; entries past ``ceil(seq_lens[b] / P)`` are never read.
         seq_lens: ``[B]`` int32, keys per sequence (0 allowed: output 0, LSE -inf).
@@ -255,6 +270,8 @@ def mla_decode_paged(
             Both must be powers of two >= 16.
         scale: softmax scale (MLA: ``1/sqrt(192)`` times the YaRN mscale², not ``1/sqrt(576)``).
         causal: query ``s`` of ``S_q`` sees keys ``j <= s + seq_len - S_q`` (MTP); rows that see no key are empty.
+        k_scale: the fp8 cache's per-tensor scale (vLLM's ``layer._k_scale``); required for an fp8 cache, ``None``
+            otherwise.
         num_splits: pieces per sequence's keys; default :func:`num_splits_heuristic`.
         max_seq_len: ``max(seq_lens)`` if known (saves a device-to-host sync when choosing the splits).
         config: tile override (default :func:`decode_config`).
@@ -265,17 +282,23 @@ def mla_decode_paged(
     if q.dim() != 4:
         raise ValueError(f"q must be [B, S_q, H_q, D_qk], got shape {list(q.shape)}")
     B, S_q, H_q, D_qk = q.shape
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"q must be bf16/fp16/fp32, got {q.dtype}")
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        kv_cache = kv_cache.view(torch.uint8)
+    fp8 = kv_cache.dtype == torch.uint8
+    if not fp8 and kv_cache.dtype != q.dtype:
+        raise TypeError(f"kv_cache must be in q's dtype {q.dtype} or fp8 e4m3 bytes, got {kv_cache.dtype}")
+    if fp8 != (k_scale is not None):
+        raise ValueError("k_scale is required for an fp8 kv_cache and only for one, got "
+                         f"k_scale={k_scale} with a {kv_cache.dtype} cache")  # fmt: skip
     if kv_cache.dim() != 3 or kv_cache.shape[2] != D_qk:
         raise ValueError(f"kv_cache must be [num_pages, P, D_qk={D_qk}], got shape {list(kv_cache.shape)}")
     page_size = kv_cache.shape[1]
     d_rope = D_qk - d_v
-    for name, width in (("d_v", d_v), ("D_qk - d_v", d_rope)):
+    for name, width in (("d_v", d_v), ("D_qk - d_v", d_rope), ("kv_cache page size P", page_size)):
         if width < 16 or width & (width - 1):
             raise ValueError(f"{name} must be a power of two >= 16 (the kernel splits D_qk = 512 + 64), got {width}")
-    if page_size < 16 or page_size & (page_size - 1):
-        raise ValueError(f"kv_cache page size P must be a power of two >= 16, got {page_size}")
-    if q.dtype != kv_cache.dtype or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise TypeError(f"q and kv_cache must share a dtype among bf16/fp16/fp32, got {q.dtype} and {kv_cache.dtype}")
     if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
         raise ValueError(f"block_table must be [B={B}, max_pages] int32, got {list(block_table.shape)} "
                          f"{block_table.dtype}")  # fmt: skip
@@ -283,6 +306,7 @@ def mla_decode_paged(
         raise ValueError(f"seq_lens must be [B={B}] int32, got {list(seq_lens.shape)} {seq_lens.dtype}")
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("q and kv_cache must be contiguous in their last dimension")
+    k_scale = 1.0 if k_scale is None else float(k_scale)
     block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
 
     rows = S_q * H_q
@@ -310,18 +334,26 @@ def mla_decode_paged(
         o_part, lse_part = out, lse
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
 
-    _mla_decode_split_kernel[(row_blocks, num_splits, B)](
-        q, kv_cache, block_table, seq_lens, o_part, lse_part, out, lse,
-        q.stride(0), q.stride(1), q.stride(2),
-        kv_cache.stride(0), kv_cache.stride(1),
-        block_table.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1), lse.stride(2),
-        scale * LOG2E, S_q, H_q, blocks_per_split, num_splits,
-        CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=num_splits == 1, PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    def launch(stages: int) -> None:
+        _mla_decode_split_kernel[(row_blocks, num_splits, B)](
+            q, kv_cache, block_table, seq_lens, o_part, lse_part, out, lse,
+            q.stride(0), q.stride(1), q.stride(2),
+            kv_cache.stride(0), kv_cache.stride(1),
+            block_table.stride(0),
+            out.stride(0), out.stride(1), out.stride(2),
+            lse.stride(0), lse.stride(1), lse.stride(2),
+            scale * k_scale * LOG2E, k_scale, S_q, H_q, blocks_per_split, num_splits,
+            CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=num_splits == 1, PRECISION=precision, FP8=fp8,
+            num_warps=cfg.num_warps, num_stages=stages,
+        )  # fmt: skip
+
+    try:
+        launch(cfg.num_stages)
+    except triton.runtime.errors.OutOfResources:  # fp8: the byte tiles and their converted copies; one stage less
+        if cfg.num_stages <= 1:
+            raise
+        launch(1)
     if num_splits > 1:
         _mla_decode_combine_kernel[(rows, B)](
             o_part, lse_part, out, lse,

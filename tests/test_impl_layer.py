@@ -1,4 +1,4 @@
-"""The mixed-batch layer (:mod:`mlaspec.impl.layer`) and the per-tensor fp8 decode (:mod:`mlaspec.impl.decode_fp8`)
+"""The mixed-batch layer (:mod:`mlaspec.impl.layer`) and the per-tensor fp8 decode (:mod:`mlaspec.impl.decode` over fp8 bytes)
 through Triton's interpreter, against the spec.
 
 Harness cases: the curated tiny ``mla_mixed_batch`` and ``mla_decode_fp8`` cases in fp16 and fp32 (the
@@ -26,7 +26,7 @@ from mlaspec.conformance.runner import run_case  # noqa: E402
 from mlaspec.impl.backend import TritonBackend  # noqa: E402
 from mlaspec.impl.backend_layer import LAYER_OPS  # noqa: E402
 from mlaspec.impl.decode import page_cache  # noqa: E402
-from mlaspec.impl.decode_fp8 import mla_decode_fp8_paged  # noqa: E402
+from mlaspec.impl.decode import mla_decode_paged  # noqa: E402
 from mlaspec.impl.layer import context_chunks, mla_mixed_batch_layer, split_decodes  # noqa: E402
 from mlaspec.spec import cache_layouts as cl  # noqa: E402
 from mlaspec.spec.batch import Request, build_metadata, split_decodes_and_prefills  # noqa: E402
@@ -68,8 +68,8 @@ def test_fp8_decode_matches_spec_over_dequantized_pages(lens, s_q, splits, causa
     cache, table, _ = page_cache(raw, page_size=page, generator=g, fill=0xFF)  # NaN bytes in every unused slot
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     q = (torch.randn(len(lens), s_q, h, 576, generator=g, dtype=torch.float64) * 3).to(dtype)
-    out, lse = mla_decode_fp8_paged(q, cache, table, seq_lens, k_scale=k_scale, scale=192**-0.5, causal=causal,
-                                    num_splits=splits)  # fmt: skip
+    out, lse = mla_decode_paged(q, cache, table, seq_lens, k_scale=k_scale, scale=192**-0.5, causal=causal,
+                                num_splits=splits)  # fmt: skip
     deq = cl.dequantize(raw.reshape(-1, 576), cl.FP8_PER_TENSOR, scale=k_scale).entries.reshape(len(lens), s_max, 576)
     tol = 2e-3 if dtype == torch.float16 else 1e-5
     for b, n in enumerate(lens):
@@ -82,11 +82,14 @@ def test_fp8_decode_matches_spec_over_dequantized_pages(lens, s_q, splits, causa
             assert not out[b].any()
 
 
-def test_fp8_decode_rejects_a_bf16_cache():
-    q = torch.zeros(1, 1, 2, 576)
-    with pytest.raises(ValueError, match="uint8"):
-        mla_decode_fp8_paged(q, torch.zeros(2, 16, 576), torch.zeros(1, 2, dtype=torch.int32),
-                             torch.ones(1, dtype=torch.int32), k_scale=1.0, scale=1.0)  # fmt: skip
+def test_decode_takes_k_scale_with_an_fp8_cache_only():
+    q, table, lens = torch.zeros(1, 1, 2, 576), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="k_scale"):
+        mla_decode_paged(q, torch.zeros(2, 16, 576), table, lens, k_scale=1.0, scale=1.0)
+    with pytest.raises(ValueError, match="k_scale"):
+        mla_decode_paged(q, torch.zeros(2, 16, 576, dtype=torch.uint8), table, lens, scale=1.0)
+    with pytest.raises(TypeError, match="kv_cache"):
+        mla_decode_paged(q, torch.zeros(2, 16, 576, dtype=torch.float16), table, lens, scale=1.0)
 
 
 # -- the layer ------------------------------------------------------------------------------------------------------
