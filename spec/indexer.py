@@ -258,11 +258,6 @@ class QuantizedIndexerK(NamedTuple):
     k_scale: torch.Tensor
 
 
-def _check_scale_fmt(scale_fmt: object) -> None:
-    if scale_fmt not in _SCALE_FMTS:
-        raise ValueError(f"scale_fmt must be 'ue8m0' or None, got {scale_fmt!r}")
-
-
 def _fp8_scale(amax: torch.Tensor, eps: float, scale_fmt: str | None) -> torch.Tensor:
     """fp32 ``max(amax, eps) / 448``, rounded up to a power of two for ue8m0 (the kernels' arithmetic)."""
     scale = torch.clamp(amax.to(torch.float32), min=eps) / torch.tensor(FP8_E4M3_MAX, dtype=torch.float32)
@@ -274,6 +269,19 @@ def _fp8_scale(amax: torch.Tensor, eps: float, scale_fmt: str | None) -> torch.T
 def _to_e4m3(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``clamp(x / scale, -448, 448)`` in fp32, then round-to-nearest-even to e4m3 (``__NV_SATFINITE``)."""
     return torch.clamp(x32 / scale, -FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def _quantize_vectors(name: str, x: torch.Tensor, scale_fmt: object, eps: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per vector along the last dim: ``s = _fp8_scale(amax |x|)``, then ``(e4m3(x / s), s)``."""
+    if scale_fmt not in _SCALE_FMTS:
+        raise ValueError(f"scale_fmt must be 'ue8m0' or None, got {scale_fmt!r}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
+        raise ValueError(f"eps must be a positive float, got {eps!r}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} must be finite")
+    x32 = x.to(torch.float32)
+    scale = _fp8_scale(x32.abs().amax(dim=-1), eps, scale_fmt)
+    return _to_e4m3(x32, scale[..., None]), scale
 
 
 def quantize_indexer_q(
@@ -317,14 +325,7 @@ def quantize_indexer_q(
     dims = Dims()
     dims.tensor("q", q, ("T", "H", "D"), FLOAT)
     dims.tensor("weights", weights, ("T", "H"), FLOAT)
-    _check_scale_fmt(scale_fmt)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise ValueError(f"eps must be a positive float, got {eps!r}")
-    if not bool(torch.isfinite(q).all()):
-        raise ValueError("q must be finite")
-    q32 = q.to(torch.float32)
-    scale = _fp8_scale(q32.abs().amax(dim=-1), eps, scale_fmt)  # [T, H]
-    q_fp8 = _to_e4m3(q32, scale[..., None])
+    q_fp8, scale = _quantize_vectors("q", q, scale_fmt, eps)  # scale [T, H]
     folded = fold_indexer_weights(weights, scale, head_dim=dims["D"])
     return QuantizedIndexerQ(q_fp8, scale, folded)
 
@@ -359,14 +360,7 @@ def quantize_indexer_k(
     """
     dims = Dims()
     dims.tensor("k", k, ("T", "D"), FLOAT)
-    _check_scale_fmt(scale_fmt)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise ValueError(f"eps must be a positive float, got {eps!r}")
-    if not bool(torch.isfinite(k).all()):
-        raise ValueError("k must be finite")
-    k32 = k.to(torch.float32)
-    scale = _fp8_scale(k32.abs().amax(dim=-1), eps, scale_fmt)  # [T]
-    return QuantizedIndexerK(_to_e4m3(k32, scale[:, None]), scale)
+    return QuantizedIndexerK(*_quantize_vectors("k", k, scale_fmt, eps))  # scale [T]
 
 
 def fp8_e4m3_error_bound(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
