@@ -330,9 +330,8 @@ def paged_indexer_logits(
     lens = context_lens.to(device=dev, dtype=torch.int32).contiguous()
     if lens.dim() not in (1, 2):
         raise ValueError(f"context_lens must be [B] or [B, next_n], got {list(context_lens.shape)}")
-    if max_context_len is None:
-        per_row = lens if lens.dim() == 2 else lens[:, None] - next_n + 1 + torch.arange(next_n, device=dev)
-        max_context_len = int(per_row.clamp_min(0).max()) if per_row.numel() else 0
+    if max_context_len is None:  # the longest row: with 1-D lengths, the last query of b sees context_lens[b] keys
+        max_context_len = max(int(lens.max()), 0) if lens.numel() and next_n else 0
     table = block_table.to(device=dev, dtype=torch.int32).contiguous()
     w = weights.to(device=dev, dtype=torch.float32).contiguous()
     out = torch.empty(B * next_n, max_context_len, dtype=torch.float32, device=dev)

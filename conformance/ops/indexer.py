@@ -155,7 +155,7 @@ def _paged_bounds(kw, ref, u):
     q, table, lens2 = kw["q"], kw["block_table"].long(), kw["context_lens"].long()
     b_, next_n, h, d = q.shape
     block = kw["cache"].shape[1]
-    lens = lens2 if lens2.dim() == 2 else (lens2[:, None] - next_n + 1 + torch.arange(next_n)).clamp_min(0)
+    lens = lens2 if lens2.dim() == 2 else decode_context_lens_native(lens2, next_n)
     bound = torch.zeros(ref[0].shape, dtype=torch.float64)
     for b in range(b_):
         n = int(lens[b].max())
