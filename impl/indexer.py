@@ -53,6 +53,18 @@ def _head_weighted_relu(s, w, ROWS: tl.constexpr, H: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def _query_heads(Q, W, first, count, ROWS: tl.constexpr, H: tl.constexpr, D: tl.constexpr):
+    """``count`` tokens from ``first``, all ``H`` heads of each, as the rows of one tile (row ``r``: token
+    ``first + r // H``, head ``r % H``): q ``[ROWS, D]`` fp8 and head weights ``[ROWS]``, 0 on rows past ``count``."""
+    r = tl.arange(0, ROWS)
+    r_ok = r // H < count
+    head = (first + r // H).to(tl.int64) * H + r % H  # row of q viewed [tokens * H, D]
+    q = tl.load(Q + head[:, None] * D + tl.arange(0, D)[None, :], mask=r_ok[:, None], other=0.0)
+    w = tl.load(W + head, mask=r_ok, other=0.0)
+    return q, w
+
+
+@triton.jit
 def _indexer_logits_kernel(
     Q, K, W, KS, KE, KSCALE, OUT,  # q [M, H, D] fp8, k [N, D] fp8, w [M, H] fp32, ks/ke [M] int32, [N] fp32, [M, N]
     M, N, stride_om,
@@ -69,12 +81,8 @@ def _indexer_logits_kernel(
     ke = tl.load(KE + tok, mask=tok_ok, other=0)
     lo = tl.min(tl.where(tok_ok & (ke > ks), ks, 2147483647), axis=0)  # union of the block's non-empty spans
     hi = tl.max(tl.where(tok_ok & (ke > ks), ke, 0), axis=0)
-    r = tl.arange(0, ROWS)
-    r_tok = pid_m * BLOCK_M + r // H
-    r_ok = r_tok < M
+    q, w = _query_heads(Q, W, pid_m * BLOCK_M, M - pid_m * BLOCK_M, ROWS, H, D)
     d = tl.arange(0, D)
-    q = tl.load(Q + (r_tok.to(tl.int64) * H + r % H)[:, None] * D + d[None, :], mask=r_ok[:, None], other=0.0)
-    w = tl.load(W + r_tok.to(tl.int64) * H + r % H, mask=r_ok, other=0.0)
 
     for i in range(TILES):
         n0 = (pid_n * TILES + i) * BLOCK_N
@@ -114,12 +122,8 @@ def _paged_indexer_logits_kernel(
         lens = tl.maximum(tl.load(LENS + b) - next_n + 1 + j, 0)  # the last query sees the whole context
     lens = tl.where(j_ok, lens, 0)
     longest = tl.max(lens, axis=0)
-    r = tl.arange(0, ROWS)
-    r_ok = (r // H) < next_n
-    row = b * next_n + r // H  # flat query row
+    q, w = _query_heads(Q, W, b * next_n, next_n, ROWS, H, D)  # flat query rows b * next_n + j
     d = tl.arange(0, D)
-    q = tl.load(Q + (row.to(tl.int64) * H + r % H)[:, None] * D + d[None, :], mask=r_ok[:, None], other=0.0)
-    w = tl.load(W + row.to(tl.int64) * H + r % H, mask=r_ok, other=0.0)
 
     for i in range(TILES):
         n0 = (pid_n * TILES + i) * BLOCK_N
