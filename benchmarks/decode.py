@@ -1,21 +1,27 @@
-"""Paged MLA decode: the Triton kernel against FlashMLA and eager torch, with the card's roofline.
+"""Paged MLA decode, bf16 or vLLM's per-tensor fp8 cache: the Triton kernels against FlashMLA and eager torch.
 
-For each ``(H_q, B, S_kv)`` it times one decode step (``S_q`` query tokens per sequence, a 64-slot paged bf16
-cache with shuffled pages) and prints microseconds, GB/s and TFLOP/s per provider, then writes a plot of the
-achieved bandwidth against the measured copy bandwidth. The counts, per step::
+For each ``(H_q, B, S_kv)`` it times one decode step (``S_q`` query tokens per sequence, a 64-slot paged cache with
+shuffled pages) and prints microseconds, GB/s, TFLOP/s and the speed against FlashMLA measured in the same run,
+then writes a plot of the achieved bandwidth against the measured copy bandwidth. The counts, per step::
 
-    bytes = B * S_kv * 576 * 2          # the cache, each entry read once (the traffic that matters)
-          + B * S_q * H_q * 576 * 2     # q
-          + B * S_q * H_q * 512 * 2     # out
+    bytes = B * S_kv * 576 * e          # the cache, each entry read once (e = 2 bf16, 1 fp8)
+          + B * S_q * H_q * 576 * 2     # q (bf16)
+          + B * S_q * H_q * 512 * 2     # out (bf16)
     flops = 2 * B * S_q * H_q * S_kv * (576 + 512)     # q k^T and p v (causal MTP masks a few more: ignored)
 
-Roofline: ``time >= max(bytes / copy bandwidth, flops / bf16 matmul rate)``, both measured here first (a large
-device-to-device copy; an 8192^3 bf16 matmul). Providers: ``triton`` (:mod:`mlaspec.impl.decode`), ``flashmla``
-(``flash_mla.flash_mla_with_kvcache`` with ``get_mla_metadata``, skipped with a note when not installed), ``torch``
-(gather the pages, fp32 logits, softmax, bf16 ``P @ V``; skipped above ``--torch-max-gb`` of temporaries).
+Roofline: ``time >= max(bytes / copy bandwidth, flops / bf16 matmul rate)``, both measured here first
+(:func:`common.measure_roofline`). Providers, bf16 cache (kernel ``decode``): ``triton``
+(:func:`mlaspec.impl.decode.mla_decode_paged`), ``flashmla`` (``flash_mla_with_kvcache``), ``torch`` (gather the
+pages, fp32 logits, softmax, bf16 ``P @ V``). With ``--fp8`` (kernel ``decode_fp8``, cache ``[pages, 64, 576]`` e4m3
+bytes and a per-tensor ``k_scale``): ``triton`` (the same function with ``k_scale``),
+``flashmla`` (``torch.ops._flashmla_extension_C.fwd_kvcache_mla_fp8``, SM90; q quantized to e4m3 before timing, as
+vLLM's ``_DecodeConcatQuantFP8`` does outside the kernel), ``torch`` (dequantize the cache, then as bf16). FlashMLA
+is skipped with a note when it does not import; torch above ``--torch-max-gb`` of temporaries; a shape whose cache
+exceeds ``--cache-max-gb``.
 
     python benchmarks/decode.py                                  # the full sweep, ~3 minutes on an H200
     python benchmarks/decode.py --batches 1,64 --contexts 4096 --heads 128 --s-q 2 --out mtp.png
+    python benchmarks/decode.py --fp8 --out decode_fp8.png
 
 Importing this module runs nothing.
 """
@@ -23,48 +29,27 @@ Importing this module runs nothing.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
-from collections.abc import Callable
 
 import torch
+from common import Row, describe_roofline, load_flashmla, load_flashmla_fp8, measure, measure_roofline, plot_sweep
+from common import print_table, skip
 
 D_QK, D_V, PAGE = 576, 512, 64
+PROVIDERS = ("triton", "flashmla", "torch")
+FP8 = torch.float8_e4m3fn
 
 
-GRAPHS = True  # set by --no-graphs
-
-
-def _bench(fn: Callable[[], object], *, graph: bool | None = None) -> float:
-    """Median seconds of ``fn``: replayed from a CUDA graph (as serving runs decode; no Python launch overhead,
-    L2 not flushed, so caches under ~50 MB partly hit L2), or with ``--no-graphs`` by ``do_bench`` (L2 flushed,
-    launch overhead included)."""
-    import triton.testing
-
-    if GRAPHS if graph is None else graph:
-        return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e-3
-    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
-
-
-def measure_roofline(device: torch.device) -> tuple[float, float]:
-    """``(copy bytes/s, bf16 matmul FLOP/s)`` of this card: a 2 GiB device-to-device copy (read + write counted)
-    and an 8192^3 bf16 matmul on random data."""
-    n = 1 << 30  # 1 Gi bf16 elements = 2 GiB
-    src = torch.empty(n, dtype=torch.bfloat16, device=device).uniform_()
-    dst = torch.empty_like(src)
-    copy_bw = 2 * src.numel() * 2 / _bench(lambda: dst.copy_(src), graph=False)  # large: launch cost is noise
-    del src, dst
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
-    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
-    mm = 2 * 8192**3 / _bench(lambda: a @ b, graph=False)
-    return copy_bw, mm
-
-
-def make_problem(B: int, S_kv: int, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """A shuffled paged cache for ``B`` sequences of ``S_kv`` keys: ``(cache, block_table, seq_lens)``."""
+def make_problem(B: int, S_kv: int, device: torch.device, *, fp8: bool = False, seed: int = 0):
+    """A shuffled paged cache ``[pages, 64, 1, 576]`` (bf16, or e4m3 bytes as ``uint8`` without NaN) for ``B``
+    sequences of ``S_kv`` keys: ``(cache, block_table [B, pages] int32, seq_lens [B] int32)``."""
     g = torch.Generator(device=device).manual_seed(seed)
     pages = math.ceil(S_kv / PAGE)
     num_pages = B * pages
-    cache = torch.randn(num_pages, PAGE, 1, D_QK, generator=g, device=device, dtype=dtype)  # 4-D, as FlashMLA
+    cache = torch.randn(num_pages, PAGE, 1, D_QK, generator=g, device=device, dtype=torch.bfloat16)  # as FlashMLA
+    if fp8:
+        cache = cache.to(FP8).view(torch.uint8)
     block_table = torch.randperm(num_pages, generator=g, device=device).view(B, pages).to(torch.int32)
     seq_lens = torch.full((B,), S_kv, dtype=torch.int32, device=device)
     return cache, block_table, seq_lens
@@ -83,117 +68,79 @@ def torch_decode(q, cache, block_table, seq_lens, S_kv: int, scale: float):
     return torch.einsum("bhqk,bkd->bqhd", p, kv[..., :D_V]), lse
 
 
-def _flashmla():
-    """``(flash_mla_with_kvcache, get_mla_metadata)`` or a note saying why not."""
-    try:
-        from flash_mla import flash_mla_with_kvcache, get_mla_metadata
-    except Exception as exc:  # noqa: BLE001 - absent, or built for another card / torch
-        return None, f"FlashMLA not available ({type(exc).__name__}: {exc})"
-    return (flash_mla_with_kvcache, get_mla_metadata), ""
-
-
-def _flashmla_call(fm, q, cache, block_table, seq_lens, scale):
-    flash_mla_with_kvcache, get_mla_metadata = fm
+def _flashmla_fn(fm, q, cache, block_table, seq_lens, scale):
+    """``flash_mla_with_kvcache`` over the bf16 cache ``[pages, 64, 1, 576]``."""
     S_q, H = q.shape[1], q.shape[2]
-    try:  # FlashMLA <= 2025-08: metadata from the lengths
-        meta, splits = get_mla_metadata(seq_lens, S_q * H, 1)
-    except TypeError:  # later: the metadata is filled on first use
-        meta, splits = get_mla_metadata(), None
-    return lambda: flash_mla_with_kvcache(q, cache, block_table, seq_lens, D_V, meta, splits,
-                                          softmax_scale=scale, causal=True)  # fmt: skip
+    try:  # FlashMLA <= 2025-08: metadata from the lengths; later ones take (and ignore) them, filling it on use
+        meta, splits = fm.get_mla_metadata(seq_lens, S_q * H, 1)
+    except TypeError:
+        meta, splits = fm.get_mla_metadata(), None
+    return lambda: fm.flash_mla_with_kvcache(q, cache, block_table, seq_lens, D_V, meta, splits,
+                                             softmax_scale=scale, causal=True)  # fmt: skip
 
 
-def run(args) -> list[dict]:
+def _flashmla_fp8_fn(ext, q, cache, block_table, seq_lens, scale, k_scale):
+    """``fwd_kvcache_mla_fp8(q e4m3 [B, S_q, H, 576], cache e4m3 [pages, 64, 1, 576], 512, seq_lens, block_table,
+    scale, causal, meta, splits, descale_q [1], descale_k [1])``, as the conformance adapter calls it."""
+    S_q, H = q.shape[1], q.shape[2]
+    q_scale = float(q.abs().amax()) / 448
+    q8 = (q.float() / q_scale).to(FP8).contiguous()
+    cache8 = cache.view(FP8)
+    descale_q = torch.tensor([q_scale], dtype=torch.float32, device=q.device)
+    descale_k = torch.tensor([k_scale], dtype=torch.float32, device=q.device)
+    meta, splits = ext.get_mla_decoding_metadata_dense_fp8(seq_lens, S_q * H, 1)
+    return lambda: ext.fwd_kvcache_mla_fp8(q8, cache8, D_V, seq_lens, block_table, scale, True, meta, splits,
+                                           descale_q, descale_k)  # fmt: skip
+
+
+def _fn(p: str, fm, q, cache, block_table, seq_lens, S_kv: int, scale: float, k_scale: float | None):
+    """Provider ``p``'s call on one problem (``k_scale`` given: the fp8 cache)."""
     from mlaspec.impl.decode import mla_decode_paged
 
-    device = torch.device("cuda")
-    dtype = torch.bfloat16
-    copy_bw, mm_rate = measure_roofline(device)
-    print(f"{torch.cuda.get_device_name(device)}: copy {copy_bw / 1e9:.0f} GB/s, bf16 matmul {mm_rate / 1e12:.0f} "
-          f"TFLOP/s (ridge {mm_rate / copy_bw:.0f} FLOP/byte)")  # fmt: skip
-    fm, note = _flashmla()
-    if note:
-        print(note + ": its column is left out")
-    providers = [p for p in args.providers.split(",") if p != "flashmla" or fm is not None]
-    scale = 192**-0.5
-    rows = []
-    head = f"{'H_q':>4} {'B':>4} {'S_kv':>6} {'roof us':>8}"
-    print(head + "".join(f" | {p + ' us':>11} {'GB/s':>6} {'TF/s':>5} {'%roof':>5}" for p in providers))
-    for B in args.batches:
-        for S_kv in args.contexts:
-            cache, block_table, seq_lens = make_problem(B, S_kv, device, dtype)
-            cache3 = cache.view(-1, PAGE, D_QK)
-            for H in args.heads:
-                q = torch.randn(B, args.s_q, H, D_QK, device=device, dtype=dtype)
-                nbytes = 2 * (B * S_kv * D_QK + B * args.s_q * H * (D_QK + D_V))
-                flops = 2 * B * args.s_q * H * S_kv * (D_QK + D_V)
-                roof = max(nbytes / copy_bw, flops / mm_rate)
-                row = dict(H=H, B=B, S_kv=S_kv, bytes=nbytes, flops=flops, roof=roof)
-                for p in providers:
-                    if p == "triton":
-                        def fn(q=q, cache3=cache3, block_table=block_table, seq_lens=seq_lens, S_kv=S_kv):
-                            return mla_decode_paged(q, cache3, block_table, seq_lens, d_v=D_V, scale=scale,
-                                                    causal=True, max_seq_len=S_kv)
-                    elif p == "flashmla":
-                        fn = _flashmla_call(fm, q, cache, block_table, seq_lens, scale)
-                    elif p == "torch":
-                        if B * S_kv * D_QK * 6 + B * H * args.s_q * S_kv * 4 * 3 > args.torch_max_gb * 1e9:
-                            row[p] = math.nan
-                            continue
-                        fn = lambda: torch_decode(q, cache3, block_table, seq_lens, S_kv, scale)  # noqa: E731
-                    else:
-                        raise ValueError(f"unknown provider {p!r}")
-                    try:
-                        row[p] = _bench(fn)
-                    except Exception as exc:  # noqa: BLE001 - report and go on
-                        print(f"  {p} failed at H={H} B={B} S_kv={S_kv}: {type(exc).__name__}: {exc}")
-                        row[p] = math.nan
-                rows.append(row)
-                line = f"{H:>4} {B:>4} {S_kv:>6} {roof * 1e6:8.1f}"
-                for p in providers:
-                    t = row.get(p, math.nan)
-                    line += (f" | {t * 1e6:11.1f} {nbytes / t / 1e9:6.0f} {flops / t / 1e12:5.1f} {100 * roof / t:5.0f}"
-                             if t == t else f" | {'-':>11} {'-':>6} {'-':>5} {'-':>5}")  # fmt: skip
-                print(line, flush=True)
-                del q
-            del cache, cache3, block_table, seq_lens
-            torch.cuda.empty_cache()
-    for r in rows:
-        r["copy_bw"], r["mm_rate"] = copy_bw, mm_rate
-    return rows
+    cache3 = cache.view(-1, PAGE, D_QK)
+    if p == "triton":
+        return lambda: mla_decode_paged(q, cache3, block_table, seq_lens, d_v=D_V, scale=scale, causal=True,
+                                        k_scale=k_scale, max_seq_len=S_kv)  # fmt: skip
+    if p == "flashmla":
+        if k_scale is None:
+            return _flashmla_fn(fm, q, cache, block_table, seq_lens, scale)
+        return _flashmla_fp8_fn(fm, q, cache, block_table, seq_lens, scale, k_scale)
+    if p == "torch" and k_scale is None:
+        return lambda: torch_decode(q, cache3, block_table, seq_lens, S_kv, scale)
+    if p == "torch":
+        return lambda: torch_decode(q, cache3.view(FP8).to(q.dtype) * k_scale, block_table, seq_lens, S_kv, scale)
+    raise ValueError(f"unknown provider {p!r}")
 
 
-def plot(rows: list[dict], providers: list[str], path: str) -> None:
-    """Achieved GB/s against context, one panel per head count, the copy bandwidth as the ceiling."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    heads = sorted({r["H"] for r in rows})
-    batches = sorted({r["B"] for r in rows})
-    fig, axes = plt.subplots(1, len(heads), figsize=(6 * len(heads), 4.5), squeeze=False, sharey=True)
-    styles = {"triton": "-o", "flashmla": "--s", "torch": ":x"}
-    cmap = plt.get_cmap("viridis")
-    for ax, H in zip(axes[0], heads):
-        for bi, B in enumerate(batches):
-            sel = sorted((r for r in rows if r["H"] == H and r["B"] == B), key=lambda r: r["S_kv"])
+def run(batches, contexts, heads, *, s_q: int = 1, fp8: bool = False, providers=PROVIDERS, graph: bool = True,
+        torch_max_gb: float = 8.0, cache_max_gb: float = 40.0, device: str = "cuda") -> list[Row]:  # fmt: skip
+    """Rows of kernel ``decode`` (or ``decode_fp8``) for every ``(B, S_kv, H_q)``."""
+    device = torch.device(device)
+    kernel = "decode_fp8" if fp8 else "decode"
+    fm = (load_flashmla_fp8() if fp8 else load_flashmla()) if "flashmla" in providers else None
+    providers = [p for p in providers if p != "flashmla" or fm is not None]
+    scale, k_scale, elt = 192**-0.5, 0.05 if fp8 else None, 1 if fp8 else 2
+    rows: list[Row] = []
+    for B, S_kv in itertools.product(batches, contexts):
+        if B * S_kv * D_QK * elt > cache_max_gb * 1e9:
+            skip(kernel, "*", dict(B=B, S_kv=S_kv), f"cache over {cache_max_gb:g} GB")
+            continue
+        cache, block_table, seq_lens = make_problem(B, S_kv, device, fp8=fp8)
+        for H in heads:
+            q = torch.randn(B, s_q, H, D_QK, device=device, dtype=torch.bfloat16)
+            shape = dict(H=H, B=B, S_kv=S_kv) | ({"S_q": s_q} if s_q != 1 else {})
+            nbytes = B * S_kv * D_QK * elt + 2 * B * s_q * H * (D_QK + D_V)
+            flops = 2 * B * s_q * H * S_kv * (D_QK + D_V)
             for p in providers:
-                xs = [r["S_kv"] for r in sel if r.get(p, math.nan) == r.get(p, math.nan)]
-                ys = [r["bytes"] / r[p] / 1e9 for r in sel if r.get(p, math.nan) == r.get(p, math.nan)]
-                if xs:
-                    ax.plot(xs, ys, styles.get(p, "-"), color=cmap(bi / max(1, len(batches) - 1)),
-                            label=f"{p} B={B}", ms=4)  # fmt: skip
-        ax.axhline(rows[0]["copy_bw"] / 1e9, color="k", lw=1, ls="--", label="copy bandwidth")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context S_kv (keys)")
-        ax.set_title(f"MLA decode, H_q={H}, bf16, page 64")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("GB/s (cache + q + out)")
-    axes[0][-1].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
+                temp = B * S_kv * D_QK * (6 + 2 * fp8) + B * H * s_q * S_kv * 4 * 3  # torch: gathered kv, fp32 s, p
+                if p == "torch" and temp > torch_max_gb * 1e9:
+                    skip(kernel, p, shape, f"{temp / 1e9:.0f} GB of temporaries > {torch_max_gb:g}")
+                    continue
+                fn = _fn(p, fm, q, cache, block_table, seq_lens, S_kv, scale, k_scale)
+                measure(rows, kernel, p, shape, fn, nbytes=nbytes, flops=flops, graph=graph)
+        cache = block_table = seq_lens = q = fn = None  # free the problem before the next one
+        torch.cuda.empty_cache()
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,18 +150,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", type=ints, default=[1024, 4096, 16384, 65536])
     parser.add_argument("--heads", type=ints, default=[16, 128])
     parser.add_argument("--s-q", type=int, default=1, help="query tokens per sequence (MTP: 2..4)")
-    parser.add_argument("--providers", default="triton,flashmla,torch")
+    parser.add_argument("--fp8", action="store_true", help="vLLM's per-tensor fp8 cache (576 e4m3 bytes a token)")
+    parser.add_argument("--providers", default=",".join(PROVIDERS))
     parser.add_argument("--torch-max-gb", type=float, default=8.0, help="skip torch above this many GB of temporaries")
+    parser.add_argument("--cache-max-gb", type=float, default=40.0, help="skip shapes whose cache is larger")
     parser.add_argument("--out", default="decode_bench.png")
     parser.add_argument("--no-graphs", action="store_true", help="time launches from Python, not graph replays")
     args = parser.parse_args(argv)
-    global GRAPHS
-    GRAPHS = not args.no_graphs
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    rows = run(args)
-    providers = [p for p in args.providers.split(",") if any(p in r for r in rows)]
-    plot(rows, providers, args.out)
+    roof = measure_roofline(torch.device("cuda"))
+    print(f"{torch.cuda.get_device_name()}: {describe_roofline(roof)}")
+    rows = run(args.batches, args.contexts, args.heads, s_q=args.s_q, fp8=args.fp8, providers=args.providers.split(","),
+               graph=not args.no_graphs, torch_max_gb=args.torch_max_gb, cache_max_gb=args.cache_max_gb)  # fmt: skip
+    print_table(rows)
+    cache = "fp8 per-tensor" if args.fp8 else "bf16"
+    plot_sweep(rows, args.out, x="S_kv", metric="gbps", panel="H", series="B", ceiling=roof.copy_bw / 1e9,
+               title=f"MLA decode, {cache}, page 64", ylabel="GB/s (cache + q + out)")  # fmt: skip
     return 0
 
 

@@ -1,0 +1,90 @@
+"""The benchmark scripts on a CPU: each imports without running anything, and the shared table and figures work on
+synthetic rows (no kernel runs here; the timings themselves need the GPU)."""
+
+import importlib
+import json
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+SCRIPTS = ("common", "decode", "sparse", "indexer", "suite", "cost_model")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The scripts imported as ``python benchmarks/<name>.py`` sees them (their folder on ``sys.path``)."""
+    sys.path.insert(0, BENCH)
+    try:
+        yield {name: importlib.import_module(name) for name in SCRIPTS}
+    finally:
+        sys.path.remove(BENCH)
+        for name in SCRIPTS:
+            sys.modules.pop(name, None)
+
+
+def _rows(common):
+    Row = common.Row
+    return [
+        Row("decode", "flashmla", {"H": 16, "B": 64, "S_kv": 4096}, 90e-6, 3.0e8, 1.2e11),
+        Row("decode", "triton", {"H": 16, "B": 64, "S_kv": 4096}, 180e-6, 3.0e8, 1.2e11),
+        Row("decode", "torch", {"H": 16, "B": 64, "S_kv": 4096}, 900e-6, 3.0e8, 1.2e11),
+        Row("decode", "triton", {"H": 128, "B": 64, "S_kv": 4096}, 400e-6, 3.2e8, 9.6e11),  # no reference: "-"
+        Row("sparse_prefill", "flashmla", {"S_q": 4096, "S_kv": 8192, "H": 128, "K": 2048}, 4e-3, 1.1e10, 2.3e12),
+        Row("sparse_prefill", "triton", {"S_q": 4096, "S_kv": 8192, "H": 128, "K": 2048}, 8e-3, 1.1e10, 2.3e12),
+        Row("indexer", "deepgemm", {"S": 8192}, 0.5e-3, 3e8, 4.4e12),
+        Row("indexer", "triton", {"S": 8192}, 2e-3, 3e8, 4.4e12),
+        Row("topk", "torch", {"S": 8192, "K": 2048}, 1.2e-3, 3e8, 0),
+        Row("topk", "triton", {"S": 8192, "K": 2048}, 1.0e-3, 3e8, 0),
+    ]
+
+
+def test_scripts_import_without_running(bench):
+    for name in ("decode", "sparse", "indexer", "suite"):
+        assert callable(bench[name].main)
+    assert set(bench["suite"].KERNELS) == set(bench["common"].REFERENCE)
+
+
+def test_table_ratios_come_from_the_same_run_reference(bench):
+    common = bench["common"]
+    rows = _rows(common)
+    table = common.markdown_table(rows)
+    lines = table.splitlines()
+    assert lines[0].split("|")[1:-1] == [" kernel ", " shape ", " provider ", " µs ", " GB/s ", " TFLOP/s ",
+                                         " vs reference "]  # fmt: skip
+    cells = {}  # (kernel, shape, provider) -> the "vs reference" cell
+    for line in lines[2:]:
+        if line.startswith("| "):
+            c = [x.strip() for x in line.strip("|").split("|")]
+            cells[c[0], c[1], c[2]] = c[6]
+    assert cells["decode", "H=16 B=64 S_kv=4096", "triton"] == "0.50x flashmla"  # 90 us / 180 us
+    assert cells["decode", "H=16 B=64 S_kv=4096", "flashmla"] == "1.00x flashmla"
+    assert cells["decode", "H=16 B=64 S_kv=4096", "torch"] == "0.10x flashmla"
+    assert cells["decode", "H=128 B=64 S_kv=4096", "triton"] == "-"  # FlashMLA did not run at this shape
+    assert cells["sparse_prefill", "S_q=4096 S_kv=8192 H=128 K=2048", "triton"] == "0.50x flashmla"
+    assert cells["indexer", "S=8192", "triton"] == "0.25x deepgemm"
+    assert cells["topk", "S=8192 K=2048", "triton"] == "1.20x torch"
+    assert rows[1].ratio == pytest.approx(0.5) and rows[1].gbps == pytest.approx(3e8 / 180e-6 / 1e9)
+    assert rows[1].tflops == pytest.approx(1.2e11 / 180e-6 / 1e12)
+    assert "| decode | H=16 B=64 S_kv=4096 | triton | 180.0 | 1667 | 666.7 | 0.50x flashmla |" in table
+
+
+def test_figures_and_results_files(bench, tmp_path):
+    common, suite = bench["common"], bench["suite"]
+    rows = _rows(common)
+    path = tmp_path / "roofline.png"
+    common.plot_roofline(rows, 4.25e12, 7.9e14, str(path), fp8_rate=1.3e15)
+    assert path.read_bytes().startswith(PNG)
+    common.plot_sweep([r for r in rows if r.kernel == "decode"], str(tmp_path / "sweep.png"), x="S_kv", panel="H",
+                      series="B", ceiling=4250)  # fmt: skip
+    common.plot_bars(rows, str(tmp_path / "bars.png"))
+    assert (tmp_path / "sweep.png").read_bytes().startswith(PNG) and (tmp_path / "bars.png").read_bytes()[:8] == PNG
+    env = {"gpu": "test card", "roofline": common.Roofline(4.25e12, 7.9e14, None)._asdict()}
+    text = suite.write(rows, env, str(tmp_path))
+    assert "copy 4250 GB/s" in text and "0.50x flashmla" in text
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["environment"]["gpu"] == "test card"
+    assert data["rows"][1]["ratio"] == pytest.approx(0.5) and data["rows"][1]["reference"] == "flashmla"
+    assert (tmp_path / "bench.md").read_text() == text
