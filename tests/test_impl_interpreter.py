@@ -150,16 +150,29 @@ def test_decode_errors_name_the_limit():
 
 
 @pytest.mark.parametrize(
-    "batch, row_blocks, seq, sms, expected",
+    "batch, row_blocks, rows, seq, expected",
     [
-        (1, 2, 65536, 132, 64),  # one long sequence: cut it until the SMs are busy (capped at 64)
-        (1, 1, 300, 132, 2),  # short: at least 4 key blocks of 64 per split
-        (128, 2, 65536, 132, 1),  # the batch alone fills the card
-        (8, 1, 8192, 132, 17),
+        (4, 2, 64, 65536, 16),  # 128 heads: one whole wave of 132 SMs (17 splits would start a second for 8 programs)
+        (4, 1, 16, 65536, 66),  # 16 heads, memory-bound: two whole waves, 1024 keys a split
+        (1, 1, 16, 65536, 128),  # one long sequence: capped at 128 splits
+        (1, 1, 16, 300, 1),  # short: at least 4 key blocks of 64 per split
+        (128, 2, 64, 65536, 1),  # the batch alone fills the card
+        (128, 1, 16, 4096, 2),  # 128 programs: a second whole wave of light programs
     ],
 )
-def test_num_splits_heuristic(batch, row_blocks, seq, sms, expected):
-    assert num_splits_heuristic(batch, row_blocks, seq, sms) == expected
+def test_num_splits_heuristic_examples(batch, row_blocks, rows, seq, expected):
+    assert num_splits_heuristic(batch, row_blocks, seq, 132, rows_per_block=rows) == expected
+
+
+@given(batch=st.integers(1, 256), row_blocks=st.integers(1, 4), rows=st.sampled_from([16, 32, 64]),
+       seq=st.integers(1, 1 << 17), sms=st.integers(1, 200))  # fmt: skip
+def test_num_splits_heuristic_fills_whole_waves(batch, row_blocks, rows, seq, sms):
+    splits = num_splits_heuristic(batch, row_blocks, seq, sms, rows_per_block=rows)
+    programs = batch * row_blocks * splits
+    assert 1 <= splits <= 128
+    assert splits == 1 or programs <= 2 * sms  # never a partial third wave
+    assert splits == 1 or programs <= sms or rows <= 32  # compute-heavy programs: one wave
+    assert splits == 1 or math.ceil(seq / 64) // splits >= 4  # every split streams >= 4 key blocks
 
 
 # -- prefill (varlen flash attention) ---------------------------------------------------------------------------------

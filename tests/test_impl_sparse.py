@@ -33,6 +33,7 @@ from mlaspec.impl.sparse import (  # noqa: E402
     float_keys,
     quantize_keys,
     sparse_mla,
+    decode_splits,
     sparse_mla_decode,
 )
 from mlaspec.spec import cache_layouts as cl  # noqa: E402
@@ -255,3 +256,10 @@ CASES = [c for c in curated_cases(dtypes=("float16", "float32")) if c.op in SPAR
 def test_curated_case(case):
     result = run_case(_Backend(), case, backend_name="triton")
     assert result.verdict == "pass", f"{result.reason} worst={result.worst}"
+
+
+@pytest.mark.parametrize("programs, sms, expected", [(64, 132, 2), (256, 132, 1), (32, 132, 4), (133, 132, 1)])
+def test_decode_splits_fill_one_whole_wave(programs, sms, expected):
+    splits = decode_splits(programs, sms)
+    assert splits == expected
+    assert splits == 1 or programs * splits <= sms < programs * (splits + 1)
