@@ -212,12 +212,18 @@ def _judge_records(names_prefix: str, got: torch.Tensor, old: torch.Tensor, ref:
     return ("fail" if reasons else "pass"), "; ".join(reasons), metrics, worst, {}
 
 
-def _tensor_or_error(name: str, got: object, ref: torch.Tensor):
-    if not isinstance(got, torch.Tensor):
-        return f"{name}: expected a tensor, got {type(got).__name__}"
-    if tuple(got.shape) != tuple(ref.shape) or got.dtype != ref.dtype:
-        return f"{name}: {got.dtype} {list(got.shape)}, spec {ref.dtype} {list(ref.shape)}"
-    return ""
+def _output_like(got: object, name: str, ref: torch.Tensor, what: str, *, more: bool = False):
+    """``(tensor, "")``: the backend's output ``name`` (:func:`_normalise`), a tensor of ``ref``'s shape and dtype;
+    else ``(None, why not)``, ``what`` naming the output. ``more``: further outputs may follow it."""
+    got = _normalise(got, (name,))
+    if not isinstance(got, (tuple, list)) or len(got) < 1 or (len(got) > 1 and not more):
+        return None, f"expected {what}, got {type(got).__name__}"
+    g = got[0]
+    if not isinstance(g, torch.Tensor):
+        return None, f"{name}: expected a tensor, got {type(g).__name__}"
+    if tuple(g.shape) != tuple(ref.shape) or g.dtype != ref.dtype:
+        return None, f"{name}: {g.dtype} {list(g.shape)}, spec {ref.dtype} {list(ref.shape)}"
+    return g, ""
 
 
 # -- concat_and_cache_mla --------------------------------------------------------------------------------------
@@ -246,16 +252,13 @@ def _concat_reference(**kw) -> tuple:
 
 
 def _concat_compare(kw, got, ref):
-    got = _normalise(got, ("kv_cache",))
-    if not isinstance(got, (tuple, list)) or len(got) != 1:
-        return "error", f"expected the new cache, got {type(got).__name__}", [], {}, {}
-    bad = _tensor_or_error("kv_cache", got[0], ref[0])
+    g, bad = _output_like(got, "kv_cache", ref[0], "the new cache")
     if bad:
         return "error", bad, [], {}, {}
     s = kw["slot_mapping"].to(torch.int64)
     keep = s >= 0
     x = torch.cat([kw["kv_c"], kw["k_pe"]], dim=1)[keep]
-    return _judge_records("kv_cache ", _records(got[0]), _records(kw["kv_cache"]), _records(ref[0]), s[keep], x,
+    return _judge_records("kv_cache ", _records(g), _records(kw["kv_cache"]), _records(ref[0]), s[keep], x,
                           QUANTIZED_CACHE.get(kw["kv_cache_dtype"]), kw["scale"])  # fmt: skip
 
 
@@ -340,14 +343,11 @@ def _quantize_reference(**kw) -> tuple:
 
 
 def _quantize_compare(kw, got, ref):
-    got = _normalise(got, ("raw",))
-    if not isinstance(got, (tuple, list)) or len(got) < 1:
-        return "error", f"expected the records, got {type(got).__name__}", [], {}, {}
-    bad = _tensor_or_error("raw", got[0], ref[0])
+    g, bad = _output_like(got, "raw", ref[0], "the records", more=True)
     if bad:
         return "error", bad, [], {}, {}
     t = ref[0].shape[0]
-    return _judge_records("raw ", got[0].detach().cpu(), ref[0], ref[0], torch.arange(t), kw["entries"],
+    return _judge_records("raw ", g.detach().cpu(), ref[0], ref[0], torch.arange(t), kw["entries"],
                           cl.LAYOUTS[kw["layout"]], kw["scale"])  # fmt: skip
 
 
@@ -387,14 +387,11 @@ def _write_pages_reference(**kw) -> tuple:
 
 
 def _write_pages_compare(kw, got, ref):
-    got = _normalise(got, ("pages",))
-    if not isinstance(got, (tuple, list)) or len(got) != 1:
-        return "error", f"expected the new pages, got {type(got).__name__}", [], {}, {}
-    bad = _tensor_or_error("pages", got[0], ref[0])
+    g, bad = _output_like(got, "pages", ref[0], "the new pages")
     if bad:
         return "error", bad, [], {}, {}
     layout, blk = cl.LAYOUTS[kw["layout"]], kw["block_size"]
-    g = got[0].detach().cpu()
+    g = g.detach().cpu()
     tail = blk * layout.token_bytes
     verdict = list(_judge_records("pages ", cl.from_pages(g, layout, blk), cl.from_pages(kw["pages"], layout, blk),
                                   cl.from_pages(ref[0], layout, blk), *_written(kw), layout, kw["scale"]))  # fmt: skip
@@ -615,31 +612,30 @@ def _records_picture(got: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, sl
 
 
 def _concat_picture(kw, got, ref, ratios, *, title=""):
-    got = _normalise(got, ("kv_cache",))
-    if not isinstance(got, (tuple, list)) or len(got) != 1 or _tensor_or_error("kv_cache", got[0], ref[0]):
+    g, bad = _output_like(got, "kv_cache", ref[0], "the new cache")
+    if bad:
         return {}
     s = kw["slot_mapping"].to(torch.int64)
     layout = QUANTIZED_CACHE.get(kw["kv_cache_dtype"])
     label = f"entry: [kv_c | k_pe] = {kw['kv_c'].shape[1] + kw['k_pe'].shape[1]} x {str(ref[0].dtype)[6:]}"
-    return _records_picture(_records(got[0]), _records(kw["kv_cache"]), _records(ref[0]), s[s >= 0], layout,
+    return _records_picture(_records(g), _records(kw["kv_cache"]), _records(ref[0]), s[s >= 0], layout,
                             block_size=kw["kv_cache"].shape[1], entry_label=label, title=title)  # fmt: skip
 
 
 def _write_pages_picture(kw, got, ref, ratios, *, title=""):
-    got = _normalise(got, ("pages",))
-    if not isinstance(got, (tuple, list)) or len(got) != 1 or _tensor_or_error("pages", got[0], ref[0]):
+    g, bad = _output_like(got, "pages", ref[0], "the new pages")
+    if bad:
         return {}
     layout, blk = cl.LAYOUTS[kw["layout"]], kw["block_size"]
-    records = [cl.from_pages(p.detach().cpu(), layout, blk) for p in (got[0], kw["pages"], ref[0])]
+    records = [cl.from_pages(p.detach().cpu(), layout, blk) for p in (g, kw["pages"], ref[0])]
     return _records_picture(*records, _written(kw)[0], layout, block_size=blk, title=title)
 
 
 def _quantize_picture(kw, got, ref, ratios, *, title=""):
-    got = _normalise(got, ("raw",))
-    if not isinstance(got, (tuple, list)) or len(got) < 1 or _tensor_or_error("raw", got[0], ref[0]):
+    g, bad = _output_like(got, "raw", ref[0], "the records", more=True)
+    if bad:
         return {}
-    g = got[0].detach().cpu()
-    return _records_picture(g, ref[0], ref[0], torch.arange(ref[0].shape[0]), cl.LAYOUTS[kw["layout"]],
+    return _records_picture(g.detach().cpu(), ref[0], ref[0], torch.arange(ref[0].shape[0]), cl.LAYOUTS[kw["layout"]],
                             block_size=None, title=title)  # fmt: skip
 
 
