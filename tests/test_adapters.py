@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from mlaspec.conformance import backend as backend_mod
 from mlaspec.conformance.backends.common import (
     import_first,
+    importable,
     ln_to_log2,
     log2_to_ln,
     page_kv,
@@ -47,14 +48,6 @@ KERNEL_BACKENDS = {
 }
 
 
-def _absent(name: str) -> bool:
-    try:
-        importlib.import_module(name)
-        return False
-    except Exception:  # noqa: BLE001
-        return True
-
-
 @pytest.mark.parametrize("module", ADAPTERS)
 def test_every_adapter_module_imports(module):
     importlib.import_module(f"mlaspec.conformance.backends.{module}")
@@ -63,7 +56,7 @@ def test_every_adapter_module_imports(module):
 @pytest.mark.parametrize("name", sorted(KERNEL_BACKENDS))
 def test_kernel_backend_without_its_library_raises_with_the_reason(name):
     lib = {"flashmla": "flash_mla", "deepgemm": "deep_gemm", "flashinfer": "flashinfer"}[name]
-    if not _absent(lib):
+    if importable(lib):
         pytest.skip(f"{lib} is installed here")
     with pytest.raises(ImportError, match=KERNEL_BACKENDS[name]) as info:
         backend_mod.load_backend(KNOWN_BACKENDS[name])
@@ -73,7 +66,7 @@ def test_kernel_backend_without_its_library_raises_with_the_reason(name):
 def test_vllm_backend_without_cuda_interpreter_or_sources_raises(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    if not _absent("vllm.v1.attention.backends.utils"):
+    if importable("vllm.v1.attention.backends.utils"):
         pytest.skip("vllm is installed here")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("MLASPEC_VLLM_WHEEL_DIR", raising=False)
@@ -84,7 +77,7 @@ def test_vllm_backend_without_cuda_interpreter_or_sources_raises(monkeypatch):
 def test_vllm_sources_missing_is_a_clear_import_error(monkeypatch, tmp_path):
     from mlaspec.conformance.backends.vllm import find_vllm_source
 
-    if not _absent("vllm.v1.attention.ops.triton_merge_attn_states"):
+    if importable("vllm.v1.attention.ops.triton_merge_attn_states"):
         pytest.skip("vllm is installed here")
     monkeypatch.delenv("MLASPEC_VLLM_WHEEL_DIR", raising=False)
     with pytest.raises(ImportError, match="MLASPEC_VLLM_WHEEL_DIR"):
@@ -108,7 +101,7 @@ def test_backends_command_lists_the_adapters_as_not_usable(monkeypatch):
     lines = {line.split()[0]: line for line in buf.getvalue().splitlines() if line.strip()}
     assert set(KNOWN_BACKENDS) <= set(lines)
     for name, reason in KERNEL_BACKENDS.items():
-        if _absent({"flashmla": "flash_mla", "deepgemm": "deep_gemm", "flashinfer": "flashinfer"}[name]):
+        if not importable({"flashmla": "flash_mla", "deepgemm": "deep_gemm", "flashinfer": "flashinfer"}[name]):
             assert f"not usable: ImportError: {reason}" in lines[name]
     assert "usable (" in lines["torch_sdpa"] and "attention" in lines["torch_sdpa"]
 
@@ -254,7 +247,7 @@ def test_matrix_writes_markdown_and_json(tmp_path):
     assert "`torch_sdpa`" in text and "➖ `merge_attn_states[tp8-bfloat16]`: torch_sdpa does not implement" in text
     loaded = json.loads(js.read_text())
     assert loaded["backends"]["spec"]["usable"] and "python" in loaded["environment"]
-    if _absent("flash_mla"):
+    if not importable("flash_mla"):
         assert not loaded["backends"]["flashmla"]["usable"] and "flash_mla not installed" in text
     assert (tmp_path / "torch" / "results.jsonl").exists()
     verdicts = {r["verdict"] for r in loaded["backends"]["torch"]["results"]}

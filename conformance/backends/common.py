@@ -22,6 +22,7 @@ __all__ = [
     "case_param",
     "cuda_capability",
     "import_first",
+    "importable",
     "ln_to_log2",
     "log2_to_ln",
     "page_kv",
@@ -44,6 +45,15 @@ def import_first(*names: str, what: str, hint: str = VENDOR_HINT) -> ModuleType:
         except Exception as exc:  # noqa: BLE001 - a broken extension raises OSError/RuntimeError, not only ImportError
             errors.append(f"{name}: {type(exc).__name__}: {exc}".splitlines()[0])
     raise ImportError(f"{what} not installed ({hint}); tried " + "; ".join(errors))
+
+
+def importable(name: str) -> bool:
+    """Whether module ``name`` imports here (any exception counts as no, as in :func:`import_first`)."""
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def require_cuda(what: str) -> torch.device:

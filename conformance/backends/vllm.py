@@ -68,7 +68,7 @@ import torch
 from mlaspec.spec.batch import CommonAttentionMetadata as SpecMetadata
 from mlaspec.spec.batch import Request, request_region
 
-from .common import page_kv
+from .common import importable, page_kv
 
 __all__ = ["VLLMBackend", "load_vllm_file", "load_vllm_utils", "find_vllm_source", "to_vllm_metadata"]
 
@@ -151,7 +151,7 @@ def load_vllm_file(root: Path, relpath: str) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     try:
         for k, m in stand_ins.items():
-            if k == "vllm" or not _importable(k):
+            if k == "vllm" or not importable(k):
                 sys.modules[k] = m
         spec.loader.exec_module(module)
     finally:
@@ -162,14 +162,6 @@ def load_vllm_file(root: Path, relpath: str) -> types.ModuleType:
                 sys.modules[k] = m
     sys.modules[name] = module  # Triton's JIT finds the source through the module
     return module
-
-
-def _importable(name: str) -> bool:
-    try:
-        importlib.import_module(name)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 # -- a fake vllm package, for loading utils.py without vLLM's dependencies -------------------------------------------
