@@ -23,6 +23,12 @@ def _seconds(form, b, s_q, s_kv, kw, peak_flops, bandwidth) -> float:
     return time_estimate(mla_cost(form, b, s_q, s_kv, **kw), peak_flops, bandwidth).seconds
 
 
+def _setting(batch: int, num_heads: int | None, config: MLAConfig | None, causal: bool) -> str:
+    """``B=.., N=..`` (``, causal``) for a title; ``N`` defaults to the config's head count, as in ``mla_cost``."""
+    heads = (config or MLAConfig()).num_heads if num_heads is None else num_heads
+    return f"B={batch}, N={heads}" + (", causal" if causal else "")
+
+
 def _log_points(lo: int, hi: int, points: int) -> np.ndarray:
     return np.unique(np.round(np.geomspace(lo, hi, points)).astype(int))
 
@@ -73,8 +79,7 @@ def draw_cost_crossover(
     ax.set_yscale("log")
     ax.set_xlabel("query length $S_q$ (new tokens per sequence)")
     ax.set_ylabel("roofline time estimate (µs)")
-    heads = (config or MLAConfig()).num_heads if num_heads is None else num_heads
-    ax.set_title(f"MLA attention, one layer: B={batch}, N={heads}" + (", causal" if causal else ""))
+    ax.set_title(f"MLA attention, one layer: {_setting(batch, num_heads, config, causal)}")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, ncols=2, loc="upper left")
     return fig
@@ -123,8 +128,7 @@ def draw_cost_winner_map(
     ax.set_yscale("log")
     ax.set_xlabel("context length $S_{kv}$")
     ax.set_ylabel("query length $S_q$")
-    heads = (config or MLAConfig()).num_heads if num_heads is None else num_heads
-    ax.set_title(f"Which form is faster (roofline): B={batch}, N={heads}" + (", causal" if causal else ""))
+    ax.set_title(f"Which form is faster (roofline): {_setting(batch, num_heads, config, causal)}")
     bar = fig.colorbar(mesh, ax=ax)
     bar.set_label("$\\log_2(t_{mha} / t_{absorbed})$:  > 0 absorbed wins,  < 0 mha wins")
     return fig
