@@ -254,7 +254,7 @@ def indexer_logits(
     *,
     block_m: int | None = None,
     block_n: int = 64,
-    tiles: int = 8,
+    tiles: int = 32,
     num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
@@ -268,8 +268,8 @@ def indexer_logits(
         k_scale: optional ``[N]`` float (fp32), the per-key scale.
         block_m: query tokens per program (default ``128 / H``, at least ``16 / H``); ``block_n``: keys per
             tile; ``tiles``: key tiles per program; ``num_warps`` / ``num_stages``: Triton's launch options. The
-            defaults were the fastest of 10 configurations timed on an H200 (``benchmarks/indexer.py --sweep``:
-            580 TFLOP/s at S = 8192 causal, against 370-520 for 128-key tiles or 8 warps).
+            defaults were the fastest of 19 configurations timed on an H200 (S = 8192 causal: 659 TFLOP/s; 8 tiles
+            a program 584, 128-key tiles or 8 warps 370-520).
 
     Returns:
         ``logits [M, N]`` float32, ``-inf`` outside ``[ks, ke)``.
@@ -311,7 +311,7 @@ def paged_indexer_logits(
     *,
     max_context_len: int | None = None,
     block_n: int = 64,
-    tiles: int = 8,
+    tiles: int = 32,
 ) -> torch.Tensor:
     """Decode indexer logits read from the paged fp8 cache (see the module docstring).
 
