@@ -311,7 +311,7 @@ def paged_indexer_logits(
     *,
     max_context_len: int | None = None,
     block_n: int = 64,
-    tiles: int = 32,
+    tiles: int = 8,
 ) -> torch.Tensor:
     """Decode indexer logits read from the paged fp8 cache (see the module docstring).
 
