@@ -38,6 +38,10 @@ def bench(fn: Callable[[], object], *, graph: bool = False) -> float:
     launch overhead included)."""
     import triton.testing
 
+    # do_bench_cudagraph runs fn on a fresh side stream that does not wait for the default one: without this, fn can
+    # start before its inputs exist (behind a 1 GB cache's randn, the block table is still unwritten: garbage page
+    # ids, illegal addresses; seen on the H200).
+    torch.cuda.synchronize()
     if graph:
         return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e-3
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
