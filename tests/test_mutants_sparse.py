@@ -9,12 +9,16 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlaspec.conformance.backend import load_backend
 from mlaspec.conformance.backends.torch_eager import TorchBackend
-from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.cases import Case, curated_cases
+from mlaspec.conformance.generated import case_strategy
 from mlaspec.conformance.ops import OPS
 from mlaspec.conformance.runner import run_case
+from mlaspec.spec.sparse import sparse_prefill
 
 SPARSE_OPS = ("sparse_prefill", "sparse_decode", "v4_attention", "indexer_logits", "paged_indexer_logits",
               "topk_indices")  # fmt: skip
@@ -254,3 +258,61 @@ def test_topk_accepts_any_tie_choice():
 
     for case in _cases("topk_indices", dtypes=("bfloat16", "float16")):
         assert run_case(Reversed(), case, backend_name="r").verdict == "pass", case.id
+
+
+# -- budgets: fp16 underflow under a sink ----------------------------------------------------------------------------
+# Found by hypothesis (dev profile): a sink ~7.7 above a one-key row's LSE scales it by f ~ 5e-4, so the fp16 output
+# lies below 2^-14 where rounding costs up to 2^-25 absolute; the torch and Triton backends return the correctly
+# rounded spec there and failed a budget that had only the relative u.
+HYP_164 = Case("sparse_prefill", "hyp-164", "float16", {"S_q": 2, "S_kv": 3, "H_q": 2, "H_kv": 1, "D_qk": 576,
+               "D_v": 512, "K": 1, "invalid": 0.0, "topk_length": False, "empty": 0, "sink": "finite"})  # fmt: skip
+
+
+class RoundedSpec(TorchBackend):
+    """The float64 spec correctly rounded to the case dtype (``lse``, ``max_logits`` fp32): the best any kernel can
+    return, so every budget must pass it."""
+
+    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+        out, max_logits, lse = sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+        return out.to(q.dtype), max_logits.float(), lse.float()
+
+
+class FlushesSubnormals(TorchBackend):
+    """fp16 outputs below the smallest normal flushed to zero (an FTZ store): the floor must not hide it."""
+
+    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+        out, max_logits, lse = super().sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+        return out.masked_fill(out.abs() < torch.finfo(out.dtype).smallest_normal, 0.0), max_logits, lse
+
+
+def _verdict(backend, kw, ref):
+    """The harness's judgement of ``backend`` on sparse prefill inputs ``kw`` (``ref``: the spec's outputs)."""
+    return OPS["sparse_prefill"].compare(kw, backend.sparse_prefill(**kw), ref)
+
+
+def test_hyp_164_fp16_output_below_the_smallest_normal_passes():
+    op = OPS["sparse_prefill"]
+    kw = op.make_inputs(HYP_164)
+    ref = op.reference(**kw)
+    tiny = ref[0].abs() < torch.finfo(torch.float16).smallest_normal
+    assert int(tiny.sum()) > 10, "the case no longer reaches fp16's subnormal range"
+    for backend in (TorchBackend(), RoundedSpec()):
+        r = run_case(backend, HYP_164, backend_name="t")
+        assert r.verdict == "pass", r.reason
+    assert run_case(FlushesSubnormals(), HYP_164, backend_name="m").verdict == "fail"
+
+
+@settings(max_examples=15)
+@given(case=case_strategy("sparse_prefill", dtypes=("float16",)), gap=st.floats(3.0, 16.0))
+def test_fp16_sink_far_above_lse_passes_correctly_rounded_outputs(case, gap):
+    """The family of hyp-164: a sink ``gap`` above each head's largest LSE (so ``f <= sigmoid(-gap)``) pushes
+    fp16 outputs into the subnormal range; the correctly rounded spec and the torch backend must pass."""
+    op = OPS["sparse_prefill"]
+    kw = op.make_inputs(case)
+    lse = op.reference(**kw)[2]  # the sink does not change the LSE
+    top = torch.where(torch.isfinite(lse), lse, -math.inf).amax(0)
+    kw["attn_sink"] = (torch.where(torch.isfinite(top), top, 0.0) + gap).float()
+    ref = op.reference(**kw)
+    for backend in (RoundedSpec(), TorchBackend()):
+        verdict, reason, *_ = _verdict(backend, kw, ref)
+        assert verdict == "pass", (type(backend).__name__, case, gap, reason)

@@ -21,6 +21,14 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2
 
 
+def underflow_floor(dtype: torch.dtype) -> float:
+    """``η/2``, half the smallest subnormal of ``dtype`` (``2^-25`` fp16, ``2^-134`` bf16, ``2^-150`` fp32): the
+    largest *absolute* error of rounding to ``dtype`` (round to nearest, gradual underflow) a value below its
+    smallest normal, where the relative ``u`` no longer holds. Rounding ``x`` costs at most ``u |x| + η/2``."""
+    fi = torch.finfo(dtype)
+    return fi.smallest_normal * fi.eps / 2
+
+
 @dataclass(frozen=True)
 class Op:
     """A checkable op.

@@ -15,14 +15,27 @@ head) is a batch of one query attending to the ``K`` keys its slots name, under 
 (``0 <= index < S_kv``, or ``!= -1`` for decode, and ``slot < topk_length``). That is how the spec computes it,
 and it is how the budget is derived: :func:`~mlaspec.conformance.ops.common.logit_error` and the magnitude
 ``M = Σ_j p_j |v_j|`` are computed over the gathered keys (zero at invalid slots, so NaN in unused cache rows
-never enters a budget), which gives the dense bound of :mod:`mlaspec.conformance.ops` unchanged::
+never enters a budget), which gives the dense bound of :mod:`mlaspec.conformance.ops`, with the sink factor
+``f`` and the underflow floor ``η/2`` added::
 
-    |out - ref| <= 2 * (u |ref| + (u + 2 δs) f M + (δs + 4 ε32) |ref|)
+    |out - ref| <= 2 * (u |ref| + (u + 2 δs) f M + (δs + 4 ε32) |ref| + η/2 (1 + f A))
     |lse - ref| <= 2 * (δs + ε32 |ref|),   |max_logits - ref| <= 2 * (δs + ε32 |ref|)
 
 ``f = sigmoid(lse - attn_sink)`` is the sink factor (1 without a sink): the softmax part scales by ``f``, and
 ``f`` itself, computed in fp32 from an LSE that is off by ``δs``, is off by at most ``f (1 - f) δs + 4 ε32 f
-<= f (δs + 4 ε32)`` relatively, which is the last term (``|ref| = f |out without sink|``).
+<= f (δs + 4 ε32)`` relatively, which is the third term (``|ref| = f |out without sink|``).
+
+**Underflow.** ``u`` is relative only down to the smallest normal of the case dtype (``2^-14`` in fp16); below it
+rounding costs up to ``η/2``, half the smallest subnormal (:func:`~mlaspec.conformance.ops.common.underflow_floor`,
+``2^-25`` fp16, ``2^-134`` bf16), whatever the value. Two roundings of the case dtype meet it: the output (``η/2``)
+and each weight ``p_j`` (``η/2`` per key, ``p_j`` normalised or relative to a running maximum and later scaled
+down: either way at most ``η/2`` in the normalised weight), which costs ``η/2 f A`` with ``A = Σ_j |v_j|`` over
+the row's valid keys. It shows where ``f M`` is tiny: a sink far above the LSE in fp16 (``f ~ 5e-4``, one key)
+puts whole rows below ``2^-14``, where a correctly rounded output is ``~η/2`` off while ``u |ref|`` is far smaller.
+A row whose exact output is 0 (no valid key, or ``f = 0`` under a ``+inf`` sink) gets no floor: a zero is not
+rounded, so those rows must stay exactly 0. fp32's own floor (``2^-150``) in ``f`` and the accumulators is below
+``η/2`` by ``2^16`` or more for fp16 and bf16 cases; for fp32 cases it is of the order of the fp32 accumulation
+error, which the budget, like the dense one, leaves to its factor 2.
 
 **Exact conventions.** NaN and ±inf positions are compared exactly before any value
 (:func:`~mlaspec.conformance.verdict.judge`): an empty sparse row must give LSE ``+inf`` (FlashMLA's choice; the
@@ -51,7 +64,7 @@ from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_dec
 
 from ..cases import Case
 from ..verdict import judge
-from .common import EPS32, Op, logit_error, randn, unit_roundoff, worst_rows
+from .common import EPS32, Op, logit_error, randn, underflow_floor, unit_roundoff, worst_rows
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
@@ -85,11 +98,12 @@ def gather_keys(rows: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor) 
     return g.permute(0, 2, 1, 3)
 
 
-def sparse_bounds(q, keys, valid, *, scale, d_v, attn_sink, out, lse, max_logits=None, u):
+def sparse_bounds(q, keys, valid, *, scale, d_v, attn_sink, out, lse, max_logits=None, u, eta_half=None):
     """Per-element budgets of sparse attention over gathered ``keys`` (see the module docstring).
 
     ``q [R, H_q, D]``, ``keys [R, K, H_kv, D]`` float64 (zero where invalid), ``valid [R, H_kv, K]``, the spec's
-    ``out [R, H_q, d_v]`` and ``lse [R, H_q]`` (+inf where empty). Returns ``(out_bound, lse_bound, ml_bound)``.
+    ``out [R, H_q, d_v]`` and ``lse [R, H_q]`` (+inf where empty). ``eta_half`` is the case dtype's underflow floor
+    ``η/2``, by default that of ``q``'s dtype. Returns ``(out_bound, lse_bound, ml_bound)``.
     """
     g = q.shape[1] // keys.shape[2]
     mask = valid.repeat_interleave(g, dim=1)[:, :, None, :]  # [R, H_q, 1, K]
@@ -101,8 +115,13 @@ def sparse_bounds(q, keys, valid, *, scale, d_v, attn_sink, out, lse, max_logits
     f = torch.ones_like(lse0)
     if attn_sink is not None:
         f = torch.where(empty, 0.0, torch.sigmoid(lse0 - attn_sink.to(torch.float64)[None, :]))
+    if eta_half is None:
+        eta_half = underflow_floor(q.dtype) if q.dtype.is_floating_point and q.element_size() > 1 else 0.0
+    a = keys[..., :d_v].abs().sum(1).repeat_interleave(g, dim=1)  # [R, H_q, d_v]: Σ_j |v_j| over valid keys
+    rounded = (~empty & (f > 0)).to(torch.float64)[..., None]  # an exact 0 (no key, +inf sink) is not rounded
     ref = out.abs()
-    out_b = 2 * (u * ref + ((u + 2 * ds) * f)[..., None] * m + (ds + 4 * EPS32)[..., None] * ref)
+    out_b = 2 * (u * ref + ((u + 2 * ds) * f)[..., None] * m + (ds + 4 * EPS32)[..., None] * ref
+                 + eta_half * rounded * (1 + f[..., None] * a))  # fmt: skip
     lse_b = 2 * (ds + EPS32 * lse0.abs())
     ml_b = None
     if max_logits is not None:
