@@ -4,10 +4,10 @@
   ``"fp8_ds_mla"`` (the 656-byte token) into a copy of the cache, ``slot -1`` skipped;
 * ``gather_cache``: ``cp_gather_cache`` with ``seq_starts`` (and ``gather_and_maybe_dequant_cache``'s block-aligned
   form), bit for bit, any cache dtype;
-* ``quantize`` / ``dequantize``: the 656-byte and per-tensor fp8 layouts (the writer's kernel on ``T`` one-slot
-  pages; the reader dequantizes to fp32). FlashMLA's power-of-two scales (``pow2_scales=True``) and the V4 / V4.1
-  e8m0 layouts are named limits;
-* ``write_pages``: token-interleaved layouts whose page is exactly ``P`` records (the 656-byte and per-tensor ones);
+* ``quantize`` / ``dequantize`` / ``write_pages``: every layout the writer's plan expresses
+  (:func:`mlaspec.impl.cache.plan`: the per-tensor fp8 ones, the 656-byte V3.2 token, V4's 584-byte split-row token
+  and V4.1's 528-byte MXFP8 one); the reader dequantizes to fp32. FlashMLA's power-of-two scales
+  (``pow2_scales=True``) are a named limit;
 * ``read_tokens``: any layout (split rows included), ``-1`` slots read as zeros.
 
 No op multiplies matrices, so bf16 cases run in the interpreter too.
@@ -15,20 +15,31 @@ No op multiplies matrices, so bf16 cases run in the interpreter too.
 
 from __future__ import annotations
 
-from mlaspec.spec import cache_layouts as cl
-
-from .cache import concat_and_cache_mla, dequantize_records, gather_cache, quantize_records, read_tokens
+from .cache import (
+    CACHE_DTYPES,
+    concat_and_cache_mla,
+    dequantize_records,
+    gather_cache,
+    plan,
+    quantize_records,
+    read_tokens,
+    write_pages,
+)
 
 __all__ = ["SERVING_OPS", "TritonServing"]
 
 SERVING_OPS = frozenset({"concat_and_cache_mla", "gather_cache", "quantize", "dequantize", "write_pages",
                          "read_tokens"})  # fmt: skip
-_RECORD_LAYOUTS = (cl.FP8_DS_MLA_V32.name, cl.FP8_PER_TENSOR.name, cl.FP8_E5M2_PER_TENSOR.name)
 
 
-def _layout_limit(op: str, layout: str) -> str | None:
-    if layout not in _RECORD_LAYOUTS:
-        return f"{op}: the triton cache kernels handle layouts {', '.join(_RECORD_LAYOUTS)}, not {layout}"
+def _layout_limit(op: str, case) -> str | None:
+    """The reason the writer's plan gives for a layout it cannot express (none for the spec's layouts)."""
+    if case.params.get("pow2_scales"):
+        return f"{op}: pow2_scales (FlashMLA's test quantizer) is not implemented"
+    try:
+        plan(case.params["layout"])
+    except ValueError as e:
+        return f"{op}: {e}"
     return None
 
 
@@ -38,7 +49,7 @@ class TritonServing:
     # -- limits, named -------------------------------------------------------------------------------------------
     def _unsupported_concat_and_cache_mla(self, case) -> str | None:
         kind = case.params["kv_cache_dtype"]
-        if kind not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla"):
+        if kind != "auto" and kind not in CACHE_DTYPES:
             return f"concat_and_cache_mla: kv_cache_dtype {kind!r} is not implemented"
         return None
 
@@ -46,13 +57,13 @@ class TritonServing:
         return None
 
     def _unsupported_quantize(self, case) -> str | None:
-        return _layout_limit("quantize", case.params["layout"])
+        return _layout_limit("quantize", case)
 
     def _unsupported_dequantize(self, case) -> str | None:
-        return _layout_limit("dequantize", case.params["layout"])
+        return _layout_limit("dequantize", case)
 
     def _unsupported_write_pages(self, case) -> str | None:
-        return _layout_limit("write_pages", case.params["layout"])
+        return _layout_limit("write_pages", case)
 
     def _unsupported_read_tokens(self, case) -> str | None:
         return None
@@ -80,17 +91,8 @@ class TritonServing:
     def write_pages(self, pages, entries, slot_mapping, layout, block_size, *, scale=None, pow2_scales=False):
         if pow2_scales:
             raise NotImplementedError("pow2_scales (FlashMLA's test quantizer) is not implemented")
-        lay = cl.LAYOUTS[layout] if isinstance(layout, str) else layout
-        if lay.name not in _RECORD_LAYOUTS or cl.page_bytes(lay, block_size) != block_size * lay.token_bytes:
-            raise ValueError(f"write_pages: layout {lay.name} is not one of {', '.join(_RECORD_LAYOUTS)}")
-        kind = {cl.FP8_DS_MLA_V32.name: "fp8_ds_mla", cl.FP8_PER_TENSOR.name: "fp8",
-                cl.FP8_E5M2_PER_TENSOR.name: "fp8_e5m2"}[lay.name]  # fmt: skip
         dev = self.device
-        x = entries.to(dev)
-        cache = pages.to(dev).reshape(pages.shape[0], block_size, lay.token_bytes)
-        new = concat_and_cache_mla(x[:, :512], x[:, 512:], cache, slot_mapping.to(dev), kv_cache_dtype=kind,
-                                   scale=scale)  # fmt: skip
-        return (new.reshape(pages.shape),)
+        return (write_pages(pages.to(dev), entries.to(dev), slot_mapping.to(dev), layout, block_size, scale=scale),)
 
     def read_tokens(self, pages, layout, block_size, slots):
         return read_tokens(pages.to(self.device), layout, block_size, slots.to(self.device))

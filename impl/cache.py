@@ -1,54 +1,94 @@
 """Paged MLA cache ops: ``concat_and_cache_mla`` (bf16/fp16, per-tensor fp8, the 656-byte ``fp8_ds_mla`` token),
-``gather_cache`` (``cp_gather_cache`` with ``seq_starts``), the records' dequantization and a page-record read.
+``write_pages`` (any layout of :mod:`mlaspec.spec.cache_layouts`, V4's split page rows included), ``gather_cache``
+(``cp_gather_cache`` with ``seq_starts``), the records' (de)quantization and a page-record read.
 
 Implements :func:`mlaspec.spec.paged_cache.concat_and_cache_mla`, :func:`mlaspec.spec.paged_cache.gather_cache`,
-:func:`mlaspec.spec.cache_layouts.quantize` / :func:`~mlaspec.spec.cache_layouts.dequantize` (the 656-byte and
-per-tensor layouts) and :func:`mlaspec.spec.cache_layouts.read_tokens` (any layout, split rows included). The
-conventions, as the spec states them (vLLM ``csrc/cache_kernels.cu``):
+:func:`mlaspec.spec.cache_layouts.quantize` / :func:`~mlaspec.spec.cache_layouts.dequantize` /
+:func:`~mlaspec.spec.cache_layouts.write_pages` / :func:`~mlaspec.spec.cache_layouts.read_tokens` for every layout
+in :data:`mlaspec.spec.cache_layouts.LAYOUTS`. One writer kernel and one reader kernel serve all of them: the host
+turns the layout's :class:`~mlaspec.spec.cache_layouts.Field` records into a handful of constants (:func:`plan`):
 
-* an entry is ``[kv_c (512) | k_pe (64)]``; a slot ``-1`` (padding token) writes nothing;
-* ``"auto"``: a cast to the cache dtype; ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``: ``fp8(clamp(x / scale))``
-  for all 576 values with the fp32 per-tensor ``scale`` (``__NV_SATFINITE``);
-* ``"fp8_ds_mla"`` (656 bytes, FlashMLA ``README.md``): 512 e4m3 values in 4 groups of 128, each divided by its
-  fp32 scale ``s_g = max(amax_g / 448, FLT_MIN)`` (vLLM's ``concat_and_cache_ds_mla_kernel`` stores the raw
-  ``amax / 448``, not a power of two), then the 4 scales (bytes 512..527), then the 64 RoPE values as bf16
-  (bytes 528..655);
-* ``gather_cache``: request ``b``'s token ``seq_starts[b] + i`` goes to row ``cu_seq_lens[b] + i``, copied bit for
-  bit; ``gather_and_maybe_dequant_cache`` offsets the block table by whole blocks (``seq_starts[b] // P``).
+* ``A``: the leading fp8 field, entry elements ``[0, D_A)`` at byte ``A_OFF`` -- e4m3/e5m2 under a per-tensor scale
+  (``SCALES=0``), under an fp32 scale per ``GROUP`` values (``SCALES=1``) or an e8m0 scale per ``GROUP`` values
+  (``SCALES=2``), the ``G`` scales at byte ``S_OFF``;
+* ``B``: the rest of the entry, ``[D_A, D_A + D_B)`` at byte ``B_OFF``: fp8 under the same per-tensor scale
+  (``B_KIND=1``), bf16 stored verbatim (``B_KIND=2``) or absent (``B_KIND=0``);
+* a zero pad field (``PAD`` bytes at ``PAD_OFF``), and where a record lives in its page: token-interleaved
+  (``SPLIT=0``, record ``off`` at ``off * TOKEN_BYTES``) or split (bytes ``[0, SPLIT)`` of the record at
+  ``off * SPLIT``, the rest at ``P * SPLIT + off * (TOKEN_BYTES - SPLIT)``).
+
+The layouts, as the spec states them (:mod:`mlaspec.spec.cache_layouts` cites each source):
+
+* ``fp8_e4m3_per_tensor`` / ``fp8_e5m2_per_tensor``: 576 fp8 bytes, ``fp8(clamp(x / scale))`` with vLLM's fp32
+  ``k_scale`` (``csrc/cache_kernels.cu`` ``concat_and_cache_mla_kernel``, ``__NV_SATFINITE``);
+* ``fp8_ds_mla_v32`` (656 bytes, FlashMLA ``README.md``): 512 e4m3 in 4 groups of 128 under
+  ``s_g = max(amax_g / 448, FLT_MIN)`` (fp32, not a power of two: vLLM ``concat_and_cache_ds_mla_kernel``), the 4
+  fp32 scales, the 64 RoPE values as bf16;
+* ``fp8_ds_mla_v4`` (584 bytes, FlashMLA's ``MODEL1_FP8Sparse``): 448 e4m3 in 7 groups of 64 and 64 bf16 RoPE values
+  (the 576-byte data row), 7 e8m0 scales and a zero pad byte (the 8-byte scale row); a page holds all ``P`` data rows,
+  then the ``P`` scale rows, rounded up to 576 bytes (vLLM
+  ``vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py`` ``_rope_quant_insert_kernel``);
+* ``mxfp8_ds_mla_v41`` (528 bytes): all 512 dims e4m3 in 16 groups of 32 (MXFP8), then the 16 e8m0 scales
+  (``_rope_quant_insert_mxfp8_kernel`` of the same file), placed in the page as the spec's record says
+  (``split_at``): the kernels take the placement from the layout data, not from the layout's name.
+
+e8m0 scales: ``e = ceil(log2(max(amax, 1e-4) / 448))``, byte ``clamp(e + 127, 0, 255)``, values
+``e4m3(x * 2^-e)``; a group holding NaN or inf gets byte 255 (NaN) and NaN values, as the spec's. vLLM's writers
+compute ``ceil(log2(amax * (1 / 448)))`` with fp32 ``log2`` and a rounded ``1 / 448``; here the exponent is read off
+the bits of ``amax`` (``amax = m 2^E``: ``e = E - 8 + (m > 1.75)``, 448 being ``1.75 * 2^8``), which is the exact
+ceiling the spec takes in float64. The two differ only for ``amax`` a few fp32 ulps above ``448 * 2^k``: there
+vLLM's rounded product lands on ``2^k``, it picks the scale ``2^k`` (and saturates the largest value at 448) where the
+spec and this kernel pick ``2^(k+1)``.
+
+Conventions of ``concat_and_cache_mla`` (vLLM ``csrc/cache_kernels.cu``): an entry is ``[kv_c (512) | k_pe (64)]``;
+a slot ``-1`` (padding token) writes nothing; ``"auto"`` is a cast to the cache dtype. ``gather_cache``: request
+``b``'s token ``seq_starts[b] + i`` goes to row ``cu_seq_lens[b] + i``, copied bit for bit;
+``gather_and_maybe_dequant_cache`` offsets the block table by whole blocks (``seq_starts[b] // P``).
 
 Rounding is done with integer arithmetic on the fp32 bits, not with Triton's casts, so that the bytes are the
 same on a GPU and in the interpreter (whose fp32 -> bf16 cast truncates): divisions are ``div_rn`` (correctly
-rounded, so ``amax / 448`` is the spec's fp32 scale byte for byte), fp8 values are rounded to nearest even on a
-power-of-two quantum, then saturated and packed into their bit fields; bf16 is rounded to nearest even on the bits.
+rounded, so ``amax / 448`` is the spec's fp32 scale byte for byte), an e8m0 scale is applied as an exact
+multiplication by ``2^-e``, fp8 values are rounded to nearest even on a power-of-two quantum, then saturated and
+packed into their bit fields; bf16 is rounded to nearest even on the bits. Every field is stored and loaded as
+little-endian bytes, so no field needs an aligned address.
 
-Traffic: every kernel is a copy with arithmetic on the way, one program per token (or per tile of tokens):
-``concat_and_cache_mla`` reads ``576`` input values and writes one record; ``gather_cache`` reads and writes
-``T`` records.
+Traffic: every kernel is a copy with arithmetic on the way, one program per token: the writer reads ``D`` input
+values and writes one record; ``gather_cache`` reads and writes ``T`` records.
 """
 
 from __future__ import annotations
+
+import functools
+import math
+import struct
 
 import torch
 import triton
 import triton.language as tl
 
 from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec._checks import Dims, finite_float, positive_int
 
 __all__ = [
+    "CACHE_DTYPES",
     "FORMATS",
-    "MODES",
     "concat_and_cache_mla",
     "dequantize_records",
     "gather_cache",
+    "plan",
     "quantize_records",
     "read_tokens",
+    "write_pages",
 ]
 
 FLT_MIN = float(torch.finfo(torch.float32).tiny)
 # name -> (mantissa bits, smallest normal exponent, exponent bias, largest finite)
 FORMATS = {"e4m3": (3, -6, 7, 448.0), "e5m2": (2, -14, 15, 57344.0)}
-MODES = {"auto": 0, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": 2}
-_PER_TENSOR_FMT = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
+# vLLM's kv_cache_dtype -> the layout concat_and_cache_mla writes ("auto": a cast, no layout)
+CACHE_DTYPES = {"fp8": cl.FP8_PER_TENSOR, "fp8_e4m3": cl.FP8_PER_TENSOR, "fp8_e5m2": cl.FP8_E5M2_PER_TENSOR,
+                "fp8_ds_mla": cl.FP8_DS_MLA_V32}  # fmt: skip
+_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -81,7 +121,7 @@ def _fp8_code(x, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, MA
 
 
 @triton.jit
-def _fp8_value(code, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, E4M3: tl.constexpr):
+def _fp8_value(code, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr):
     """fp8 byte (int32) -> its exact fp32 value (e4m3: 0x7F/0xFF NaN; e5m2: all-ones exponent inf/NaN)."""
     ebits: tl.constexpr = 7 - MBITS
     e = (code >> MBITS) & ((1 << ebits) - 1)
@@ -89,7 +129,7 @@ def _fp8_value(code, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr
     normal = (((e - BIAS + 127) << 23) | (mant << (23 - MBITS))).to(tl.float32, bitcast=True)
     sub = mant.to(tl.float32) * (2.0 ** (EMIN - MBITS))
     v = tl.where(e == 0, sub, normal)
-    if E4M3:
+    if MBITS == 3:  # e4m3 (fn): only S.1111.111 is NaN, no inf
         v = tl.where((e == 15) & (mant == 7), float("nan"), v)
     else:
         v = tl.where(e == 31, tl.where(mant == 0, float("inf"), float("nan")), v)
@@ -106,63 +146,160 @@ def _bf16_bits(x):
 
 
 @triton.jit
-def _concat_and_cache_kernel(
-    KV_C, K_PE, SLOTS, CACHE, CACHE8, CACHE16, CACHE32, scale,  # the cache: its own dtype, bytes, int16, fp32 words
-    stride_kvc, stride_kpe,
-    D_V: tl.constexpr, D_R: tl.constexpr, MODE: tl.constexpr, TOKEN_BYTES: tl.constexpr, GROUP: tl.constexpr,
+def _exp2i(k):
+    """int32 ``k`` in ``[-149, 127]`` -> fp32 ``2^k`` exactly (a subnormal below ``2^-126``)."""
+    normal = ((tl.maximum(k, -126) + 127) << 23).to(tl.float32, bitcast=True)
+    sub = (1 << tl.minimum(tl.maximum(k + 149, 0), 22)).to(tl.float32, bitcast=True)
+    return tl.where(k >= -126, normal, sub)
+
+
+@triton.jit
+def _e8m0_code(amax, bad, E_FLOOR: tl.constexpr, MQ_EXP: tl.constexpr, MQ_MANT: tl.constexpr):
+    """Group ``amax`` (fp32, >= 0) -> the e8m0 byte (int32) ``clamp(ceil(log2(max(amax, floor) / max_q)) + 127)``.
+
+    ``amax = m 2^E`` and ``max_q = M 2^MQ_EXP`` (``m, M`` in ``[1, 2)``): ``ceil(log2(amax / max_q))`` is
+    ``E - MQ_EXP`` when ``m <= M`` and one more when ``m > M`` -- a comparison of the 23-bit mantissa fields. The
+    floor's exponent ``E_FLOOR`` comes from the host (the spec's float64 rule); ``bad`` groups (NaN, inf) get 255.
+    """
+    bits = amax.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 - MQ_EXP + ((bits & 0x7FFFFF) > MQ_MANT).to(tl.int32)
+    code = tl.minimum(tl.maximum(tl.maximum(e, E_FLOOR) + 127, 0), 255)
+    return tl.where(bad, 255, code)
+
+
+@triton.jit
+def _e8m0_value(code):
+    """e8m0 byte (int32) -> fp32 ``2^(code - 127)``; 255 is NaN."""
+    return tl.where(code == 255, float("nan"), _exp2i(code - 127))
+
+
+@triton.jit
+def _le_bytes(bits, N: tl.constexpr, NB: tl.constexpr):
+    """``[N]`` int32 words -> their ``[N * NB]`` little-endian bytes (uint8)."""
+    shift = 8 * tl.arange(0, NB)
+    return tl.reshape((bits[:, None] >> shift[None, :]) & 0xFF, (N * NB,)).to(tl.uint8)
+
+
+@triton.jit
+def _le_load(ptr, N: tl.constexpr, NB: tl.constexpr, mask):
+    """``N`` little-endian ``NB``-byte words at ``ptr`` -> ``[N]`` int32 (0 where not ``mask``)."""
+    at = ptr + tl.arange(0, N) * NB
+    w = tl.zeros((N,), dtype=tl.int32)
+    for k in tl.static_range(NB):
+        w = w | (tl.load(at + k, mask=mask, other=0).to(tl.int32) << (8 * k))
+    return w
+
+
+@triton.jit
+def _record_at(slot, j, page_bytes, P: tl.constexpr, TOKEN_BYTES: tl.constexpr, SPLIT: tl.constexpr):
+    """Byte offset, in the page array, of byte ``j`` of the record at ``slot = block * P + off``."""
+    blk, off = slot // P, slot % P
+    if SPLIT > 0:  # data row at off * SPLIT, the rest of the record in the scale rows after all P data rows
+        at = tl.where(j < SPLIT, off * SPLIT + j, P * SPLIT + off * (TOKEN_BYTES - SPLIT) + (j - SPLIT))
+    else:
+        at = off * TOKEN_BYTES + j
+    return blk * page_bytes + at
+
+
+@triton.jit
+def _write_records_kernel(
+    X_A, X_B, SLOTS, CACHE, scale, page_bytes, stride_a, stride_b,  # entries [T, D_A] and [T, D_B]; CACHE pages
+    MODE: tl.constexpr, P: tl.constexpr, SPLIT: tl.constexpr,  # MODE 0: "auto" cast; 1: quantize into bytes
+    D_A: tl.constexpr, D_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, TOKEN_BYTES: tl.constexpr,
+    A_OFF: tl.constexpr, B_OFF: tl.constexpr, B_KIND: tl.constexpr, SCALES: tl.constexpr, GROUP: tl.constexpr,
+    G: tl.constexpr, S_OFF: tl.constexpr, SMAX: tl.constexpr, E_FLOOR: tl.constexpr, MQ_EXP: tl.constexpr,
+    MQ_MANT: tl.constexpr, PAD_OFF: tl.constexpr, PAD: tl.constexpr, BLOCK_PAD: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, MAXQ: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)
     slot = tl.load(SLOTS + t).to(tl.int64)
     if slot >= 0:  # -1: a padding token writes nothing
-        v = tl.arange(0, D_V)
-        r = tl.arange(0, D_R)
-        x = tl.load(KV_C + t.to(tl.int64) * stride_kvc + v)  # [D_V], the input dtype
-        xr = tl.load(K_PE + t.to(tl.int64) * stride_kpe + r)  # [D_R]
-        if MODE == 0:  # "auto": a cast to the cache dtype (none when the dtypes agree), latent then rope
-            row = CACHE + slot * (D_V + D_R)
-            tl.store(row + v, x.to(CACHE.dtype.element_ty))
-            tl.store(row + D_V + r, xr.to(CACHE.dtype.element_ty))
-        elif MODE == 1:  # per-tensor fp8: every value divided by the one fp32 scale, saturated
-            row = CACHE8 + slot * TOKEN_BYTES
-            x, xr = x.to(tl.float32), xr.to(tl.float32)
-            tl.store(row + v, _fp8_code(tl.math.div_rn(x, scale), MBITS, EMIN, BIAS, MAXQ).to(tl.uint8))
-            tl.store(row + D_V + r, _fp8_code(tl.math.div_rn(xr, scale), MBITS, EMIN, BIAS, MAXQ).to(tl.uint8))
-        else:  # fp8_ds_mla, 656 bytes: 512 e4m3 | 4 fp32 scales | 64 bf16
-            G: tl.constexpr = D_V // GROUP
-            x, xr = x.to(tl.float32), xr.to(tl.float32)
-            xg = tl.reshape(x, (G, GROUP))
-            amax = tl.max(tl.abs(xg), axis=1)  # [G], exact
-            s = tl.maximum(tl.math.div_rn(amax, 448.0), 1.1754943508222875e-38)  # fp32 amax / 448, FLT_MIN floor
-            code = _fp8_code(tl.math.div_rn(xg, s[:, None]), MBITS, EMIN, BIAS, MAXQ)
-            tl.store(CACHE8 + slot * TOKEN_BYTES + v, tl.reshape(code, (D_V,)).to(tl.uint8))
-            tl.store(CACHE32 + slot * (TOKEN_BYTES // 4) + D_V // 4 + tl.arange(0, G), s)
-            bf = _bf16_bits(xr)
-            tl.store(CACHE16 + slot * (TOKEN_BYTES // 2) + (D_V + 4 * G) // 2 + r, bf.to(tl.int16))
+        a = tl.arange(0, BLOCK_A)
+        a_ok = a < D_A
+        x = tl.load(X_A + t * stride_a + a, mask=a_ok, other=0.0)  # [BLOCK_A], the input dtype
+        b = tl.arange(0, BLOCK_B)
+        b_ok = b < D_B
+        if MODE == 0:  # "auto": a cast to the cache dtype (none when the dtypes agree), kv_c then k_pe
+            row = CACHE + slot * (D_A + D_B)
+            tl.store(row + a, x.to(CACHE.dtype.element_ty), mask=a_ok)
+            xb = tl.load(X_B + t * stride_b + b, mask=b_ok, other=0.0)
+            tl.store(row + D_A + b, xb.to(CACHE.dtype.element_ty), mask=b_ok)
+        else:
+            x = x.to(tl.float32)
+            # -- the A field: x / scale (per tensor, or per group of GROUP values), rounded to fp8 --------------------
+            if SCALES == 0:  # per-tensor: every value divided by the one fp32 scale, saturated
+                y = tl.math.div_rn(x, scale)
+            else:
+                NG: tl.constexpr = BLOCK_A // GROUP  # groups past G (masked input) are zeros and are not stored
+                SB: tl.constexpr = 4 if SCALES == 1 else 1  # bytes a scale
+                xg = tl.reshape(x, (NG, GROUP))
+                amax = tl.max(tl.abs(xg), axis=1)  # [NG], exact
+                if SCALES == 1:  # fp32 scale amax / SMAX (correctly rounded), FLT_MIN floor
+                    s = tl.maximum(tl.math.div_rn(amax, SMAX), 1.1754943508222875e-38)
+                    yg = tl.math.div_rn(xg, s[:, None])
+                    s_bytes = _le_bytes(s.to(tl.int32, bitcast=True), NG, 4)
+                else:  # e8m0 scale 2^e: x * 2^-e is exact; NaN / inf in a group makes the group NaN
+                    bad = tl.max(((xg != xg) | (tl.abs(xg) == float("inf"))).to(tl.int32), axis=1) > 0
+                    code = _e8m0_code(amax, bad, E_FLOOR, MQ_EXP, MQ_MANT)
+                    yg = tl.where(bad[:, None], float("nan"), xg * _exp2i(127 - code)[:, None])
+                    yg = tl.where(xg != xg, xg, yg)  # a NaN value keeps its sign, as the spec's x / NaN does
+                    s_bytes = code.to(tl.uint8)
+                y = tl.reshape(yg, (BLOCK_A,))
+                k = tl.arange(0, NG * SB)
+                tl.store(CACHE + _record_at(slot, S_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT), s_bytes,
+                         mask=k < G * SB)  # fmt: skip
+            q = _fp8_code(y, MBITS, EMIN, BIAS, MAXQ).to(tl.uint8)
+            tl.store(CACHE + _record_at(slot, A_OFF + a, page_bytes, P, TOKEN_BYTES, SPLIT), q, mask=a_ok)
+            # -- the B field: fp8 under the per-tensor scale, or bf16 verbatim -----------------------------------------
+            if B_KIND == 1:
+                xb = tl.load(X_B + t * stride_b + b, mask=b_ok, other=0.0).to(tl.float32)
+                qb = _fp8_code(tl.math.div_rn(xb, scale), MBITS, EMIN, BIAS, MAXQ).to(tl.uint8)
+                tl.store(CACHE + _record_at(slot, B_OFF + b, page_bytes, P, TOKEN_BYTES, SPLIT), qb, mask=b_ok)
+            elif B_KIND == 2:
+                xb = tl.load(X_B + t * stride_b + b, mask=b_ok, other=0.0).to(tl.float32)
+                k = tl.arange(0, 2 * BLOCK_B)
+                tl.store(CACHE + _record_at(slot, B_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT),
+                         _le_bytes(_bf16_bits(xb), BLOCK_B, 2), mask=k < 2 * D_B)  # fmt: skip
+            if PAD > 0:  # zero padding bytes
+                k = tl.arange(0, BLOCK_PAD)
+                tl.store(CACHE + _record_at(slot, PAD_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT),
+                         tl.zeros((BLOCK_PAD,), dtype=tl.uint8), mask=k < PAD)  # fmt: skip
 
 
 @triton.jit
 def _dequantize_kernel(
-    RAW8, RAW16, RAW32, OUT, scale,  # records [T, TOKEN_BYTES] as bytes / int16 / fp32 words; out [T, D_V + D_R] fp32
-    D_V: tl.constexpr, D_R: tl.constexpr, MODE: tl.constexpr, TOKEN_BYTES: tl.constexpr, GROUP: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, E4M3: tl.constexpr,
+    RAW, OUT, scale,  # records [T, TOKEN_BYTES] uint8, whole (not in pages); out [T, D_A + D_B] fp32
+    D_A: tl.constexpr, D_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, TOKEN_BYTES: tl.constexpr,
+    A_OFF: tl.constexpr, B_OFF: tl.constexpr, B_KIND: tl.constexpr, SCALES: tl.constexpr, GROUP: tl.constexpr,
+    G: tl.constexpr, S_OFF: tl.constexpr, SMAX: tl.constexpr, E_FLOOR: tl.constexpr, MQ_EXP: tl.constexpr,
+    MQ_MANT: tl.constexpr, PAD_OFF: tl.constexpr, PAD: tl.constexpr, BLOCK_PAD: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, MAXQ: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
-    v = tl.arange(0, D_V)
-    r = tl.arange(0, D_R)
-    out = OUT + t * (D_V + D_R)
-    code = tl.load(RAW8 + t * TOKEN_BYTES + v).to(tl.int32)
-    if MODE == 1:  # per-tensor: fp8 value x scale, one fp32 rounding
-        tl.store(out + v, _fp8_value(code, MBITS, EMIN, BIAS, E4M3) * scale)
-        code_r = tl.load(RAW8 + t * TOKEN_BYTES + D_V + r).to(tl.int32)
-        tl.store(out + D_V + r, _fp8_value(code_r, MBITS, EMIN, BIAS, E4M3) * scale)
-    else:  # 656 bytes: group g of 128 values x its fp32 scale; the bf16 rope widened exactly
-        G: tl.constexpr = D_V // GROUP
-        s = tl.load(RAW32 + t * (TOKEN_BYTES // 4) + D_V // 4 + tl.arange(0, G))
-        val = tl.reshape(_fp8_value(code, MBITS, EMIN, BIAS, E4M3), (G, GROUP)) * s[:, None]
-        tl.store(out + v, tl.reshape(val, (D_V,)))
-        bf = tl.load(RAW16 + t * (TOKEN_BYTES // 2) + (D_V + 4 * G) // 2 + r).to(tl.int32) & 0xFFFF
-        tl.store(out + D_V + r, (bf << 16).to(tl.float32, bitcast=True))
+    rec = RAW + t * TOKEN_BYTES
+    out = OUT + t * (D_A + D_B)
+    a = tl.arange(0, BLOCK_A)
+    a_ok = a < D_A
+    v = _fp8_value(tl.load(rec + A_OFF + a, mask=a_ok, other=0).to(tl.int32), MBITS, EMIN, BIAS)
+    if SCALES == 0:  # per-tensor: fp8 value x scale, one fp32 rounding
+        v = v * scale
+    else:  # group g of GROUP values x its scale (fp32 bytes, or e8m0 2^(byte - 127): exact)
+        NG: tl.constexpr = BLOCK_A // GROUP
+        g = tl.arange(0, NG)
+        if SCALES == 1:
+            s = _le_load(rec + S_OFF, NG, 4, g < G).to(tl.float32, bitcast=True)
+        else:
+            s = _e8m0_value(tl.load(rec + S_OFF + g, mask=g < G, other=127).to(tl.int32))
+        v = tl.reshape(tl.reshape(v, (NG, GROUP)) * s[:, None], (BLOCK_A,))
+    tl.store(out + a, v, mask=a_ok)
+    b = tl.arange(0, BLOCK_B)
+    b_ok = b < D_B
+    if B_KIND == 1:
+        vb = _fp8_value(tl.load(rec + B_OFF + b, mask=b_ok, other=0).to(tl.int32), MBITS, EMIN, BIAS) * scale
+        tl.store(out + D_A + b, vb, mask=b_ok)
+    elif B_KIND == 2:  # bf16 widened exactly
+        tl.store(out + D_A + b, (_le_load(rec + B_OFF, BLOCK_B, 2, b_ok) << 16).to(tl.float32, bitcast=True),
+                 mask=b_ok)  # fmt: skip
 
 
 @triton.jit
@@ -200,29 +337,155 @@ def _read_tokens_kernel(
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(SLOTS + t).to(tl.int64)
-    ok = slot >= 0
-    s = tl.maximum(slot, 0)
-    blk, off = s // P, s % P
     j = tl.arange(0, BLOCK)
     j_ok = j < TOKEN_BYTES
-    # byte j of token `off`'s record inside its page: interleaved, or data rows then scale rows (split layouts)
-    at = off * TOKEN_BYTES + j
-    if SPLIT > 0:
-        at = tl.where(j < SPLIT, off * SPLIT + j, P * SPLIT + off * (TOKEN_BYTES - SPLIT) + (j - SPLIT))
     keep = j_ok & ((j * 0 + slot) >= 0)  # the slot's validity as a vector (the interpreter wants one)
-    x = tl.load(PAGES + blk * page_bytes + at, mask=keep, other=0)
+    at = _record_at(tl.maximum(slot, 0), j, page_bytes, P, TOKEN_BYTES, SPLIT)
+    x = tl.load(PAGES + at, mask=keep, other=0)
     tl.store(OUT + t * TOKEN_BYTES + j, x, mask=j_ok)
-    tl.store(VALID + t, ok.to(tl.int8))
+    tl.store(VALID + t, (slot >= 0).to(tl.int8))
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Host launchers
+# Host: a layout's plan, argument checks, launchers
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    flat = cache.view(-1)
-    return flat.view(torch.uint8), flat.view(torch.int16), flat.view(torch.float32)
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(n, 1))
+
+
+def _layout(layout: object) -> cl.CacheLayout:
+    if isinstance(layout, str):
+        if layout not in cl.LAYOUTS:
+            raise ValueError(f"layout must be one of {sorted(cl.LAYOUTS)}, got {layout!r}")
+        return cl.LAYOUTS[layout]
+    if not isinstance(layout, cl.CacheLayout):
+        raise TypeError(f"layout must be a CacheLayout or a layout name, got {type(layout).__name__}")
+    return layout
+
+
+def _float32_bits(v: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+def plan(layout: cl.CacheLayout | str) -> dict:
+    """The constants the writer and reader kernels take for ``layout``, read off its fields (module docstring).
+
+    Raises:
+        ValueError: a layout these kernels cannot express (more than two value fields, a first value field that is
+            not fp8 from element 0, scales other than per-tensor / fp32 / e8m0, a field across the split, ...).
+    """
+    return dict(_plan(_layout(layout)))
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(lay: cl.CacheLayout) -> dict:
+    name = lay.name
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ValueError(f"layout {name}: {what}; the triton cache kernels cannot write it")
+
+    values = lay.value_fields
+    need(1 <= len(values) <= 2, f"{len(values)} value fields (1 or 2 supported)")
+    fa = values[0]
+    need(fa.dtype in FORMATS and fa.elements[0] == 0, "the first value field must be fp8 from entry element 0")
+    d_a = fa.elements[1]
+    kinds = {"per_tensor": 0, "fp32": 1, "e8m0": 2}
+    need(lay.scale_rule.kind in kinds, f"scale rule {lay.scale_rule.kind!r}")
+    scales = kinds[lay.scale_rule.kind]
+    consts = dict(D_A=d_a, D_B=0, BLOCK_A=_pow2(d_a), BLOCK_B=1, TOKEN_BYTES=lay.token_bytes, A_OFF=fa.offset,
+                  B_OFF=0, B_KIND=0, SCALES=scales, GROUP=_pow2(d_a), G=0, S_OFF=0, SMAX=1.0, E_FLOOR=0, MQ_EXP=0,
+                  MQ_MANT=0, PAD_OFF=0, PAD=0, BLOCK_PAD=1)  # fmt: skip
+    used = {fa.name}
+    if scales:
+        need(fa.group is not None and fa.scale_field is not None, f"field {fa.name} has no group scales")
+        sf = lay.field(fa.scale_field)
+        need(sf.dtype == ("fp32" if scales == 1 else "e8m0"), f"scale field {sf.name} is {sf.dtype}")
+        need(fa.group & (fa.group - 1) == 0 and sf.count * fa.group == d_a,
+             f"{sf.count} scales of {fa.group} values (a power of two) must cover {d_a}")  # fmt: skip
+        consts.update(GROUP=fa.group, G=sf.count, S_OFF=sf.offset, SMAX=float(lay.scale_rule.max_q))
+        used.add(sf.name)
+        if scales == 2:
+            mq, floor = lay.scale_rule.max_q, lay.scale_rule.amax_floor
+            need(float(torch.tensor(mq, dtype=torch.float32)) == mq and mq > 0, "max_q must be an fp32 value")
+            need(floor >= FLT_MIN, "the e8m0 amax floor must be a normal fp32 value")
+            m, e = math.frexp(floor / mq)  # the spec's ceil(log2(floor / max_q)), in float64
+            mq_bits = _float32_bits(mq)
+            consts.update(E_FLOOR=e - 1 if m == 0.5 else e, MQ_EXP=((mq_bits >> 23) & 0xFF) - 127,
+                          MQ_MANT=mq_bits & 0x7FFFFF)  # fmt: skip
+    else:
+        need(fa.group is None, f"field {fa.name} has groups under a per-tensor rule")
+    if len(values) == 2:
+        fb = values[1]
+        need(fb.elements[0] == d_a, f"field {fb.name} must follow {fa.name} in the entry")
+        if fb.dtype == fa.dtype and fb.group is None and scales == 0:
+            b_kind = 1
+        else:
+            need(fb.dtype == "bf16" and fb.group is None, f"field {fb.name} must be bf16 or per-tensor fp8")
+            b_kind = 2
+        d_b = fb.elements[1] - fb.elements[0]
+        consts.update(D_B=d_b, BLOCK_B=_pow2(d_b), B_OFF=fb.offset, B_KIND=b_kind)
+        used.add(fb.name)
+    need(lay.entry_dim == d_a + consts["D_B"], f"value fields cover {d_a + consts['D_B']} of {lay.entry_dim}")
+    pads = [f for f in lay.fields if f.dtype == "pad"]
+    need(len(pads) <= 1, "more than one pad field")
+    if pads:
+        consts.update(PAD_OFF=pads[0].offset, PAD=pads[0].nbytes, BLOCK_PAD=_pow2(pads[0].nbytes))
+        used.add(pads[0].name)
+    need(used == {f.name for f in lay.fields}, f"fields {sorted({f.name for f in lay.fields} - used)} not understood")
+    if lay.split_at is not None:
+        need(0 < lay.split_at < lay.token_bytes, f"split_at {lay.split_at}")
+        crossing = [f.name for f in lay.fields if f.offset < lay.split_at < f.end]
+        need(not crossing, f"fields {crossing} straddle split_at={lay.split_at}")
+    fmt = FORMATS[fa.dtype]
+    consts.update(MBITS=fmt[0], EMIN=fmt[1], BIAS=fmt[2], MAXQ=fmt[3])
+    return consts
+
+
+def _scale(layout: cl.CacheLayout, scale: object) -> float:
+    """The per-tensor scale as vLLM keeps it (fp32), 1.0 for layouts with their own scales."""
+    if layout.scale_rule.kind != "per_tensor":
+        if scale is not None:
+            raise ValueError(f"scale must be None for {layout.name}: its scales are per group and stored in the bytes")
+        return 1.0
+    if scale is None:
+        raise ValueError(f"scale is required for the per-tensor layout {layout.name}")
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1:
+            raise ValueError(f"scale must hold one value, got shape {list(scale.shape)}")
+    else:
+        finite_float("scale", scale)
+    s = float(torch.as_tensor(scale, dtype=torch.float32).reshape(()))  # vLLM keeps k_scale in fp32
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"scale must be positive and finite, got {s}")
+    return s
+
+
+def _slots(dims: Dims, name: str, slots: object, total: int, *, distinct: bool, dtypes=_INDEX_DTYPES) -> None:
+    """``slots [T]``: -1 or in ``[0, total)``, each at most once when ``distinct`` (checked on the host)."""
+    dims.tensor(name, slots, ("T",), dtypes)
+    s = slots.detach().to("cpu", torch.int64)
+    if bool(((s < -1) | (s >= total)).any()):
+        raise ValueError(f"{name} must be -1 or in [0, num_blocks * P = {total}), got {s.tolist()}")
+    keep = s[s >= 0]
+    if distinct and keep.numel() != torch.unique(keep).numel():
+        raise ValueError(f"{name} must not repeat a slot (the writes would race), got {s.tolist()}")
+
+
+def _write(x_a: torch.Tensor, x_b: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor, consts: dict, *,
+           scale: float, mode: int, p: int, page_bytes: int, split: int) -> None:  # fmt: skip
+    """Launch the writer: entry ``t``'s ``[x_a[t] | x_b[t]]`` into the record at ``slots[t]`` of ``cache``."""
+    t = x_a.shape[0]
+    if t == 0:
+        return
+    dev = cache.device
+    x_a, x_b = (x.to(dev) if x.stride(-1) == 1 else x.to(dev).contiguous() for x in (x_a, x_b))
+    _write_records_kernel[(t,)](
+        x_a, x_b, slots.to(device=dev, dtype=torch.int64).contiguous(), cache, scale, page_bytes,
+        x_a.stride(0), x_b.stride(0), MODE=mode, P=p, SPLIT=split, **consts, num_warps=4,
+    )  # fmt: skip
 
 
 def concat_and_cache_mla(
@@ -238,106 +501,117 @@ def concat_and_cache_mla(
     """Write ``[kv_c | k_pe]`` into the slots of a paged cache (see the module docstring).
 
     Args:
-        kv_c: ``[T, D_v]`` float, ``D_v`` a power of two (512); ``k_pe``: ``[T, D_rope]`` float (64).
+        kv_c: ``[T, D_v]`` float (512); ``k_pe``: ``[T, D_rope]`` float (64).
         kv_cache: ``[num_blocks, P, D_v + D_rope]`` float (``"auto"``) or uint8 ``[num_blocks, P, token_bytes]``.
-        slot_mapping: ``[T]`` int, ``-1`` skipped.
-        kv_cache_dtype: ``"auto"``, ``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` or ``"fp8_ds_mla"``.
+        slot_mapping: ``[T]`` int, ``-1`` skipped (not range-checked: vLLM's hot path).
+        kv_cache_dtype: ``"auto"`` or a key of :data:`CACHE_DTYPES` (``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``,
+            ``"fp8_ds_mla"``).
         scale: the per-tensor scale (fp8 per-tensor only).
-        out: write into this tensor (vLLM's in-place form); default a copy of ``kv_cache``.
+        out: write into this contiguous tensor (vLLM's in-place form); default a copy of ``kv_cache``.
 
     Returns:
         the written cache.
     """
-    if kv_cache_dtype not in MODES:
-        raise ValueError(f"kv_cache_dtype must be one of {sorted(MODES)}, got {kv_cache_dtype!r}")
-    mode = MODES[kv_cache_dtype]
+    if kv_cache_dtype != "auto" and kv_cache_dtype not in CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(CACHE_DTYPES)}, got {kv_cache_dtype!r}")
     T, d_v = kv_c.shape
     d_r = k_pe.shape[1]
     if k_pe.shape[0] != T or slot_mapping.shape != (T,):
         raise ValueError(f"kv_c [T, D_v], k_pe [T, D_rope] and slot_mapping [T] disagree: {list(kv_c.shape)}, "
                          f"{list(k_pe.shape)}, {list(slot_mapping.shape)}")  # fmt: skip
-    for name, n in (("D_v", d_v), ("D_rope", d_r)):
-        if n < 1 or n & (n - 1):
-            raise ValueError(f"{name} must be a power of two, got {n}")
-    token_bytes = kv_cache.shape[2] * kv_cache.element_size()
-    if mode == 0 and kv_cache.shape[2] != d_v + d_r:
-        raise ValueError(f"kv_cache must be [num_blocks, P, {d_v + d_r}] for 'auto', got {list(kv_cache.shape)}")
-    if mode != 0 and (kv_cache.dtype != torch.uint8 or d_v + d_r != 576):
-        raise ValueError(f"{kv_cache_dtype} needs a uint8 cache and 576-wide entries, got {kv_cache.dtype}, "
-                         f"{d_v + d_r}")  # fmt: skip
-    if mode == 1 and token_bytes != 576:
-        raise ValueError(f"kv_cache must be [num_blocks, P, 576] for {kv_cache_dtype}, got {list(kv_cache.shape)}")
-    if mode == 2 and token_bytes != cl.FP8_DS_MLA_V32.token_bytes:
-        raise ValueError(f"kv_cache must be [num_blocks, P, 656] for fp8_ds_mla, got {list(kv_cache.shape)}")
-    if mode == 1:
-        if scale is None:
-            raise ValueError(f"scale is required for kv_cache_dtype={kv_cache_dtype!r}")
-        s = float(torch.as_tensor(scale, dtype=torch.float32).reshape(()))  # vLLM keeps k_scale in fp32
-    elif scale is not None:
-        raise ValueError(f"scale must be None for kv_cache_dtype={kv_cache_dtype!r}")
+    if kv_cache.dim() != 3:
+        raise ValueError(f"kv_cache must be [num_blocks, P, width], got {list(kv_cache.shape)}")
+    nb, p = kv_cache.shape[:2]
+    if kv_cache_dtype == "auto":
+        if kv_cache.shape[2] != d_v + d_r:
+            raise ValueError(f"kv_cache must be [num_blocks, P, {d_v + d_r}] for 'auto', got {list(kv_cache.shape)}")
+        if scale is not None:
+            raise ValueError("scale must be None for kv_cache_dtype='auto'")
+        # a cast: only the widths matter (the rest of the constants is any layout's, unused)
+        consts, s, mode = {**plan(cl.FP8_PER_TENSOR), "D_A": d_v, "D_B": d_r, "BLOCK_A": _pow2(d_v),
+                           "BLOCK_B": _pow2(d_r)}, 1.0, 0  # fmt: skip
     else:
-        s = 1.0
-    fmt = FORMATS[_PER_TENSOR_FMT.get(kv_cache_dtype, "e4m3")]
+        layout = CACHE_DTYPES[kv_cache_dtype]
+        consts, s, mode = plan(layout), _scale(layout, scale), 1
+        if (d_v, d_r) != (consts["D_A"], consts["D_B"]):
+            raise ValueError(f"{kv_cache_dtype} writes {consts['D_A']} + {consts['D_B']} wide entries, got kv_c "
+                             f"{d_v} and k_pe {d_r}")  # fmt: skip
+        if kv_cache.dtype != torch.uint8 or kv_cache.shape[2] != layout.token_bytes:
+            raise ValueError(f"kv_cache must be uint8 [num_blocks, P, {layout.token_bytes}] for {kv_cache_dtype}, "
+                             f"got {kv_cache.dtype} {list(kv_cache.shape)}")  # fmt: skip
+    if out is not None and (out.shape != kv_cache.shape or out.dtype != kv_cache.dtype or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {kv_cache.dtype} {list(kv_cache.shape)}, got {out.dtype} "
+                         f"{list(out.shape)}")  # fmt: skip
     new = kv_cache.clone(memory_format=torch.contiguous_format) if out is None else out
-    if T == 0:
-        return new
-    dev = new.device
-    kv_c, k_pe = (x.to(dev) if x.stride(-1) == 1 else x.to(dev).contiguous() for x in (kv_c, k_pe))
-    slots = slot_mapping.to(device=dev, dtype=torch.int64).contiguous()
-    c8, c16, c32 = _views(new) if token_bytes % 4 == 0 else (new.view(-1).view(torch.uint8), new, new)
-    _concat_and_cache_kernel[(T,)](
-        kv_c, k_pe, slots, new, c8, c16, c32, s, kv_c.stride(0), k_pe.stride(0),
-        D_V=d_v, D_R=d_r, MODE=mode, TOKEN_BYTES=token_bytes, GROUP=128,
-        MBITS=fmt[0], EMIN=fmt[1], BIAS=fmt[2], MAXQ=fmt[3], num_warps=4,
-    )  # fmt: skip
+    _write(kv_c, k_pe, slot_mapping, new, consts, scale=s, mode=mode, p=p, page_bytes=p * kv_cache.shape[2], split=0)
     return new
 
 
-def _layout_mode(layout: cl.CacheLayout) -> tuple[str, int]:
-    if layout is cl.FP8_DS_MLA_V32 or layout.name == cl.FP8_DS_MLA_V32.name:
-        return "fp8_ds_mla", 2
-    if layout.name == cl.FP8_PER_TENSOR.name:
-        return "fp8", 1
-    if layout.name == cl.FP8_E5M2_PER_TENSOR.name:
-        return "fp8_e5m2", 1
-    raise ValueError(f"layout must be one of {cl.FP8_DS_MLA_V32.name}, {cl.FP8_PER_TENSOR.name}, "
-                     f"{cl.FP8_E5M2_PER_TENSOR.name}, got {layout.name}")  # fmt: skip
+def write_pages(
+    pages: torch.Tensor,
+    entries: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    layout: cl.CacheLayout | str,
+    block_size: int,
+    *,
+    scale: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Quantize ``entries [T, D]`` into the records at ``slot_mapping [T]`` (``-1`` skipped) of page blocks
+    ``pages [num_blocks, page_bytes(layout, block_size)]`` uint8: :func:`mlaspec.spec.cache_layouts.write_pages`.
+
+    Split layouts (V4) get their data and scale rows where the page puts them; alignment padding past
+    ``P * token_bytes`` is left alone. ``out``: write into this contiguous tensor (default: a copy of ``pages``).
+
+    Raises:
+        TypeError / ValueError: naming the argument -- wrong dtype or shape, a slot out of range or repeated, a
+            per-tensor ``scale`` missing (or given for a layout with its own scales).
+    """
+    lay = _layout(layout)
+    p = positive_int("block_size", block_size)
+    consts = plan(lay)
+    s = _scale(lay, scale)
+    pb = cl.page_bytes(lay, p)
+    dims = Dims()
+    dims.tensor("pages", pages, ("num_blocks", pb), (torch.uint8,))
+    dims.tensor("entries", entries, ("T", lay.entry_dim), _INPUT_DTYPES)
+    _slots(dims, "slot_mapping", slot_mapping, dims["num_blocks"] * p, distinct=True)
+    if out is not None and (out.shape != pages.shape or out.dtype != torch.uint8 or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous uint8 {list(pages.shape)}, got {out.dtype} {list(out.shape)}")
+    new = pages.clone(memory_format=torch.contiguous_format) if out is None else out
+    d_a = consts["D_A"]
+    _write(entries[:, :d_a], entries[:, d_a:] if consts["D_B"] else entries, slot_mapping, new, consts, scale=s,
+           mode=1, p=p, page_bytes=pb, split=lay.split_at or 0)  # fmt: skip
+    return new
 
 
 def quantize_records(entries: torch.Tensor, layout: cl.CacheLayout | str, *, scale=None) -> torch.Tensor:
-    """``[T, 576]`` entries -> ``[T, token_bytes]`` uint8 records of the 656-byte or a per-tensor fp8 layout."""
-    layout = cl.LAYOUTS[layout] if isinstance(layout, str) else layout
-    kind, _ = _layout_mode(layout)
+    """``[T, D]`` entries (fp16/bf16/fp32) -> ``[T, token_bytes]`` uint8 records of ``layout``, each record whole
+    (the spec's :func:`~mlaspec.spec.cache_layouts.quantize`; page placement is :func:`write_pages`'s)."""
+    lay = _layout(layout)
+    consts = plan(lay)
+    s = _scale(lay, scale)
+    Dims().tensor("entries", entries, ("T", lay.entry_dim), _INPUT_DTYPES)
     t = entries.shape[0]
-    records = torch.empty(t, 1, layout.token_bytes, dtype=torch.uint8, device=entries.device)
-    slots = torch.arange(t, device=entries.device)
-    return concat_and_cache_mla(entries[:, :512], entries[:, 512:], records, slots, kv_cache_dtype=kind, scale=scale,
-                                out=records).view(t, layout.token_bytes)  # fmt: skip
+    records = torch.zeros(t, lay.token_bytes, dtype=torch.uint8, device=entries.device)
+    d_a = consts["D_A"]
+    _write(entries[:, :d_a], entries[:, d_a:] if consts["D_B"] else entries, torch.arange(t, device=entries.device),
+           records, consts, scale=s, mode=1, p=1, page_bytes=lay.token_bytes, split=0)  # fmt: skip
+    return records
 
 
 def dequantize_records(raw: torch.Tensor, layout: cl.CacheLayout | str, *, scale=None) -> torch.Tensor:
-    """``[T, token_bytes]`` uint8 records of the 656-byte or a per-tensor fp8 layout -> ``[T, 576]`` float32."""
-    layout = cl.LAYOUTS[layout] if isinstance(layout, str) else layout
-    kind, mode = _layout_mode(layout)
-    if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] != layout.token_bytes:
-        raise ValueError(f"raw must be uint8 [T, {layout.token_bytes}], got {raw.dtype} {list(raw.shape)}")
-    if mode == 1:
-        if scale is None:
-            raise ValueError(f"scale is required for the per-tensor layout {layout.name}")
-        s = float(torch.as_tensor(scale, dtype=torch.float32).reshape(()))
-    else:
-        s = 1.0
+    """``[T, token_bytes]`` uint8 records of ``layout`` -> ``[T, D]`` float32 (``decode(q) * s``, one rounding; exact
+    for e8m0 scales). Pad bytes are not read."""
+    lay = _layout(layout)
+    consts = plan(lay)
+    s = _scale(lay, scale)
+    Dims().tensor("raw", raw, ("T", lay.token_bytes), (torch.uint8,))
     raw = raw.contiguous()
     t = raw.shape[0]
-    out = torch.empty(t, 576, dtype=torch.float32, device=raw.device)
-    if t == 0:
-        return out
-    fmt = FORMATS[_PER_TENSOR_FMT.get(kind, "e4m3")]
-    r8, r16, r32 = _views(raw) if layout.token_bytes % 4 == 0 else (raw, raw, raw)
-    _dequantize_kernel[(t,)](
-        r8, r16, r32, out, s, D_V=512, D_R=64, MODE=mode, TOKEN_BYTES=layout.token_bytes, GROUP=128,
-        MBITS=fmt[0], EMIN=fmt[1], BIAS=fmt[2], E4M3=fmt[0] == 3, num_warps=4,
-    )  # fmt: skip
+    out = torch.empty(t, lay.entry_dim, dtype=torch.float32, device=raw.device)
+    if t:
+        _dequantize_kernel[(t,)](raw, out, s, **consts, num_warps=4)  # takes the whole plan, uses what it needs
     return out
 
 
@@ -354,7 +628,7 @@ def gather_cache(
     """Gather each request's entries into packed rows, bit for bit (see the module docstring).
 
     Args:
-        kv_cache: ``[num_blocks, P, *entry]`` any dtype.
+        kv_cache: ``[num_blocks, P, *entry]`` any dtype (token-interleaved records: a split V4 page is not one).
         block_table: ``[B, max_blocks]`` int.
         cu_seq_lens: ``[B + 1]`` int.
         batch_size: ``B`` (must equal ``block_table.shape[0]`` when given).
@@ -398,21 +672,24 @@ def gather_cache(
 
 def read_tokens(pages: torch.Tensor, layout: cl.CacheLayout | str, block_size: int,
                 slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Records ``[N, token_bytes]`` uint8 at ``slots`` out of page blocks ``[num_blocks, page_bytes]``, ``-1`` -> zeros.
+    """Records ``[N, token_bytes]`` uint8 at ``slots`` out of page blocks ``[num_blocks, page_bytes]``, ``-1`` -> zeros
+    (any layout, split rows included).
 
     Returns ``(raw, valid)``: ``valid [N]`` bool marks ``slots >= 0``.
     """
-    layout = cl.LAYOUTS[layout] if isinstance(layout, str) else layout
-    if pages.dtype != torch.uint8 or pages.dim() != 2:
-        raise ValueError(f"pages must be uint8 [num_blocks, page_bytes], got {pages.dtype} {list(pages.shape)}")
-    pages = pages.contiguous()
+    lay = _layout(layout)
+    p = positive_int("block_size", block_size)
+    pb = cl.page_bytes(lay, p)
+    dims = Dims()
+    dims.tensor("pages", pages, ("num_blocks", pb), (torch.uint8,))
+    _slots(dims, "slots", slots, dims["num_blocks"] * p, distinct=False, dtypes=(*_INDEX_DTYPES, torch.int16))
     n = slots.shape[0]
-    raw = torch.empty(n, layout.token_bytes, dtype=torch.uint8, device=pages.device)
+    pages = pages.contiguous()
+    raw = torch.empty(n, lay.token_bytes, dtype=torch.uint8, device=pages.device)
     valid = torch.empty(n, dtype=torch.int8, device=pages.device)
     if n:
         _read_tokens_kernel[(n,)](
-            pages, slots.to(device=pages.device, dtype=torch.int64).contiguous(), raw, valid, pages.shape[1],
-            P=block_size, TOKEN_BYTES=layout.token_bytes, SPLIT=layout.split_at or 0,
-            BLOCK=triton.next_power_of_2(layout.token_bytes), num_warps=4,
+            pages, slots.to(device=pages.device, dtype=torch.int64).contiguous(), raw, valid, pb,
+            P=p, TOKEN_BYTES=lay.token_bytes, SPLIT=lay.split_at or 0, BLOCK=_pow2(lay.token_bytes), num_warps=4,
         )  # fmt: skip
     return raw, valid.bool()

@@ -8,8 +8,14 @@ the two can differ by one fp8 step at a tie, which the harness budgets); slot ``
 (NaN fill), amax 336 / 448 / 0 / tiny
 groups, saturation past the per-tensor range, e5m2, gathers with unaligned ``seq_starts`` from shuffled pages with
 NaN pages, empty requests, the round trip quantize -> dequantize, and split-row page reads with ``-1`` slots.
+
+The e8m0 layouts (V4's 584-byte split-row token, V4.1's 528-byte MXFP8 one) have no fp32 division: their bytes
+must equal the spec's exactly -- every group's scale byte at and around the ``448 * 2^k`` boundaries, NaN / inf
+groups, and random entries drawn by hypothesis (records, pages and the reads back). Bad arguments raise
+``TypeError`` / ``ValueError`` naming the argument.
 """
 
+import dataclasses
 import math
 import os
 import sys
@@ -46,9 +52,7 @@ def _u8(t):
 @pytest.mark.parametrize("case", curated_cases(ops=OPS, dtypes=("bfloat16", "float16", "float32")), ids=str)
 def test_harness_cases(case):
     r = run_case(TritonWithServing(), case, backend_name="triton")
-    assert r.verdict in ("pass", "skip"), f"{case.id}: {r.verdict}: {r.reason}"
-    if r.verdict == "skip":  # only the named layout limits (V4 / V4.1 e8m0 writers) may skip
-        assert "fp8_ds_mla_v4" in r.reason or "mxfp8_ds_mla_v41" in r.reason, r.reason
+    assert r.verdict == "pass", f"{case.id}: {r.verdict}: {r.reason}"
 
 
 def _entries(seed, t, dtype):
@@ -124,9 +128,155 @@ def test_dequantize_nan_records_stay_nan():
     assert torch.isnan(kc.dequantize_records(per, "fp8_e4m3_per_tensor", scale=0.5)).all()
 
 
-def test_quantize_rejects_e8m0_layouts():
-    with pytest.raises(ValueError, match="layout"):
-        kc.quantize_records(torch.zeros(2, 512), cl.FP8_DS_MLA_V4)
+E8M0 = ("fp8_ds_mla_v4", "mxfp8_ds_mla_v41")
+
+
+@st.composite
+def _e8m0_problem(draw):
+    """A tiny V4 / V4.1 problem: entries of per-token magnitude ``2^k`` with planted groups, in a case dtype."""
+    lay = cl.LAYOUTS[draw(st.sampled_from(E8M0))]
+    dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32]))
+    t = draw(st.integers(1, 5))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    x = torch.randn(t, lay.entry_dim, generator=g, dtype=torch.float64)
+    x *= torch.exp2(torch.randint(-8, 9, (t, 1), generator=g).double())
+    group = lay.value_fields[0].group
+    for row, kind, k in draw(st.lists(st.tuples(st.integers(0, t - 1), st.sampled_from(["zero", "tiny", "boundary"]),
+                                                st.integers(-12, 10)), max_size=3)):  # fmt: skip
+        cols = slice(k % 7 * group, (k % 7 + 1) * group)
+        if kind == "zero":
+            x[row, cols] = 0.0
+        elif kind == "tiny":  # below the e8m0 amax floor 1e-4: fp8 subnormals
+            x[row, cols] *= 1e-6
+        else:  # amax exactly 448 * 2^k: the scale 2^k with no rounding up
+            x[row, cols] = x[row, cols].clamp(-400 * 2.0**k, 400 * 2.0**k)
+            x[row, cols.start] = -448 * 2.0**k
+    return lay, x.to(dtype)
+
+
+@given(_e8m0_problem())
+def test_e8m0_records_equal_the_spec_byte_for_byte(problem):
+    lay, x = problem
+    raw = kc.quantize_records(x, lay)
+    ref = cl.quantize(x, lay).raw
+    assert torch.equal(raw, ref), f"{lay.name}: {int((raw != ref).sum())} bytes differ"
+    back = kc.dequantize_records(raw, lay)
+    assert torch.equal(back.double(), cl.dequantize(ref, lay).entries)  # power-of-two scales: exact in fp32
+
+
+@given(_e8m0_problem(), st.integers(1, 4), st.integers(0, 2**16))
+def test_e8m0_pages_equal_the_spec_byte_for_byte(problem, p, seed):
+    lay, x = problem
+    t = x.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    nb = -(-(t + 1) // p)
+    pages = torch.randint(0, 256, (nb, cl.page_bytes(lay, p)), generator=g, dtype=torch.uint8)  # no slot is clean
+    slots = torch.randperm(nb * p, generator=g)[:t]
+    slots[torch.rand(t, generator=g) < 0.3] = -1  # padding tokens
+    before = pages.clone()
+    got = kc.write_pages(pages, x, slots, lay, p)
+    assert torch.equal(pages, before), "the input pages were written"
+    assert torch.equal(got, cl.write_pages(pages, x, slots, lay, p))  # untouched slots and the alignment tail too
+    raw, valid = kc.read_tokens(got, lay, p, slots)
+    keep = slots >= 0
+    assert torch.equal(valid, keep)
+    assert torch.equal(raw[keep], cl.quantize(x[keep], lay).raw) and not raw[~keep].any()
+
+
+@pytest.mark.parametrize("layout", E8M0)
+def test_e8m0_scale_bytes_at_every_power_of_two_boundary(layout):
+    """Each group's amax is ``448 * 2^k`` or its fp32 neighbour above / below, k from -30 to 30: the exponent read
+    off the bits is the spec's exact ``ceil(log2(max(amax, 1e-4) / 448))``."""
+    lay = cl.LAYOUTS[layout]
+    f = lay.value_fields[0]
+    edge = torch.tensor([448.0 * 2.0**k for k in range(-30, 31)], dtype=torch.float32)
+    probes = torch.cat([edge, torch.nextafter(edge, edge * 2), torch.nextafter(edge, edge * 0),
+                        torch.tensor([0.0, 1e-4, 1.0001e-4, 9.999e-5, 2.0**-126, 3e38])])  # fmt: skip
+    per_row = (f.elements[1] - f.elements[0]) // f.group
+    t = -(-probes.numel() // per_row)
+    x = torch.zeros(t, lay.entry_dim)
+    for i, a in enumerate(probes.tolist()):
+        row, grp = divmod(i, per_row)
+        x[row, grp * f.group : (grp + 1) * f.group] = torch.linspace(-a, a / 3, f.group)
+    assert torch.equal(kc.quantize_records(x, lay), cl.quantize(x, lay).raw)
+
+
+@pytest.mark.parametrize("layout", E8M0)
+def test_e8m0_nan_inf_and_signed_zero_groups_match_the_spec(layout):
+    lay = cl.LAYOUTS[layout]
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(3))
+    x[0, 3], x[0, 5] = math.nan, -math.nan  # a NaN group: scale byte 255, NaN values, a NaN keeps its sign
+    x[1, 40], x[3, 100] = math.inf, -math.inf
+    x[2] = -0.0
+    x[3, 0], x[3, 70:80] = 3e38, 1e-40  # near fp32's top; fp32 subnormals
+    raw = kc.quantize_records(x, lay)
+    assert torch.equal(raw, cl.quantize(x, lay).raw)
+    back, ref = kc.dequantize_records(raw, lay), cl.dequantize(raw, lay).entries.float()
+    assert torch.equal(back.isnan(), ref.isnan()) and torch.equal(back.nan_to_num(), ref.nan_to_num())
+
+
+def test_a_split_v41_page_follows_from_the_layout_data():
+    """vLLM's V4.1 writer (``_rope_quant_insert_mxfp8_kernel``) puts the 16 scale bytes after all ``P`` data rows;
+    the same layout record with ``split_at=512`` needs no kernel change."""
+    lay = dataclasses.replace(cl.MXFP8_DS_MLA_V41, name="mxfp8_v41_split", split_at=512, page_alignment=512)
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    pages = torch.full((2, cl.page_bytes(lay, 4)), 0xFF, dtype=torch.uint8)
+    slots = torch.tensor([6, -1, 0, 3, 5])
+    got = kc.write_pages(pages, x, slots, lay, 4)
+    assert torch.equal(got, cl.write_pages(pages, x, slots, lay, 4))
+    assert torch.equal(kc.read_tokens(got, lay, 4, slots)[0], cl.read_tokens(got, lay, 4, slots).raw)
+
+
+def test_plan_reads_the_layouts():
+    v4, v41, v32 = kc.plan("fp8_ds_mla_v4"), kc.plan(cl.MXFP8_DS_MLA_V41), kc.plan("fp8_ds_mla_v32")
+    assert (v4["D_A"], v4["D_B"], v4["GROUP"], v4["G"], v4["S_OFF"], v4["B_OFF"], v4["PAD_OFF"]) == (
+        448, 64, 64, 7, 576, 448, 583)
+    assert (v41["D_A"], v41["D_B"], v41["GROUP"], v41["G"], v41["S_OFF"], v41["PAD"]) == (512, 0, 32, 16, 512, 0)
+    assert (v4["E_FLOOR"], v4["MQ_EXP"], v4["MQ_MANT"]) == (-22, 8, 0x600000)  # 1e-4 / 448 -> 2^-22; 448 = 1.75 2^8
+    assert (v32["SCALES"], v32["B_KIND"], kc.plan("fp8_e5m2_per_tensor")["B_KIND"]) == (1, 2, 1)
+    odd = cl.CacheLayout("bf16-only", "x", 64, 128, (cl.Field("v", 0, 128, "bf16", 64, "", (0, 64)),),
+                         cl.ScaleRule("per_tensor"))  # fmt: skip
+    with pytest.raises(ValueError, match="bf16-only"):
+        kc.plan(odd)
+
+
+_X = torch.zeros(2, 512)
+
+
+@pytest.mark.parametrize("call,error,name", [
+    (lambda: kc.quantize_records(_X.double(), "fp8_ds_mla_v4"), TypeError, "entries"),
+    (lambda: kc.quantize_records(_X[:, :500], "fp8_ds_mla_v4"), ValueError, "entries"),
+    (lambda: kc.quantize_records(_X[0], "mxfp8_ds_mla_v41"), ValueError, "entries"),
+    (lambda: kc.quantize_records(_X, "fp8_ds_mla_v5"), ValueError, "layout"),
+    (lambda: kc.quantize_records(_X, 584), TypeError, "layout"),
+    (lambda: kc.quantize_records(_X, "fp8_ds_mla_v4", scale=0.5), ValueError, "scale"),
+    (lambda: kc.quantize_records(torch.zeros(2, 576), "fp8_e4m3_per_tensor"), ValueError, "scale"),
+    (lambda: kc.quantize_records(torch.zeros(2, 576), "fp8_e4m3_per_tensor", scale=-1.0), ValueError, "scale"),
+    (lambda: kc.quantize_records(torch.zeros(2, 576), "fp8_e4m3_per_tensor", scale="1"), TypeError, "scale"),
+    (lambda: kc.dequantize_records(torch.zeros(2, 584, dtype=torch.int8), "fp8_ds_mla_v4"), TypeError, "raw"),
+    (lambda: kc.dequantize_records(torch.zeros(2, 528, dtype=torch.uint8), "fp8_ds_mla_v4"), ValueError, "raw"),
+    (lambda: kc.write_pages(torch.zeros(2, 584 * 4, dtype=torch.uint8), _X, torch.arange(2), "fp8_ds_mla_v4", 4),
+     ValueError, "pages"),
+    (lambda: kc.write_pages(torch.zeros(2, 528 * 4, dtype=torch.uint8), _X, torch.tensor([0, 8]),
+                            "mxfp8_ds_mla_v41", 4), ValueError, "slot_mapping"),
+    (lambda: kc.write_pages(torch.zeros(2, 528 * 4, dtype=torch.uint8), _X, torch.tensor([3, 3]),
+                            "mxfp8_ds_mla_v41", 4), ValueError, "slot_mapping"),
+    (lambda: kc.write_pages(torch.zeros(2, 528 * 4, dtype=torch.uint8), _X, torch.tensor([0.0, 1.0]),
+                            "mxfp8_ds_mla_v41", 4), TypeError, "slot_mapping"),
+    (lambda: kc.write_pages(torch.zeros(2, 528 * 4, dtype=torch.uint8), _X, torch.arange(3), "mxfp8_ds_mla_v41", 4),
+     ValueError, "slot_mapping"),
+    (lambda: kc.write_pages(torch.zeros(2, 528, dtype=torch.uint8), _X, torch.arange(2), "mxfp8_ds_mla_v41", 0),
+     ValueError, "block_size"),
+    (lambda: kc.write_pages(torch.zeros(2, 528, dtype=torch.uint8), _X, torch.arange(2), "mxfp8_ds_mla_v41", 1.0),
+     TypeError, "block_size"),
+    (lambda: kc.read_tokens(torch.zeros(1, 1152, dtype=torch.uint8), "fp8_ds_mla_v4", 1, torch.tensor([1])),
+     ValueError, "slots"),
+    (lambda: kc.read_tokens(torch.zeros(1, 584, dtype=torch.uint8), "fp8_ds_mla_v4", 1, torch.tensor([0])),
+     ValueError, "pages"),
+])  # fmt: skip
+def test_bad_arguments_are_named(call, error, name):
+    with pytest.raises(error, match=name):
+        call()
 
 
 def _gather_problem(seed, p, lens, starts, dtype, entry=None):
