@@ -29,8 +29,9 @@ The layouts, as the spec states them (:mod:`mlaspec.spec.cache_layouts` cites ea
   then the ``P`` scale rows, rounded up to 576 bytes (vLLM
   ``vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py`` ``_rope_quant_insert_kernel``);
 * ``mxfp8_ds_mla_v41`` (528 bytes): all 512 dims e4m3 in 16 groups of 32 (MXFP8), then the 16 e8m0 scales
-  (``_rope_quant_insert_mxfp8_kernel`` of the same file), placed in the page as the spec's record says
-  (``split_at``): the kernels take the placement from the layout data, not from the layout's name.
+  (``_rope_quant_insert_mxfp8_kernel`` of the same file), split in the page like V4 (the ``P`` 512-byte data rows,
+  then the 16-byte scale rows, rounded up to 512 bytes), as the spec's record says (``split_at``): the kernels take
+  the placement from the layout data, not from the layout's name.
 
 e8m0 scales: ``e = ceil(log2(max(amax, 1e-4) / 448))``, byte ``clamp(e + 127, 0, 255)``, values
 ``e4m3(x * 2^-e)``; a group holding NaN or inf gets byte 255 (NaN) and NaN values, as the spec's. vLLM's writers

@@ -27,23 +27,44 @@ Layouts (and the source each comes from):
   (``_rope_quant_insert_kernel``), ``vllm/v1/attention/backends/mla/flashmla_sparse.py`` (layout note) and FlashMLA
   ``tests/quant.py``.
 * :data:`MXFP8_DS_MLA_V41` (528 B, DeepSeek V4.1): all 512 dims (RoPE included, rotated before quantization) as
-  e4m3, then 16 e8m0 scales (one per 32 values, i.e. MXFP8), *interleaved*: each token's scales directly follow its
-  own data. vLLM ``fused_compress_quant_cache.py`` (``_rope_quant_insert_mxfp8_kernel``) and the layout note in
-  ``flashmla_sparse.py``. (So V4 and V4.1 do *not* share a record width: 584 vs 528 bytes; FlashMLA's snapshot of
-  April 2026 knows only the 584-byte ``MODEL1`` layout.)
+  e4m3, then 16 e8m0 scales (one per 32 values, i.e. MXFP8). Split like V4, *not* token-interleaved: a page block
+  holds the 512-byte data rows of all ``P`` tokens, then the 16-byte scale rows, rounded up to a multiple of 512
+  bytes. vLLM ``vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py`` at commit ``1bd28daa``
+  (``_rope_quant_insert_mxfp8_kernel``: ``values = page + off * 512``, ``scales = page + P * 512 + off * 16``) and
+  the layout note of ``vllm/v1/attention/backends/mla/flashmla_sparse.py`` at commit ``008a0c31`` ("a page holds all
+  its data rows first and all its scale rows after ... rounded up to the decode kernel's TMA stride (576 B for V4,
+  512 B for V4.1)"). (So V4 and V4.1 do *not* share a record width: 584 vs 528 bytes; FlashMLA's snapshot of April
+  2026 knows only the 584-byte ``MODEL1`` layout.)
 
-e8m0 scales (vLLM's V4 / V4.1 writers): ``e = ceil(log2(max(amax, 1e-4) / 448))``, byte ``clamp(e + 127, 0, 255)``,
-scale ``2^(byte - 127)``; the values are ``e4m3(clamp(x * 2^-e, -448, 448))``.
+e8m0 scales (V4 / V4.1). Two exponent rules, chosen with ``quantize(..., e8m0_rule=...)``:
+
+* ``"exact"`` (the default): ``e = ceil(log2(max(amax, 1e-4) / 448))`` taken exactly (float64, exact at powers of
+  two), so ``2^e >= amax / 448`` always. The default because no value of a group ever saturates (the scale is the
+  smallest power of two that holds the group, the format's intent) and because the bytes do not depend on how a
+  device rounds ``log2``; ``impl.cache`` writes it too.
+* ``"vllm_fp32"``: vLLM's writers as written, ``amax = maximum(amax, 1e-4)``, ``exponent = ceil(log2(amax * (1.0 /
+  448.0)))``, every step in fp32 (``_rope_quant_insert_kernel`` and ``_rope_quant_insert_mxfp8_kernel`` of
+  ``fused_compress_quant_cache.py`` at ``1bd28daa``). fp32 rounding of ``amax``, of ``1 / 448`` (rounded up by
+  ``0.375`` ulp) and of the product, then of ``log2``, can land ``log2`` exactly on the integer ``k`` when ``amax``
+  is a few fp32 ulps above ``448 * 2^k``: vLLM then picks the scale ``2^k`` and the group's largest value saturates
+  at ``448`` (an error of those few ulps), where the exact rule picks ``2^(k+1)``. Elsewhere the two agree: the
+  vLLM exponent is always the exact one or one less. The spec takes the fp32 ``log2`` correctly rounded (float64
+  ``log2`` rounded to fp32); a GPU's fp32 ``log2`` need not be, so on a device the values that flip can differ
+  (still only values near a boundary ``448 * 2^k``).
+
+Both: byte ``clamp(e + 127, 0, 255)`` (a NaN or inf group: 255, read back as NaN), scale ``2^(byte - 127)``, values
+``e4m3(clamp(x * 2^-e, -448, 448))``.
 
 Error bound (:func:`error_bound`): for a value ``x`` stored in a float format with ``m`` mantissa bits under scale
 ``s`` (``s = 1`` when unscaled), round-to-nearest-even gives::
 
     |x_hat - x| <= max(2^-(m+1) * |x|, 2^(e_min - m - 1) * s)  +  max(0, |x| - max_finite * s)
-                   ^ normal range       ^ subnormal range         ^ saturation (per-tensor scales only)
+                   ^ normal range       ^ subnormal range         ^ saturation (per-tensor scales; see below)
 
 e4m3: ``m = 3, e_min = -6, max_finite = 448`` (half-ulp ``2^-4`` relative, ``2^-10 s`` absolute); e5m2: ``m = 2,
-e_min = -14, max_finite = 57344``; bf16: ``m = 7`` (``2^-8`` relative). Group scales (fp32 ``amax/448`` or e8m0
-``>= amax/448``) never saturate, so the error of every value in a group is at most ``2^-4`` of the group's amax.
+e_min = -14, max_finite = 57344``; bf16: ``m = 7`` (``2^-8`` relative). Group scales hardly saturate: exact e8m0
+(``>= amax/448``) never, fp32 ``amax/448`` at most by the fp32 rounding of the scale, vLLM's fp32 e8m0 rule by a
+few fp32 ulps of ``amax``; so the error of every value in a group is at most ``2^-4`` of the group's amax.
 
 The spec rounds in float64, exactly, once (round half to even); kernels divide in fp32 first, which can differ
 from the spec by one fp8 step when ``x / s`` falls within an fp32 rounding of a tie.
@@ -72,6 +93,7 @@ __all__ = [
     "MXFP8_DS_MLA_V41",
     "CacheLayout",
     "Dequantized",
+    "E8M0_RULES",
     "Field",
     "FloatFormat",
     "LayoutCheck",
@@ -190,7 +212,8 @@ class ScaleRule:
 
     ``kind="per_tensor"``: one scale given by the caller, not stored in the bytes.
     ``kind="fp32"``: ``s = max(fp32(amax / max_q), FLT_MIN)`` stored as fp32 (vLLM ``fp8_ds_mla``).
-    ``kind="e8m0"``: ``s = 2^ceil(log2(max(amax, amax_floor) / max_q))`` stored as the byte ``exponent + 127``.
+    ``kind="e8m0"``: ``s = 2^ceil(log2(max(amax, amax_floor) / max_q))`` stored as the byte ``exponent + 127``
+    (exactly by default; :func:`quantize`'s ``e8m0_rule="vllm_fp32"`` takes vLLM's fp32 evaluation instead).
     """
 
     kind: str
@@ -211,7 +234,7 @@ class CacheLayout:
         scale_rule: see :class:`ScaleRule`.
         split_at: None for token-interleaved pages (token ``t`` at ``t * token_bytes``). Otherwise bytes
             ``[0, split_at)`` of each record are data rows at ``t * split_at`` and bytes ``[split_at, token_bytes)``
-            are scale rows at ``P * split_at + t * (token_bytes - split_at)`` (DeepSeek V4).
+            are scale rows at ``P * split_at + t * (token_bytes - split_at)`` (DeepSeek V4: 576 + 8, V4.1: 512 + 16).
         page_alignment: a page block's bytes are ``round_up(P * token_bytes, page_alignment)``.
         source: where the layout is defined.
     """
@@ -323,13 +346,17 @@ MXFP8_DS_MLA_V41 = CacheLayout(
     entry_dim=512,
     token_bytes=528,
     fields=(
-        Field("values", 0, 512, "e4m3", 512, "all 512 dims (RoPE rotated first), 16 groups of 32", (0, 512), 32,
-              "scales"),
-        Field("scales", 512, 16, "e8m0", 16, "e_g + 127, one per 32 values (MXFP8)"),
+        Field("values", 0, 512, "e4m3", 512, "all 512 dims (RoPE rotated first), 16 groups of 32 (data row)",
+              (0, 512), 32, "scales"),  # fmt: skip
+        Field("scales", 512, 16, "e8m0", 16, "e_g + 127, one per 32 values, MXFP8 (scale row)"),
     ),
     scale_rule=ScaleRule("e8m0", amax_floor=1e-4),
-    source="vllm vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py _rope_quant_insert_mxfp8_kernel; "
-    "vllm/v1/attention/backends/mla/flashmla_sparse.py",
+    split_at=512,
+    page_alignment=512,
+    source="vllm vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py @1bd28daa "
+    "_rope_quant_insert_mxfp8_kernel (values at page + off * 512, scales at page + P * 512 + off * 16); "
+    "vllm/v1/attention/backends/mla/flashmla_sparse.py @008a0c31 (layout note: data rows then scale rows, "
+    "pages rounded up to 512 B)",
 )
 
 LAYOUTS: dict[str, CacheLayout] = {
@@ -381,26 +408,59 @@ def _tensor_scale(layout: CacheLayout, scale: object) -> float | None:
     return None
 
 
-def _group_scales(amax: torch.Tensor, rule: ScaleRule, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+E8M0_RULES = ("exact", "vllm_fp32")
+"""The e8m0 exponent rules :func:`quantize` offers (module docstring): ``"exact"`` (default), ``"vllm_fp32"``."""
+
+
+def _ceil_log2(y: torch.Tensor) -> torch.Tensor:
+    """``ceil(log2(y))`` exactly for float64 ``y > 0`` (``frexp``: exact at powers of two), as float64."""
+    _, e = torch.frexp(y)  # y = m 2^e, m in [0.5, 1): ceil(log2 y) = e - 1 if y is a power of two else e
+    exact_pow2 = torch.ldexp(torch.ones_like(y), e - 1) == y
+    return torch.where(exact_pow2, e - 1, e).to(torch.float64)
+
+
+def _e8m0_exponent(amax: torch.Tensor, rule: ScaleRule, e8m0_rule: str) -> torch.Tensor:
+    """The e8m0 exponent (float64, before the byte clamp) of each group's ``amax`` under ``e8m0_rule``."""
+    if e8m0_rule == "exact":
+        return _ceil_log2(torch.clamp(amax, min=rule.amax_floor) / rule.max_q)
+    # vLLM (fused_compress_quant_cache.py @ 1bd28daa): amax = tl.maximum(amax, 1e-4);
+    # exponent = tl.ceil(tl.log2(amax * (1.0 / 448.0))), all fp32. Each fp32 step is one rounding of an exact float64
+    # value: fp32(amax), the product of two fp32 values (exact in float64), log2 (float64, then rounded to fp32).
+    def f32(v: torch.Tensor) -> torch.Tensor:
+        return round_to_format(v, FP32)
+
+    one = torch.ones_like(amax)
+    a = torch.maximum(f32(amax), f32(one * rule.amax_floor))  # NaN stays NaN (the caller maps it to byte 255)
+    y = f32(a * f32(one / rule.max_q))
+    return torch.ceil(f32(torch.log2(y)))
+
+
+def _group_scales(
+    amax: torch.Tensor, rule: ScaleRule, pow2: bool, e8m0_rule: str = "exact"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Group scales float64 and, for e8m0, their bytes (else an empty tensor)."""
     if rule.kind == "e8m0":
-        a = torch.clamp(amax, min=rule.amax_floor)
-        _, e = torch.frexp(a / rule.max_q)  # ceil(log2(y)) = e - 1 if y is a power of two else e
-        y = a / rule.max_q
-        exact_pow2 = torch.ldexp(torch.ones_like(y), e - 1) == y
-        expo = torch.where(exact_pow2, e - 1, e).to(torch.float64)
+        expo = _e8m0_exponent(amax, rule, e8m0_rule)
         code = torch.clamp(expo + 127.0, 0.0, 255.0)
         code = torch.where(torch.isnan(amax) | torch.isinf(amax), 255.0, code)
         return decode_e8m0(code.to(torch.uint8)), code.to(torch.uint8)
     s = round_to_format(amax / rule.max_q, FP32)  # the kernel divides in fp32 and stores fp32
     if pow2:  # FlashMLA tests/quant.py: 2^ceil(log2(max(amax / 448, 1e-4)))
-        y = torch.clamp(amax / rule.max_q, min=1e-4)
-        _, e = torch.frexp(y)
-        exact = torch.ldexp(torch.ones_like(y), e - 1) == y
-        s = torch.exp2(torch.where(exact, e - 1, e).to(torch.float64))
+        s = torch.exp2(_ceil_log2(torch.clamp(amax / rule.max_q, min=1e-4)))
     else:
         s = torch.clamp(s, min=_FLT_MIN)
     return s, torch.empty(0, dtype=torch.uint8)
+
+
+def _check_rules(layout: CacheLayout, pow2_scales: object, e8m0_rule: object) -> None:
+    if not isinstance(pow2_scales, bool):
+        raise TypeError(f"pow2_scales must be a bool, got {type(pow2_scales).__name__}")
+    if pow2_scales and layout.scale_rule.kind != "fp32":
+        raise ValueError(f"pow2_scales applies only to fp32-scale layouts, not {layout.name}")
+    if e8m0_rule not in E8M0_RULES:
+        raise ValueError(f"e8m0_rule must be one of {E8M0_RULES}, got {e8m0_rule!r}")
+    if e8m0_rule != "exact" and layout.scale_rule.kind != "e8m0":
+        raise ValueError(f"e8m0_rule={e8m0_rule!r} applies only to e8m0-scale layouts, not {layout.name}")
 
 
 def quantize(
@@ -409,6 +469,7 @@ def quantize(
     *,
     scale: float | torch.Tensor | None = None,
     pow2_scales: bool = False,
+    e8m0_rule: str = "exact",
 ) -> Quantized:
     """Quantize cache entries into token records of ``layout``.
 
@@ -419,6 +480,7 @@ def quantize(
         elif per-tensor:                 q = round_to_format(x / scale, fp8)              # saturating
         else, per group g of f.group values:
             s_g = rule(amax_g)                           # fp32 amax/448, or e8m0 2^ceil(log2(max(amax,1e-4)/448))
+                                                         #   (e8m0_rule: exactly, or as vLLM's fp32 code does)
             q   = round_to_format(x / s_g, e4m3)         # saturating at ±448
         raw[:, f.offset:f.end] = bytes(q);  raw[:, scales] = bytes(s);  raw[:, pad] = 0
 
@@ -429,16 +491,18 @@ def quantize(
         scale: the per-tensor fp32 scale (``k_scale``); required for per-tensor layouts, None otherwise.
         pow2_scales: for the fp32-scale layout (656 B): round scales up to powers of two with FlashMLA's
             ``tests/quant.py`` floor ``1e-4`` instead of vLLM's raw ``amax / 448``.
+        e8m0_rule: for the e8m0-scale layouts (V4 584 B, V4.1 528 B): ``"exact"`` (default) takes
+            ``ceil(log2(max(amax, 1e-4) / 448))`` exactly, so no value saturates; ``"vllm_fp32"`` evaluates vLLM's
+            ``tl.ceil(tl.log2(tl.maximum(amax, 1e-4) * (1.0 / 448.0)))`` in fp32 (``fused_compress_quant_cache.py``
+            at commit ``1bd28daa``), which picks ``2^k`` instead of ``2^(k+1)`` for ``amax`` a few fp32 ulps above
+            ``448 * 2^k`` (module docstring).
 
     Returns:
         ``raw [T, token_bytes]`` uint8 and ``scales [T, G]`` float64 (the group scales, in field order).
     """
     layout = _layout(layout)
     Dims().tensor("entries", entries, ("T", layout.entry_dim), FLOAT)
-    if not isinstance(pow2_scales, bool):
-        raise TypeError(f"pow2_scales must be a bool, got {type(pow2_scales).__name__}")
-    if pow2_scales and layout.scale_rule.kind != "fp32":
-        raise ValueError(f"pow2_scales applies only to fp32-scale layouts, not {layout.name}")
+    _check_rules(layout, pow2_scales, e8m0_rule)
     s_tensor = _tensor_scale(layout, scale)
     x = entries.to(torch.float64)
     t = x.shape[0]
@@ -455,7 +519,7 @@ def quantize(
         else:
             g = v.reshape(t, (b - a) // f.group, f.group)  # [T, groups, group]
             amax = g.abs().amax(dim=-1)  # NaN propagates into amax
-            s, code = _group_scales(amax, layout.scale_rule, pow2_scales)
+            s, code = _group_scales(amax, layout.scale_rule, pow2_scales, e8m0_rule)
             q = round_to_format(g / s[..., None], fmt).reshape(t, b - a)
             sf = layout.field(f.scale_field)
             raw[:, sf.offset : sf.end] = code if sf.dtype == "e8m0" else FP32.encode(s)
@@ -509,6 +573,7 @@ def error_bound(
     *,
     scale: float | torch.Tensor | None = None,
     pow2_scales: bool = False,
+    e8m0_rule: str = "exact",
 ) -> torch.Tensor:
     """Per-element bound on ``|dequantize(quantize(x)) - x|``, ``[T, D]`` float64 (see the module docstring)::
 
@@ -519,7 +584,7 @@ def error_bound(
     layout = _layout(layout)
     Dims().tensor("entries", entries, ("T", layout.entry_dim), FLOAT)
     s_tensor = _tensor_scale(layout, scale)
-    q = quantize(entries, layout, scale=scale, pow2_scales=pow2_scales)
+    q = quantize(entries, layout, scale=scale, pow2_scales=pow2_scales, e8m0_rule=e8m0_rule)
     x = entries.to(torch.float64).abs()
     t = x.shape[0]
     bound = torch.empty_like(x)
@@ -566,7 +631,7 @@ def to_pages(raw: torch.Tensor, layout: CacheLayout | str, block_size: int) -> t
     """Place token records into page blocks.
 
     Token ``t = block * P + offset`` goes to page ``block``. Token-interleaved layouts put record ``offset`` at byte
-    ``offset * token_bytes``; split layouts (V4) put its data row at ``offset * split_at`` and its scale row at
+    ``offset * token_bytes``; split layouts (V4, V4.1) put its data row at ``offset * split_at`` and its scale row at
     ``P * split_at + offset * (token_bytes - split_at)``. Bytes past ``P * token_bytes`` (alignment padding) are 0.
 
     Args:
@@ -612,7 +677,8 @@ def read_tokens(pages: torch.Tensor, layout: CacheLayout | str, block_size: int,
     negative index) is invalid and contributes nothing. For the 656-byte layout the kernel reads
     ``k_cache.view(-1, 656)[index]`` and requires each page block to be contiguous (``stride(1) == 656``); for V4 it
     reads the data row at ``block * stride + offset * 576`` and the scale row at ``block * stride + P * 576 +
-    offset * 8`` (``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh``).
+    offset * 8`` (``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh``); V4.1's rows are at ``offset * 512`` and
+    ``P * 512 + offset * 16``, where vLLM's writer puts them (``_rope_quant_insert_mxfp8_kernel``).
 
     Args:
         pages: ``[num_blocks, page_bytes]`` uint8.
@@ -642,6 +708,7 @@ def write_pages(
     *,
     scale: float | torch.Tensor | None = None,
     pow2_scales: bool = False,
+    e8m0_rule: str = "exact",
 ) -> torch.Tensor:
     """Quantize ``entries`` and write them at ``slot_mapping`` into a *copy* of ``pages`` (slot ``-1``: skipped).
 
@@ -665,7 +732,8 @@ def write_pages(
     if keep.sum() != torch.unique(s[keep]).numel():
         raise ValueError(f"slot_mapping must not repeat a slot (the kernels would race), got {s.tolist()}")
     records = from_pages(pages, layout, p).clone()
-    records[s[keep]] = quantize(entries[keep], layout, scale=scale, pow2_scales=pow2_scales).raw
+    q = quantize(entries[keep], layout, scale=scale, pow2_scales=pow2_scales, e8m0_rule=e8m0_rule)
+    records[s[keep]] = q.raw
     out = to_pages(records, layout, p)
     tail = p * layout.token_bytes  # alignment padding keeps whatever the old pages had there
     out[:, tail:] = pages[:, tail:]

@@ -11,6 +11,7 @@ from mlaspec.spec import cache_layouts as cl
 
 F64 = torch.float64
 GROUPED = [cl.FP8_DS_MLA_V32, cl.FP8_DS_MLA_V4, cl.MXFP8_DS_MLA_V41]
+E8M0 = [cl.FP8_DS_MLA_V4, cl.MXFP8_DS_MLA_V41]
 PER_TENSOR = [cl.FP8_PER_TENSOR, cl.FP8_E5M2_PER_TENSOR]
 PER_TENSOR_RULE = cl.ScaleRule("per_tensor")
 
@@ -35,7 +36,9 @@ def test_v4_and_v41_record_widths_and_pages():
     assert cl.MXFP8_DS_MLA_V41.token_bytes == 512 + 16 == 528
     # a V4 page of 64 tokens is 64 * 584 = 37376 bytes rounded up to the 576-byte TMA stride: 65 * 576
     assert cl.page_bytes(cl.FP8_DS_MLA_V4, 64) == 37440
-    assert cl.page_bytes(cl.MXFP8_DS_MLA_V41, 64) == 64 * 528
+    # flashmla_sparse.py @008a0c31: V4.1 pages are rounded up to 512 bytes (64 * 528 = 66 * 512 already is)
+    assert cl.page_bytes(cl.MXFP8_DS_MLA_V41, 64) == 64 * 528 == 66 * 512
+    assert cl.page_bytes(cl.MXFP8_DS_MLA_V41, 4) == 2560 == 5 * 512  # 4 * 528 = 2112, rounded up
     assert cl.page_bytes(cl.FP8_DS_MLA_V32, 64) == 64 * 656
 
 
@@ -46,15 +49,24 @@ def test_malformed_layout_is_rejected():
         cl.CacheLayout("bad", "x", 4, 4, (cl.Field("v", 1, 3, "e4m3", 3, "values", (0, 3)),), PER_TENSOR_RULE)
 
 
-def test_v4_page_puts_scale_rows_after_all_data_rows():
+@pytest.mark.parametrize(("layout", "data", "tail"), [(cl.FP8_DS_MLA_V4, 576, 8), (cl.MXFP8_DS_MLA_V41, 512, 16)],
+                         ids=["v4", "v41"])  # fmt: skip
+def test_v4_and_v41_pages_put_scale_rows_after_all_data_rows(layout, data, tail):
+    # vLLM fused_compress_quant_cache.py @1bd28daa: V4 values at page + off * 576, scales at page + P * 576 + off * 8
+    # (_rope_quant_insert_kernel); V4.1 values at page + off * 512, scales at page + P * 512 + off * 16
+    # (_rope_quant_insert_mxfp8_kernel).
     p = 4
     x = torch.randn(p, 512, dtype=F64)
-    q = cl.quantize(x, cl.FP8_DS_MLA_V4)
-    page = cl.to_pages(q.raw, cl.FP8_DS_MLA_V4, p)[0]
+    q = cl.quantize(x, layout)
+    page = cl.to_pages(q.raw, layout, p)[0]
+    assert layout.split_at == data and layout.token_bytes == data + tail
     for t in range(p):
-        assert torch.equal(page[t * 576 : (t + 1) * 576], q.raw[t, :576])
-        assert torch.equal(page[p * 576 + t * 8 : p * 576 + t * 8 + 8], q.raw[t, 576:])
-    assert page[p * 576 + 7] == 0 and page[p * 584 :].sum() == 0  # pad byte and alignment tail are zero
+        assert torch.equal(page[t * data : (t + 1) * data], q.raw[t, :data])
+        assert torch.equal(page[p * data + t * tail : p * data + (t + 1) * tail], q.raw[t, data:])
+    assert page[p * layout.token_bytes :].sum() == 0  # the alignment tail is zero
+    assert page.numel() % layout.page_alignment == 0
+    if layout is cl.FP8_DS_MLA_V4:
+        assert page[p * 576 + 7] == 0  # the pad byte
 
 
 # ------------------------------------------------------------------------------------------ scale rules
@@ -82,6 +94,97 @@ def test_nan_propagates_into_e8m0_scale_byte_255():
     q = cl.quantize(x, cl.MXFP8_DS_MLA_V41)
     assert q.raw[0, 512 + 1] == 255
     assert torch.isnan(cl.dequantize(q.raw, cl.MXFP8_DS_MLA_V41).entries[0, 32:64]).all()
+
+
+def test_e8m0_rules_differ_just_above_a_boundary():
+    """amax = 14 + 2^-20, the fp32 value just above 448 * 2^-5 = 14.
+
+    Exact rule: 14.00000095 / 448 > 2^-5, so e = -4 (byte 123); the group is stored as x * 16: 14.00000095 -> 224
+    (e4m3 0x76), -3 -> -48 (0xE4). vLLM's fp32 rule (fused_compress_quant_cache.py @1bd28daa, ``exponent =
+    tl.ceil(tl.log2(amax * (1.0 / 448.0)))``): fp32(amax * fp32(1/448)) = 2^-5 (1 + 2^-23), whose log2
+    -5 + 1.7e-7 rounds to -5.0 in fp32 (half an ulp there is 2.4e-7), so e = -5 (byte 122); the group is stored as
+    x * 32: 448.00003 saturates at 448 (0x7E), -3 -> -96 (0xEC). Both read back as 14 and -3.
+    """
+    a = 14.0 + 2.0**-20
+    assert float(torch.tensor(a, dtype=torch.float32)) == a  # an fp32 value: the kernel sees it as is
+    x = torch.zeros(1, 512, dtype=F64)
+    x[0, 0], x[0, 1] = a, -3.0
+    for layout in E8M0:
+        s_off = layout.field("scales").offset
+        exact = cl.quantize(x, layout)
+        vllm = cl.quantize(x, layout, e8m0_rule="vllm_fp32")
+        assert torch.equal(exact.raw, cl.quantize(x, layout, e8m0_rule="exact").raw)  # the default
+        assert (exact.raw[0, s_off].item(), exact.raw[0, 0].item(), exact.raw[0, 1].item()) == (123, 0x76, 0xE4)
+        assert (vllm.raw[0, s_off].item(), vllm.raw[0, 0].item(), vllm.raw[0, 1].item()) == (122, 0x7E, 0xEC)
+        assert exact.scales[0, 0] == 2.0**-4 and vllm.scales[0, 0] == 2.0**-5
+        assert (exact.raw != vllm.raw).nonzero()[:, 1].tolist() == [0, 1, s_off]  # nothing else differs
+        for q in (exact, vllm):
+            assert cl.dequantize(q.raw, layout).entries[0, :2].tolist() == [14.0, -3.0]
+    # exactly on the boundary both rules pick 2^-5 (no rounding up); one fp32 ulp below, both pick 2^-5 too
+    for amax in (14.0, 14.0 - 2.0**-20):
+        x[0, 0] = amax
+        for layout in E8M0:
+            assert torch.equal(cl.quantize(x, layout).raw, cl.quantize(x, layout, e8m0_rule="vllm_fp32").raw)
+
+
+def _boundary_distance(amax: torch.Tensor) -> torch.Tensor:
+    """Relative distance of ``max(amax, 1e-4) / 448`` above the power of two below it: in ``[0, 1)``."""
+    m, _ = torch.frexp(torch.clamp(amax, min=1e-4) / 448.0)  # y = m 2^e, m in [0.5, 1)
+    return 2.0 * m - 1.0
+
+
+@st.composite
+def near_boundary_entries(draw, layout):
+    """Random entries at magnitude ``2^log_mag`` with some groups planted ``n`` fp32 ulps above ``448 * 2^k``."""
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    t = draw(st.integers(1, 3))
+    x = torch.randn(t, 512, generator=g, dtype=F64) * 2.0 ** draw(st.floats(-12, 6))
+    group = layout.value_fields[0].group
+    for row, grp, k, n in draw(st.lists(st.tuples(st.integers(0, t - 1), st.integers(0, 6), st.integers(-20, 12),
+                                                  st.integers(0, 12)), max_size=4)):  # fmt: skip
+        edge = torch.tensor(448.0 * 2.0**k, dtype=torch.float32)
+        a = edge
+        for _ in range(n):
+            a = torch.nextafter(a, edge * 2)
+        cols = slice(grp * group, (grp + 1) * group)
+        x[row, cols] = x[row, cols].clamp(-400 * 2.0**k, 400 * 2.0**k)
+        x[row, cols.start + 1] = -float(a)
+    return x
+
+
+@pytest.mark.parametrize("layout", E8M0, ids=lambda l: l.name)
+@given(data=st.data())
+def test_vllm_fp32_rule_equals_the_exact_rule_away_from_boundaries(layout, data):
+    x = data.draw(near_boundary_entries(layout))
+    exact = cl.quantize(x, layout)
+    vllm = cl.quantize(x, layout, e8m0_rule="vllm_fp32")
+    f, sf = layout.value_fields[0], layout.field("scales")
+    t, n = x.shape[0], sf.count
+    amax = x[:, f.elements[0] : f.elements[1]].abs().reshape(t, n, f.group).amax(-1)
+    drop = exact.raw[:, sf.offset : sf.offset + n].long() - vllm.raw[:, sf.offset : sf.offset + n].long()
+    near = (_boundary_distance(amax) > 0) & (_boundary_distance(amax) < 2.0**-16)  # a few hundred fp32 ulps
+    assert set(drop.unique().tolist()) <= {0, 1}  # vLLM's exponent is the exact one or one less ...
+    assert not drop[~near].any()  # ... and one less only just above a boundary
+    same = ~near.repeat_interleave(f.group, dim=1)  # groups away from a boundary: the same value bytes too
+    assert torch.equal(exact.raw[:, f.offset : f.end][same], vllm.raw[:, f.offset : f.end][same])
+
+
+@pytest.mark.parametrize("layout", E8M0, ids=lambda l: l.name)
+@pytest.mark.parametrize("rule", cl.E8M0_RULES)
+@given(data=st.data())
+def test_both_e8m0_rules_dequantize_within_the_bound(layout, rule, data):
+    x = data.draw(near_boundary_entries(layout))
+    q = cl.quantize(x, layout, e8m0_rule=rule)
+    err = (cl.dequantize(q.raw, layout).entries - x).abs()
+    assert torch.all(err <= cl.error_bound(x, layout, e8m0_rule=rule))
+    f = layout.value_fields[0]  # the e4m3 field; V4's bf16 RoPE dims are covered by the bound above
+    a, b = f.elements
+    v = x[:, a:b].abs()
+    amax = v.reshape(x.shape[0], -1, f.group).amax(-1).repeat_interleave(f.group, 1)
+    s = q.scales.repeat_interleave(f.group, 1)
+    assert torch.all(err[:, a:b] <= 2.0**-4 * amax + 2.0**-10 * s)  # within 2^-4 of the group's amax
+    if rule == "exact":  # 2^e >= amax / 448: nothing saturates
+        assert torch.all(v <= 448.0 * s)
 
 
 # ------------------------------------------------------------------------------------------ round trips
@@ -247,6 +350,10 @@ def test_bad_input_raises_naming_the_argument():
         cl.quantize(x, cl.FP8_DS_MLA_V32, scale=1.0)
     with pytest.raises(ValueError, match="pow2_scales"):
         cl.quantize(torch.zeros(1, 512, dtype=F64), cl.FP8_DS_MLA_V4, pow2_scales=True)
+    with pytest.raises(ValueError, match="e8m0_rule"):
+        cl.quantize(x, cl.FP8_DS_MLA_V32, e8m0_rule="vllm_fp32")
+    with pytest.raises(ValueError, match="e8m0_rule"):
+        cl.quantize(torch.zeros(1, 512, dtype=F64), cl.FP8_DS_MLA_V4, e8m0_rule="fp32")
     with pytest.raises(ValueError, match="layout"):
         cl.quantize(x, "fp9")
     with pytest.raises(TypeError, match="raw"):
@@ -273,5 +380,6 @@ def test_byte_diagram_is_drawn_from_the_layout_data():
     fig = draw_byte_layout(cl.FP8_DS_MLA_V32)
     assert len(fig.axes[0].patches) == len(cl.FP8_DS_MLA_V32.fields)
     assert len(draw_byte_layout(cl.FP8_DS_MLA_V4, block_size=2).axes) == 2  # record + page panel
+    assert len(draw_byte_layout(cl.MXFP8_DS_MLA_V41, block_size=2).axes) == 2  # V4.1 pages are split too
     fig = draw_block_table(torch.tensor([[3, 1], [0, 0]]), torch.tensor([5, 2]), 4)
     assert len(fig.axes) == 2

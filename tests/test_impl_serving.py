@@ -215,16 +215,31 @@ def test_e8m0_nan_inf_and_signed_zero_groups_match_the_spec(layout):
     assert torch.equal(back.isnan(), ref.isnan()) and torch.equal(back.nan_to_num(), ref.nan_to_num())
 
 
-def test_a_split_v41_page_follows_from_the_layout_data():
-    """vLLM's V4.1 writer (``_rope_quant_insert_mxfp8_kernel``) puts the 16 scale bytes after all ``P`` data rows;
-    the same layout record with ``split_at=512`` needs no kernel change."""
-    lay = dataclasses.replace(cl.MXFP8_DS_MLA_V41, name="mxfp8_v41_split", split_at=512, page_alignment=512)
+def test_v41_pages_are_split_as_vllm_writes_them():
+    """vLLM's V4.1 writer (``_rope_quant_insert_mxfp8_kernel``, ``fused_compress_quant_cache.py`` @1bd28daa) stores
+    a token's 512 value bytes at ``page + off * 512`` and its 16 scale bytes at ``page + P * 512 + off * 16``; the
+    kernels follow the spec's record (``split_at=512``, pages rounded up to 512 bytes), and an interleaved variant of
+    the same record (``split_at=None``) needs no kernel change either: the placement is layout data."""
+    lay, p = cl.MXFP8_DS_MLA_V41, 4
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    pages = torch.full((2, cl.page_bytes(lay, 4)), 0xFF, dtype=torch.uint8)
+    pages = torch.full((2, cl.page_bytes(lay, p)), 0xFF, dtype=torch.uint8)
+    assert pages.shape[1] == 2560  # 4 * 528 = 2112 rounded up to 512
     slots = torch.tensor([6, -1, 0, 3, 5])
-    got = kc.write_pages(pages, x, slots, lay, 4)
-    assert torch.equal(got, cl.write_pages(pages, x, slots, lay, 4))
-    assert torch.equal(kc.read_tokens(got, lay, 4, slots)[0], cl.read_tokens(got, lay, 4, slots).raw)
+    got = kc.write_pages(pages, x, slots, lay, p)
+    assert torch.equal(got, cl.write_pages(pages, x, slots, lay, p))
+    rec = cl.quantize(x, lay).raw
+    for i, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        blk, off = divmod(slot, p)
+        assert torch.equal(got[blk, off * 512 : (off + 1) * 512], rec[i, :512])
+        assert torch.equal(got[blk, p * 512 + off * 16 : p * 512 + (off + 1) * 16], rec[i, 512:])
+    assert torch.equal(kc.read_tokens(got, lay, p, slots)[0], cl.read_tokens(got, lay, p, slots).raw)
+    flat = dataclasses.replace(lay, name="mxfp8_v41_interleaved", split_at=None, page_alignment=1)
+    pages = torch.full((2, cl.page_bytes(flat, p)), 0xFF, dtype=torch.uint8)
+    got = kc.write_pages(pages, x, slots, flat, p)
+    assert torch.equal(got, cl.write_pages(pages, x, slots, flat, p))
+    assert torch.equal(kc.read_tokens(got, flat, p, slots)[0], cl.read_tokens(got, flat, p, slots).raw)
 
 
 def test_plan_reads_the_layouts():
@@ -257,13 +272,13 @@ _X = torch.zeros(2, 512)
     (lambda: kc.dequantize_records(torch.zeros(2, 528, dtype=torch.uint8), "fp8_ds_mla_v4"), ValueError, "raw"),
     (lambda: kc.write_pages(torch.zeros(2, 584 * 4, dtype=torch.uint8), _X, torch.arange(2), "fp8_ds_mla_v4", 4),
      ValueError, "pages"),
-    (lambda: kc.write_pages(torch.zeros(2, 528 * 4, dtype=torch.uint8), _X, torch.tensor([0, 8]),
+    (lambda: kc.write_pages(torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.tensor([0, 8]),  # 4 * 528 -> 2560
                             "mxfp8_ds_mla_v41", 4), ValueError, "slot_mapping"),
-    (lambda: kc.write_pages(torch.zeros(2, 528 * 4, dtype=torch.uint8), _X, torch.tensor([3, 3]),
+    (lambda: kc.write_pages(torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.tensor([3, 3]),
                             "mxfp8_ds_mla_v41", 4), ValueError, "slot_mapping"),
-    (lambda: kc.write_pages(torch.zeros(2, 528 * 4, dtype=torch.uint8), _X, torch.tensor([0.0, 1.0]),
+    (lambda: kc.write_pages(torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.tensor([0.0, 1.0]),
                             "mxfp8_ds_mla_v41", 4), TypeError, "slot_mapping"),
-    (lambda: kc.write_pages(torch.zeros(2, 528 * 4, dtype=torch.uint8), _X, torch.arange(3), "mxfp8_ds_mla_v41", 4),
+    (lambda: kc.write_pages(torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.arange(3), "mxfp8_ds_mla_v41", 4),
      ValueError, "slot_mapping"),
     (lambda: kc.write_pages(torch.zeros(2, 528, dtype=torch.uint8), _X, torch.arange(2), "mxfp8_ds_mla_v41", 0),
      ValueError, "block_size"),

@@ -49,13 +49,14 @@ class PowerOfTwoScale(TorchBackend):
         return torch.exp2(torch.ceil(torch.log2((amax / max_q).clamp_min(1e-4))))
 
 
-class V41ReadAsV4(TorchBackend):
-    """V4.1's token-interleaved 528-byte records read as if laid out like V4 (data rows, then scale rows)."""
+class V41ReadInterleaved(TorchBackend):
+    """V4.1's 528-byte records read token-interleaved (record ``off`` at ``off * 528``), while vLLM's writer splits
+    them like V4: all data rows, then all scale rows (``_rope_quant_insert_mxfp8_kernel``)."""
 
     def read_tokens(self, pages, layout, block_size, slots):
         lay = LAYOUTS[layout] if isinstance(layout, str) else layout
         if lay.name == MXFP8_DS_MLA_V41.name:
-            lay = dataclasses.replace(lay, split_at=512)
+            lay = dataclasses.replace(lay, split_at=None)  # same page size (page_alignment kept)
         return super().read_tokens(pages, lay, block_size, slots)
 
 
@@ -166,7 +167,7 @@ class DecodesComputeFormWrongScale(TorchBackend):
         (WrongGroupScale, "concat_and_cache_mla[v32-fp8-ds-mla-656-bfloat16]"),
         (WrongGroupScale, "write_pages[v4-584-paged-bfloat16]"),
         (PowerOfTwoScale, "quantize[v32-656-bfloat16]"),
-        (V41ReadAsV4, "read_tokens[v41-528-paged-bfloat16]"),
+        (V41ReadInterleaved, "read_tokens[v41-528-paged-bfloat16]"),
         (RopeBeforeLatent, "concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
         (PaddingSlotWritten, "concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
         (PaddingSlotWritten, "concat_and_cache_mla[v32-fp8-ds-mla-656-bfloat16]"),

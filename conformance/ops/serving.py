@@ -676,7 +676,8 @@ OPS = [
        doc="Token records -> entries; deterministic: the spec's value rounded once to the returned dtype "
            "(spec.cache_layouts.dequantize)"),
     Op("write_pages", _pages_inputs, _write_pages_reference, None, outputs=("pages",), compare=_write_pages_compare,
-       picture=_write_pages_picture, doc="Quantize and place records in page blocks (V4 split rows, V4.1 interleaved) "
+       picture=_write_pages_picture,
+       doc="Quantize and place records in page blocks (V4 / V4.1: data rows, then scale rows) "
            "(spec.cache_layouts.write_pages)"),
     Op("read_tokens", _read_inputs, _read_reference, None, outputs=("raw", "valid"),
        compare=_exact(("raw", "valid")),
