@@ -7,6 +7,8 @@ An adapter is any object with
 * ``dtypes: frozenset[str]``: the case dtypes it accepts (``"bfloat16"``, ``"float16"``, ``"float32"``);
 * optionally ``unsupported(case) -> str | None``: a reason to skip a case it cannot run (a head count, a page
   size, a top-k multiple...). A skip is reported with its reason, never counted as a pass;
+* optionally ``not_implemented: Mapping[str, str]``: op name -> why the backend leaves that op out on purpose (e.g.
+  host-side metadata that has no kernel); the skip of its cases says so after "does not implement";
 * one method per op, named after it, taking the op's keyword arguments (the spec function's) and returning the
   spec's outputs (e.g. ``(out, lse)``) in the backend's own dtype and on any device.
 
@@ -24,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 from .cases import Case
 
-__all__ = ["Backend", "load_backend", "available_backends", "skip_reason"]
+__all__ = ["Backend", "load_backend", "available_backends", "skip_reason", "missing_op_reason"]
 
 GROUP = "mlaspec.backends"
 
@@ -37,10 +39,16 @@ class Backend(Protocol):
     dtypes: frozenset[str]
 
 
+def missing_op_reason(backend: Backend, op: str) -> str:
+    """The skip reason of an op outside ``backend.ops``, with the backend's ``not_implemented`` note if it has one."""
+    why = (getattr(backend, "not_implemented", None) or {}).get(op)
+    return f"{backend.name} does not implement {op}" + (f" ({why})" if why else "")
+
+
 def skip_reason(backend: Backend, case: Case) -> str | None:
     """Why ``backend`` cannot run ``case`` (None when it can)."""
     if case.op not in backend.ops:
-        return f"{backend.name} does not implement {case.op}"
+        return missing_op_reason(backend, case.op)
     if case.dtype not in backend.dtypes:
         return f"{backend.name} does not support dtype {case.dtype}"
     check = getattr(backend, "unsupported", None)

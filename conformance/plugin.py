@@ -325,7 +325,7 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
         from hypothesis import HealthCheck, assume, given, seed, settings
         from hypothesis.errors import Unsatisfiable
 
-        from .backend import skip_reason
+        from .backend import missing_op_reason, skip_reason
         from .generated import GENERATED_OPS, case_strategy, describe, repro_command
         from .runner import run_case
         from .verdict import Result
@@ -334,7 +334,7 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
         if op not in GENERATED_OPS:
             pytest.skip(f"no case generator for {op}")
         if op not in backend.ops:
-            pytest.skip(f"{backend.name} does not implement {op}")
+            pytest.skip(missing_op_reason(backend, op))
         dtypes = tuple(d for d in state.dtypes if d in backend.dtypes)
         if not dtypes:
             pytest.skip(f"{backend.name} supports none of the dtypes {', '.join(state.dtypes)}")

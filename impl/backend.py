@@ -10,7 +10,16 @@ back:
   :func:`mlaspec.impl.prefill.flash_attn_varlen`; the LSE comes back ``[H_q, T]`` and is laid out ``[B, H_q, S_q]``.
 * ``mla_prefill``: ``k_nope = kv_c W_UK`` and ``v = kv_c W_UV`` are materialised in the case dtype (fp32 matmul,
   as vLLM's prefill does), ``k_pe`` is broadcast to every head, then the varlen kernel runs with ``D_qk = 192``.
+* ``mla_absorbed``: the whole absorbed (decode) form as vLLM runs it: the small projections in torch, as vLLM's
+  cuBLAS bmm (:func:`mlaspec.impl.layer.absorb_query`: ``ql_nope = q_nope W_UK^T`` rounded to the case dtype;
+  :func:`mlaspec.impl.layer.unabsorb_output`: ``o_lat W_UV``), the attention over the entries ``[kv_c | k_pe]``
+  through a kernel: the paged decode kernel (as ``mla_decode`` above, MTP queries causal and aligned to the end)
+  when ``Lkv`` and ``R`` are powers of two >= 16 (DeepSeek's 512 + 64), else the varlen kernel as MQA (one KV head,
+  ``v = kv_c``) when ``Lkv + R <= 256``; other widths are a named limit.
 * ``merge_attn_states``: :func:`mlaspec.impl.merge.merge_attn_states` directly.
+* the mixins: ``backend_layer`` (mixed batch, chunked prefill, fp8 decode), ``backend_sparse``, ``backend_indexer``,
+  ``backend_serving`` (cache ops), ``backend_metadata`` (the slot-mapping kernel; the host-side metadata ops are
+  named in ``not_implemented`` with the reason).
 
 Device: CUDA when available. Without a GPU the kernels run on CPU tensors through Triton's interpreter, which
 must be switched on (``TRITON_INTERPRET=1``) *before* :mod:`mlaspec.impl` is imported, since ``@triton.jit``
@@ -29,8 +38,10 @@ from . import decode as _decode
 from .decode import mla_decode_paged, page_cache
 from .backend_indexer import INDEXER_OPS, TritonIndexer
 from .backend_layer import LAYER_OPS, TritonLayer
+from .backend_metadata import HOST_SIDE, METADATA_OPS, TritonMetadata
 from .backend_serving import SERVING_OPS, TritonServing
 from .backend_sparse import SPARSE_OPS, TritonSparse
+from .layer import absorb_query, unabsorb_output
 from .merge import merge_attn_states as _merge
 from .prefill import PrefillConfig, flash_attn_varlen
 
@@ -46,15 +57,21 @@ def _pow2_at_least_16(x: int) -> bool:
     return x >= 16 and not x & (x - 1)
 
 
-DENSE_OPS = frozenset({"attention", "mla_decode", "mla_prefill", "merge_attn_states"})
+def _absorbed_by_decode(lkv: int, r: int) -> bool:
+    """Whether the paged decode kernel takes entries of ``Lkv + R`` (it splits them into two power-of-two dots)."""
+    return _pow2_at_least_16(lkv) and _pow2_at_least_16(r)
+
+
+DENSE_OPS = frozenset({"attention", "mla_decode", "mla_prefill", "mla_absorbed", "merge_attn_states"})
 # ops whose kernels multiply in the case dtype: the interpreter's bf16 tl.dot is wrong for them
 _DOT_OPS = (DENSE_OPS - {"merge_attn_states"}) | SPARSE_OPS | LAYER_OPS
 
 
-class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing):
+class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing, TritonMetadata):
     name = "triton"
     version = f"triton {triton.__version__}"
-    ops = DENSE_OPS | SPARSE_OPS | INDEXER_OPS | SERVING_OPS | LAYER_OPS
+    ops = DENSE_OPS | SPARSE_OPS | INDEXER_OPS | SERVING_OPS | LAYER_OPS | METADATA_OPS
+    not_implemented = HOST_SIDE  # left out on purpose, with the reason the harness shows in the skip
     dtypes = frozenset({"bfloat16", "float16", "float32"})
 
     def __init__(self, device: str | None = None, *, prefill_config: PrefillConfig | None = None):
@@ -81,6 +98,13 @@ class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing):
         if case.op == "mla_prefill" and (p["P"] + p["R"] > 256 or p["V"] > 256):
             return f"mla_prefill head dims must be <= 256, got qk {p['P']} + {p['R']}, v {p['V']}"
         return None
+
+    def _unsupported_mla_absorbed(self, case) -> str | None:
+        p = case.params
+        if _absorbed_by_decode(p["Lkv"], p["R"]) or p["Lkv"] + p["R"] <= 256:
+            return None
+        return (f"mla_absorbed: the paged decode kernel needs Lkv and R powers of two >= 16 (512 + 64) and the varlen "
+                f"kernel Lkv + R <= 256, got Lkv={p['Lkv']}, R={p['R']}")  # fmt: skip
 
     # -- ops -----------------------------------------------------------------------------------------------------
     def attention(self, q, k, v, *, scale, causal=False, mask=None):
@@ -115,6 +139,26 @@ class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing):
         q = torch.cat([q_nope, q_pe], -1)  # [B, S_q, N, P + R]
         k = torch.cat([k_nope, k_pe[:, :, None].expand(-1, -1, N, -1)], -1)  # [B, S_kv, N, P + R]
         return self.attention(q, k, v, scale=scale, causal=causal)
+
+    def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False, mask=None):
+        """``out [B, S_q, N, V]`` (q_nope's dtype) and ``lse [B, N, S_q]`` fp32 from the spec's arguments
+        (:func:`mlaspec.spec.forms.mla_absorbed`: ``q_nope [B, S_q, N, P]``, ``q_pe [B, S_q, N, R]``,
+        ``kv_c [B, S_kv, Lkv]``, ``k_pe [B, S_kv, R]``, ``W_UK [Lkv, N, P]``, ``W_UV [Lkv, N, V]``)."""
+        if mask is not None:
+            raise ValueError("mask: the triton absorbed form supports only causal masking")
+        dev, lkv, r = self.device, kv_c.shape[-1], k_pe.shape[-1]
+        if k_pe.dtype != kv_c.dtype:
+            raise TypeError(f"k_pe must have kv_c's dtype {kv_c.dtype}, got {k_pe.dtype}")
+        q = absorb_query(q_nope.to(dev), q_pe.to(dev), W_UK.to(dev))  # [B, S_q, N, Lkv + R]
+        kv = torch.cat([kv_c, k_pe], -1).to(dev, q.dtype)  # [B, S_kv, Lkv + R]: the cache entries
+        if _absorbed_by_decode(lkv, r):
+            o_lat, lse = self.mla_decode(q, kv, d_v=lkv, scale=scale, causal=causal)
+        elif lkv + r <= 256:
+            o_lat, lse = self.attention(q, kv[:, :, None], kv[:, :, None, :lkv], scale=scale, causal=causal)
+        else:
+            raise ValueError(f"kv_c, k_pe: Lkv={lkv}, R={r} fit neither the decode kernel (powers of two >= 16) nor "
+                             f"the varlen kernel (Lkv + R <= 256)")  # fmt: skip
+        return unabsorb_output(o_lat, W_UV.to(dev)), lse
 
     def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
         args = (t.to(self.device) for t in (prefix_output, prefix_lse, suffix_output, suffix_lse))

@@ -1,29 +1,35 @@
-"""Harness-facing methods for the mixed-batch layer and the fp8-cache decode (a mixin of ``TritonBackend``).
+"""Harness-facing methods for the mixed-batch layer, its chunked prefill and the fp8-cache decode (a mixin of
+``TritonBackend``).
 
 * ``mla_mixed_batch``: :func:`mlaspec.impl.layer.mla_mixed_batch_layer` with the paged cache and the batch metadata
   as a serving layer gets them (the cache is written in place at ``slot_mapping`` -- the harness hands over a
   copy -- then decodes run the absorbed split-KV kernel, prefills the chunked context through the gather, varlen
   and merge kernels).
+* ``chunked_prefill_attention``: each prefill's context (handed over dense, per request, or through a ``gather``
+  callable) is scattered into ``block_size``-slot pages in shuffled order, NaN in every unused slot and page, then
+  :func:`mlaspec.impl.layer.chunked_prefill` runs the plan's chunks (chunk width ``plan.max_context_chunk``) through
+  the gather, varlen and merge kernels, and the new tokens causally last, as the mixed-batch layer's prefills do.
 * ``mla_decode_fp8``: the per-request records ``kv_cache [B, S_kv, 576]`` (``fp8_e4m3_per_tensor``) are scattered
   into 64-slot pages in shuffled order, ``0xFF`` (e4m3 NaN) in every unused slot and page, a spare ``-1``
   block-table column, then :func:`mlaspec.impl.decode.mla_decode_paged` (fp8 bytes) runs. The 656-byte ``fp8_ds_mla``
   layout is a named limit (the sparse kernels read it).
 
-Both multiply matrices in the case dtype, so their bf16 cases are skipped in the interpreter (wrong ``tl.dot``).
+All three multiply matrices in the case dtype, so their bf16 cases are skipped in the interpreter (wrong ``tl.dot``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from mlaspec.spec.chunked_context import ChunkPlan
+
 from . import decode as _decode
-from .decode import page_cache
-from .decode import mla_decode_paged
-from .layer import mla_mixed_batch_layer
+from .decode import mla_decode_paged, page_cache
+from .layer import chunked_prefill, mla_mixed_batch_layer
 
 __all__ = ["LAYER_OPS", "TritonLayer"]
 
-LAYER_OPS = frozenset({"mla_mixed_batch", "mla_decode_fp8"})
+LAYER_OPS = frozenset({"mla_mixed_batch", "mla_decode_fp8", "chunked_prefill_attention"})
 
 
 def _interpreted() -> bool:
@@ -41,7 +47,7 @@ def _bf16_in_interpreter(case) -> str | None:
 
 
 class TritonLayer:
-    """The mixed-batch layer and the fp8 decode; expects ``self.device`` (set by ``TritonBackend.__init__``)."""
+    """The mixed-batch layer, its chunked prefill and the fp8 decode; expects ``self.device`` (set by ``TritonBackend.__init__``)."""
 
     # -- limits, named -------------------------------------------------------------------------------------------
     def _unsupported_mla_mixed_batch(self, case) -> str | None:
@@ -52,6 +58,13 @@ class TritonLayer:
             return f"mla_mixed_batch: prefill head dims must be <= 256, got qk {p['P']} + {p['R']}, v {p['V']}"
         if not _pow2_at_least_16(p["block_size"]):
             return f"mla_mixed_batch: the page size must be a power of two >= 16, got {p['block_size']}"
+        return _bf16_in_interpreter(case)
+
+    def _unsupported_chunked_prefill_attention(self, case) -> str | None:
+        p = case.params
+        if p["P"] + p["R"] > 256 or p["V"] > 256:
+            return (f"chunked_prefill_attention: the varlen kernel's head dims must be <= 256, got qk {p['P']} + "
+                    f"{p['R']}, v {p['V']}")  # fmt: skip
         return _bf16_in_interpreter(case)
 
     def _unsupported_mla_decode_fp8(self, case) -> str | None:
@@ -86,3 +99,34 @@ class TritonLayer:
         return tuple(mla_decode_paged(q, cache, block_table, seq_lens, k_scale=k_scale, d_v=d_v, scale=scale,
                                           causal=causal, max_seq_len=S_kv))  # fmt: skip
 
+    def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *, scale):
+        """``out [T_p, N, V]`` (q_nope's dtype) and ``lse [N, T_p]`` fp32; the spec's arguments
+        (:func:`mlaspec.spec.chunked_context.chunked_prefill_attention`)."""
+        if not isinstance(plan, ChunkPlan):
+            raise TypeError(f"plan must be a ChunkPlan, got {type(plan).__name__}")
+        dev, dtype = self.device, q_nope.dtype
+        ctx = [int(c) for c in plan.context_lens.tolist()]
+        q_lens = torch.diff(torch.as_tensor(cu_seqlens_q).long()).tolist()
+        if len(q_lens) != len(ctx):
+            raise ValueError(f"cu_seqlens_q must have B_p + 1 = {len(ctx) + 1} entries (B_p from plan), got "
+                             f"{len(q_lens) + 1}")  # fmt: skip
+        if any(t > plan.workspace_size for t in plan.seq_tot):
+            raise ValueError(f"plan: a chunk needs {max(plan.seq_tot)} workspace rows, more than workspace_size="
+                             f"{plan.workspace_size}")  # fmt: skip
+        # the context as a serving layer holds it: in shuffled pages, NaN wherever no request's token is
+        if not callable(context) and len(context) != len(ctx):
+            raise ValueError(f"context must hold B_p = {len(ctx)} (kv_c, k_pe) pairs (B_p from plan), got "
+                             f"{len(context)}")  # fmt: skip
+        lkv, r = kv_c.shape[-1], k_pe.shape[-1]
+        dense = torch.full((len(ctx), max(ctx, default=0), lkv + r), torch.nan, dtype=dtype, device=dev)
+        for b, c in enumerate(ctx):
+            ckv, cpe = context(b, 0, c) if callable(context) else context[b]
+            if ckv.shape != (c, lkv) or cpe.shape != (c, r):
+                raise ValueError(f"context[{b}] must be (kv_c [{c}, {lkv}], k_pe [{c}, {r}]) (C from plan), got "
+                                 f"{list(ckv.shape)}, {list(cpe.shape)}")  # fmt: skip
+            dense[b, :c] = torch.cat([ckv, cpe], -1).to(dev, dtype)
+        g = torch.Generator().manual_seed(sum(ctx) + 1)  # the page shuffle: fixed per case
+        cache, table, _ = page_cache(dense, page_size=plan.block_size, generator=g)
+        args = (t.to(dev) for t in (q_nope, q_pe, kv_c, k_pe))
+        return tuple(chunked_prefill(*args, cache, table, q_lens, ctx, W_UK.to(dev), W_UV.to(dev), scale=scale,
+                                     chunk_width=plan.max_context_chunk))  # fmt: skip

@@ -5,14 +5,16 @@ Implements :func:`mlaspec.spec.chunked_context.mla_mixed_batch` the way vLLM's `
 ``[kv_c | k_pe]`` are written into the cache (``concat_and_cache_mla``), then
 
 * **decodes** (leading requests with ``query_len <= decode_threshold``; MTP queries too) run the absorbed form over
-  the paged cache: ``ql_nope = q_nope W_UK`` (a torch matmul, rounded to the activation dtype), the split-KV
-  decode kernel :func:`mlaspec.impl.decode.mla_decode_paged` over the 576-wide entries, and ``o_lat W_UV``;
+  the paged cache: ``ql_nope = q_nope W_UK`` (:func:`absorb_query`: a torch matmul, rounded to the activation
+  dtype), the split-KV decode kernel :func:`mlaspec.impl.decode.mla_decode_paged` over the 576-wide entries, and
+  ``o_lat W_UV`` (:func:`unabsorb_output`);
 * **prefills** run the compute-friendly form with their context in workspace-sized chunks (vLLM's
-  ``_compute_prefill_context``): per chunk, :func:`mlaspec.impl.cache.gather_cache` copies each prefill's slice of
-  context (``seq_starts``) into the workspace, the latent is up-projected (``k_nope = kv_c W_UK``, ``v = kv_c W_UV``
-  in the activation dtype), :func:`mlaspec.impl.prefill.flash_attn_varlen` attends without a mask and returns the
-  LSE, and :func:`mlaspec.impl.merge.merge_attn_states` folds the chunk into the running result; the new tokens
-  attend causally last and are merged in the same way (``_forward_prefill``).
+  ``_compute_prefill_context``; :func:`chunked_prefill`, which also serves the harness's
+  ``chunked_prefill_attention`` on its own): per chunk, :func:`mlaspec.impl.cache.gather_cache` copies each
+  prefill's slice of context (``seq_starts``) into the workspace, the latent is up-projected (``k_nope = kv_c
+  W_UK``, ``v = kv_c W_UV`` in the activation dtype), :func:`mlaspec.impl.prefill.flash_attn_varlen` attends
+  without a mask and returns the LSE, and :func:`mlaspec.impl.merge.merge_attn_states` folds the chunk into the
+  running result; the new tokens attend causally last and are merged in the same way (``_forward_prefill``).
 
 The result is one ``out [T, N, V]`` in the batch's token order and ``lse [N, T]`` fp32 (natural log).
 
@@ -36,7 +38,8 @@ from .decode import mla_decode_paged
 from .merge import merge_attn_states
 from .prefill import flash_attn_varlen
 
-__all__ = ["LayerOutput", "split_decodes", "context_chunks", "mla_mixed_batch_layer"]
+__all__ = ["LayerOutput", "split_decodes", "context_chunks", "absorb_query", "unabsorb_output", "chunked_prefill",
+           "mla_mixed_batch_layer"]
 
 
 class LayerOutput(NamedTuple):
@@ -78,15 +81,30 @@ def _up_project(kv_c: torch.Tensor, k_pe: torch.Tensor, W_UK: torch.Tensor, W_UV
     return k, v
 
 
+def absorb_query(q_nope: torch.Tensor, q_pe: torch.Tensor, W_UK: torch.Tensor) -> torch.Tensor:
+    """``[q_nope W_UK^T, q_pe]``: ``[..., N, P]``, ``[..., N, R]`` -> ``[..., N, Lkv + R]`` in q_nope's dtype.
+
+    vLLM's ``_forward_decode`` absorbs ``W_UK`` with a torch (cuBLAS) bmm and hands the kernel the result rounded to
+    the activation dtype; here an fp32 matmul, then rounded. Reads ``T N P + Lkv N P``, writes ``T N Lkv``.
+    """
+    dtype = q_nope.dtype
+    ql_nope = torch.einsum("...np,lnp->...nl", q_nope.float(), W_UK.float()).to(dtype)
+    return torch.cat([ql_nope, q_pe.to(dtype)], -1)
+
+
+def unabsorb_output(o_lat: torch.Tensor, W_UV: torch.Tensor) -> torch.Tensor:
+    """``o_lat W_UV`` per head: ``[..., N, Lkv]`` -> ``[..., N, V]`` in o_lat's dtype (fp32 matmul, then rounded,
+    as vLLM's ``_v_up_proj`` bmm). Reads ``T N Lkv + Lkv N V``, writes ``T N V``."""
+    return torch.einsum("...nl,lnv->...nv", o_lat.float(), W_UV.float()).to(o_lat.dtype)
+
+
 def _decodes(q_nope, q_pe, kv_cache, block_table, seq_lens, query_lens, W_UK, W_UV, *, scale):
     """The absorbed form for ``D`` decodes: ``out [T_d, N, V]``, ``lse [N, T_d]``."""
-    dtype, dev = q_nope.dtype, q_nope.device
+    dev = q_nope.device
     n_dec = len(query_lens)
     s_max = max(query_lens)
     t_d = sum(query_lens)
-    # absorb W_UK into the queries: read T_d * N * P + Lkv * N * P, write T_d * N * Lkv (the activation dtype)
-    ql_nope = torch.einsum("tnp,lnp->tnl", q_nope.float(), W_UK.float()).to(dtype)
-    q = torch.cat([ql_nope, q_pe.to(dtype)], -1)  # [T_d, N, Lkv + R]
+    q = absorb_query(q_nope, q_pe, W_UK)  # [T_d, N, Lkv + R]
     # each request's queries at the end of its row block of s_max rows (causal alignment), zeros in front
     req = torch.repeat_interleave(torch.arange(n_dec), torch.tensor(query_lens))
     first = torch.tensor(query_lens).cumsum(0) - torch.tensor(query_lens)
@@ -98,26 +116,61 @@ def _decodes(q_nope, q_pe, kv_cache, block_table, seq_lens, query_lens, W_UK, W_
                                   d_v=W_UK.shape[0], scale=scale, causal=True)  # fmt: skip
     o_lat = o_lat.reshape(n_dec * s_max, *o_lat.shape[2:])[flat]  # [T_d, N, Lkv]
     lse = lse.transpose(1, 2).reshape(n_dec * s_max, -1)[flat].T  # [N, T_d]
-    # unabsorb: out = o_lat W_UV, read T_d * N * Lkv, write T_d * N * V
-    out = torch.einsum("tnl,lnv->tnv", o_lat.float(), W_UV.float()).to(dtype)
-    return out, lse
+    return unabsorb_output(o_lat, W_UV), lse
 
 
-def _prefills(q_nope, q_pe, kv_c, k_pe, kv_cache, block_table, query_lens, context_lens, W_UK, W_UV, *, scale,
-              workspace_size):  # fmt: skip
-    """Chunked context then the new tokens for ``B_p`` prefills: ``out [T_p, N, V]``, ``lse [N, T_p]``."""
+def chunked_prefill(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_lens: list[int],
+    context_lens: list[int],
+    W_UK: torch.Tensor,
+    W_UV: torch.Tensor,
+    *,
+    scale: float,
+    chunk_width: int,
+) -> LayerOutput:
+    """Prefills with chunked context (vLLM's ``_forward_prefill``): the context chunk by chunk, then the new tokens.
+
+    Implements :func:`mlaspec.spec.chunked_context.chunked_prefill_attention` over a paged cache. Chunk ``i``
+    covers context positions ``[i W, (i + 1) W)`` of every prefill (``W = chunk_width``, vLLM's
+    ``max_context_chunk``); :func:`mlaspec.impl.cache.gather_cache` packs each prefill's slice into the workspace,
+    the latent is up-projected (``k_nope = kv_c W_UK``, ``v = kv_c W_UV``, fp32 matmul rounded to the activation
+    dtype), :func:`mlaspec.impl.prefill.flash_attn_varlen` attends without a mask and
+    :func:`mlaspec.impl.merge.merge_attn_states` folds the chunk into the running result (a prefill with nothing in
+    a chunk is an empty part: output 0, LSE ``-inf``); the new tokens attend causally last and are merged the same
+    way.
+
+    Args:
+        q_nope: ``[T_p, N, P]`` bf16/fp16/fp32. q_pe: ``[T_p, N, R]``, rotated. Packed by ``query_lens``.
+        kv_c: ``[T_p, Lkv]``. k_pe: ``[T_p, R]``: the new tokens' latents and rotated rope keys.
+        kv_cache: ``[num_blocks, P_blk, Lkv + R]`` in the activation dtype, holding every prefill's context.
+        block_table: ``[B_p, M]`` int32, the prefills' pages; columns past a prefill's context are never read.
+        query_lens: ``B_p`` new-token counts. context_lens: ``B_p`` context lengths (cached tokens).
+        W_UK: ``[Lkv, N, P]``. W_UV: ``[Lkv, N, V]``. ``P + R <= 256`` and ``V <= 256`` (the varlen kernel).
+        scale: softmax scale.
+        chunk_width: ``W`` (> 0 when any context is non-empty; any value otherwise).
+
+    Returns:
+        :class:`LayerOutput` ``(out [T_p, N, V], lse [N, T_p])``.
+    """
     dtype, dev = q_nope.dtype, q_nope.device
     lkv = W_UK.shape[0]
     q = torch.cat([q_nope, q_pe.to(dtype)], -1)  # [T_p, N, P + R]
     cu_q = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
-    max_q = max(query_lens)
-    width, n_chunks = context_chunks(context_lens, workspace_size, kv_cache.shape[1])
+    max_q = max(query_lens, default=0)
     ctx = torch.tensor(context_lens, dtype=torch.int64)
+    longest = max(context_lens, default=0)
+    if longest and chunk_width <= 0:
+        raise ValueError(f"chunk_width must be > 0 when a prefill has context, got {chunk_width}")
     run = None  # (out, lse) over the context chunks so far
-    for i in range(n_chunks):
-        # chunk i: context positions [i W, i W + W) of each prefill, packed into the workspace
-        start = i * width
-        lens = (ctx.clamp(max=start + width) - start).clamp(min=0)
+    for start in range(0, longest, max(chunk_width, 1)):
+        # the chunk [start, start + W) of each prefill's context, packed into the workspace
+        lens = (ctx.clamp(max=start + chunk_width) - start).clamp(min=0)
         cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
         starts = torch.full((len(context_lens),), start, dtype=torch.int32)
         ws = gather_cache(kv_cache, block_table, cu_k.to(dev), len(context_lens), starts.to(dev))  # [tot, Lkv + R]
@@ -127,8 +180,8 @@ def _prefills(q_nope, q_pe, kv_c, k_pe, kv_cache, block_table, query_lens, conte
     k, v = _up_project(kv_c, k_pe, W_UK, W_UV, dtype)  # the new tokens, causal within each prefill
     new = flash_attn_varlen(q, k, v, cu_q, cu_q, max_seqlen_q=max_q, scale=scale, causal=True)
     if run is None:
-        return new.out, new.lse
-    return tuple(merge_attn_states(run[0], run[1], new.out, new.lse))
+        return LayerOutput(new.out, new.lse)
+    return LayerOutput(*merge_attn_states(run[0], run[1], new.out, new.lse))
 
 
 def mla_mixed_batch_layer(
@@ -191,7 +244,8 @@ def mla_mixed_batch_layer(
         out[:d_tok], lse[:, :d_tok] = _decodes(q_nope[:d_tok], q_pe[:d_tok], kv_cache, table[sel], seq[sel],
                                                [q_lens[b] for b in keep], W_UK, W_UV, scale=scale)  # fmt: skip
     if n_dec < len(q_lens) and d_tok < T:
-        out[d_tok:], lse[:, d_tok:] = _prefills(q_nope[d_tok:], q_pe[d_tok:], kv_c[d_tok:], k_pe[d_tok:], kv_cache,
-                                                table[n_dec:], q_lens[n_dec:], ctx[n_dec:], W_UK, W_UV,
-                                                scale=scale, workspace_size=workspace_size)  # fmt: skip
+        width, _ = context_chunks(ctx[n_dec:], workspace_size, kv_cache.shape[1])
+        out[d_tok:], lse[:, d_tok:] = chunked_prefill(q_nope[d_tok:], q_pe[d_tok:], kv_c[d_tok:], k_pe[d_tok:],
+                                                      kv_cache, table[n_dec:], q_lens[n_dec:], ctx[n_dec:], W_UK,
+                                                      W_UV, scale=scale, chunk_width=width)  # fmt: skip
     return LayerOutput(out, lse)
