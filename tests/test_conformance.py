@@ -98,3 +98,34 @@ def test_every_package_folder_is_listed_in_pyproject():
         for init in (root / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(root / folder).parts
             assert ".".join((pkg, *rel)) in listed, f"{init.parent} is not listed in pyproject packages"
+
+
+def test_projection_error_is_gamma_n_of_the_contracted_length():
+    from mlaspec.conformance.ops.common import EPS32, gamma, projection_error
+
+    u = 2.0**-8
+    x, w = torch.ones(2, 3, 5), torch.ones(5, 4, 6)
+    got = projection_error("bsl,lnp->bsnp", x, w, u)  # n = Lkv = 5: (1 + u/2) γ_5 * 5 everywhere
+    assert got.shape == (2, 3, 4, 6) and torch.allclose(got, torch.full_like(got, (1 + u / 2) * gamma(5) * 5.0))
+    q = torch.ones(2, 3, 4, 6)
+    got = projection_error("bsnp,lnp->bsnl", q, w, u)  # the absorbed query: n = P = 6
+    assert torch.allclose(got, torch.full_like(got, (1 + u / 2) * gamma(6) * 6.0))
+    assert gamma(512) == 512 * EPS32 / (1 - 512 * EPS32)
+    with pytest.raises(ValueError, match="n u_w < 1"):
+        gamma(512, 2.0**-8)  # bf16 accumulation of 512 terms: no bound at all
+
+
+def test_projection_error_covers_fp32_accumulation_where_terms_cancel():
+    """fp32 sums of 512 products whose result nearly cancels: the error is far above one rounding of the result
+    (``2^-25 |y|``), and within ``γ_512 |x|.|w|``."""
+    from mlaspec.conformance.ops.common import EPS32, projection_error
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 512, generator=g, dtype=torch.float64).float()
+    w = torch.randn(512, 2, 8, generator=g, dtype=torch.float64)
+    w -= torch.einsum("sl,lnp->snp", x[:1].double(), w)[0] * x[0].double()[:, None, None] / x[0].double().square().sum()
+    w = w.float()  # row 0 of x @ w cancels down to w's rounding
+    exact = torch.einsum("sl,lnp->snp", x.double(), w.double())
+    err = (torch.einsum("sl,lnp->snp", x, w).double() - exact).abs()
+    assert (err > EPS32 / 2 * exact.abs()).any()  # one rounding of the result would not cover it
+    assert (err <= projection_error("sl,lnp->snp", x, w, EPS32)).all()

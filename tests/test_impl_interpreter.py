@@ -296,6 +296,29 @@ def test_prefill_config_and_out_are_checked():
         flash_attn_varlen(t, t, t, cu, cu, out=torch.empty(3, 2, 4, dtype=torch.float16))
 
 
+# -- fp32 up-projections: the harness's budget once lacked their accumulation error ------------------------------------
+# mla_prefill and chunked_prefill_attention materialise k_nope = kv_c W_UK and v = kv_c W_UV with an fp32 matmul. Where
+# the Lkv terms cancel, its accumulation error is far above one rounding of the result, which was all the budget
+# allowed: these failed at error/bound 1.2 (the reported reproducer) and 7.3, 37.8, 1.01, 1.26 (`selfcheck --dtypes
+# float32 --generated 200 --seed 0`; S_kv = 1 makes the output v itself). The budget now carries γ_Lkv |kv_c|.|W|
+# (conformance.ops.common.projection_error); a float64 projection passed them all along.
+FP32_PROJECTION_CASES = [
+    ("chunked_prefill_attention", "hyp-1", dict(H_q=3, Lkv=4, P=2, R=2, V=9, block_size=1, contexts=[0], q_lens=[2],
+                                                workspace_size=1)),  # fmt: skip
+    ("mla_prefill", "hyp-14", dict(B=1, H_q=4, Lkv=25, P=1, R=2, S_kv=1, S_q=1, V=14, causal=True)),
+    ("mla_prefill", "hyp-14", dict(B=1, H_q=1, Lkv=25, P=1, R=2, S_kv=1, S_q=1, V=14, causal=True)),
+    ("mla_prefill", "hyp-14", dict(B=1, H_q=1, Lkv=14, P=1, R=2, S_kv=1, S_q=1, V=14, causal=True)),
+    ("mla_prefill", "hyp-485", dict(B=2, H_q=1, Lkv=14, P=5, R=2, S_kv=5, S_q=5, V=10, causal=True)),
+]
+
+
+@pytest.mark.parametrize("op, name, params", FP32_PROJECTION_CASES, ids=[f"{o}-{n}-{i}" for i, (o, n, _)
+                                                                         in enumerate(FP32_PROJECTION_CASES)])
+def test_fp32_up_projection_accumulation_is_budgeted(op, name, params):
+    r = run_case(TritonBackend(), Case(op, name, "float32", params), backend_name="triton", timeout=None)
+    assert r.verdict == "pass", f"{op}[{name}] {params}: {r.verdict}: {r.reason}"
+
+
 # -- selfcheck: seeded draws, and the reproducer printed before the case runs -------------------------------------------
 def test_selfcheck_draws_are_seeded():
     a, b = selfcheck._generated(3, ["float16"], seed=7), selfcheck._generated(3, ["float16"], seed=7)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mlaspec.conformance.backends.torch_eager import TorchBackend
-from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.runner import run_case
 
 
@@ -152,6 +152,40 @@ class LseTransposed(TorchBackend):
         return out, lse.transpose(1, 2)
 
 
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to TF32 (10 mantissa bits, to nearest even), as fp32 tensor cores read their inputs."""
+    b = x.float().contiguous().view(torch.int32)
+    return ((b + 0xFFF + ((b >> 13) & 1)) & ~0x1FFF).view(torch.float32)
+
+
+class Tf32UpProjection(TorchBackend):
+    """The up-projection as a TF32 GEMM (``allow_tf32``, or Triton's default ``tl.dot`` precision for fp32 inputs):
+    ``kv_c`` and ``W_UK`` / ``W_UV`` read with 10 mantissa bits, ~5e-4 relative each, where fp32 accumulation is
+    due. fp16 and bf16 inputs are exact in TF32, so only fp32 cases can tell; the chunked prefill goes through it."""
+
+    def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
+        return super().mla_prefill(q_nope, q_pe, _tf32(kv_c), k_pe, _tf32(W_UK), _tf32(W_UV), scale=scale,
+                                   causal=causal)  # fmt: skip
+
+
+class Tf32Absorbed(TorchBackend):
+    """The absorbed form's two projections (``q_nope W_UK^T``, ``o_lat W_UV``) as TF32 GEMMs."""
+
+    def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
+        ql_nope = torch.einsum("bsnp,lnp->bsnl", _tf32(q_nope), _tf32(W_UK)).to(q_nope.dtype)
+        o_lat, lse = self.mla_decode(torch.cat([ql_nope, q_pe], -1), torch.cat([kv_c, k_pe], -1),
+                                     d_v=kv_c.shape[-1], scale=scale, causal=causal)  # fmt: skip
+        return torch.einsum("bsnl,lnv->bsnv", _tf32(o_lat), _tf32(W_UV)).to(q_nope.dtype), lse
+
+
+class UpProjection1e3Off(TorchBackend):
+    """``k_nope`` and ``v`` 1e-3 relative too large (a weight scale folded in slightly wrong)."""
+
+    def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
+        return super().mla_prefill(q_nope, q_pe, kv_c, k_pe, W_UK * (1 + 1e-3), W_UV * (1 + 1e-3), scale=scale,
+                                   causal=causal)  # fmt: skip
+
+
 MUTANTS = [WrongScale, ScaleFromAbsorbedWidth, Log2Lse, TopLeftCausal, MtpCausalIgnored, DroppedRope, RopeAsValue,
            TransposedWUV, AbsorbedCausalDropped, WrongGqaHeadMapping, EmptyRowNaN, MaxInsteadOfLse, MergeWithoutInfGuard,
            MergeSwappedWeights, Raises, LseTransposed]  # fmt: skip
@@ -175,3 +209,36 @@ def test_unmutated_torch_backend_passes_the_same_cases():
     for case in curated_cases():
         if case.op in ops:
             assert run_case(TorchBackend(), case, backend_name="torch").verdict == "pass", case.id
+
+
+# -- the fp32 up-projection budget: γ_Lkv |kv_c|.|W| of fp32 accumulation, and no more -------------------------------
+# The reported reproducer (fp32 accumulation of k_nope / v, at error/bound 1.2 before the budget carried it).
+HYP_1 = Case("chunked_prefill_attention", "hyp-1", "float32",
+             dict(H_q=3, Lkv=4, P=2, R=2, V=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1))
+FP32_PROJECTION_CASES = [*curated_cases(dtypes=("float32",), ops=("mla_prefill", "chunked_prefill_attention",
+                                                                  "mla_absorbed")), HYP_1]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mutant, case_id",
+    [(Tf32UpProjection, "mla_prefill[tiny-noncausal-float32]"),
+     (Tf32UpProjection, "chunked_prefill_attention[v3-workspace-chunks-no-context-float32]"),
+     (Tf32UpProjection, "chunked_prefill_attention[first-chunks-only-float32]"),
+     (Tf32UpProjection, HYP_1.id),
+     (Tf32Absorbed, "mla_absorbed[n-equals-v-float32]"),
+     (UpProjection1e3Off, "mla_prefill[tiny-noncausal-float32]"),
+     (UpProjection1e3Off, "chunked_prefill_attention[v3-workspace-chunks-no-context-float32]"),
+     (UpProjection1e3Off, "chunked_prefill_attention[first-chunks-only-float32]"),
+     (UpProjection1e3Off, HYP_1.id)],  # fmt: skip
+    ids=lambda x: x.__name__ if isinstance(x, type) else x,
+)
+def test_fp32_projection_mutant_fails(mutant, case_id):
+    case = next(c for c in FP32_PROJECTION_CASES if c.id == case_id)
+    r = run_case(mutant(), case, backend_name=mutant.__name__)
+    assert r.verdict == "fail", f"{mutant.__name__} ({mutant.__doc__}) {r.verdict} on {case_id}"
+
+
+@pytest.mark.parametrize("case", FP32_PROJECTION_CASES, ids=lambda c: c.id)
+def test_fp32_projection_cases_pass_the_unmutated_torch_backend(case):
+    r = run_case(TorchBackend(), case, backend_name="torch")
+    assert r.verdict == "pass", (case.id, r.reason)

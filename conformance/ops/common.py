@@ -63,18 +63,52 @@ def randn(case: Case) -> Callable[..., torch.Tensor]:
     return lambda *shape, scale=1.0: (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
 
-def logit_error(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """``D ε32 scale max_j Σ_d |q_d k_jd|`` per (b, h, i): the fp32 accumulation error bound of the logits."""
+def gamma(n: int, u_w: float = EPS32) -> float:
+    """Higham's ``γ_n = n u_w / (1 - n u_w)``: ``|fl(x.y) - x.y| <= γ_n |x|.|y|`` for a dot product of length ``n``
+    evaluated in a precision of unit roundoff ``u_w``, in any order of summation, FMA or not (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, 2nd ed., eq. 3.5 and §3.1); the default ``u_w`` is fp32's, the accumulator
+    every conforming kernel sums in (``n u_w < 1`` or the bound says nothing)."""
+    if n * u_w >= 1:
+        raise ValueError(f"γ_n needs n u_w < 1, got n = {n}, u_w = {u_w:g}")
+    return n * u_w / (1 - n * u_w)
+
+
+def abs_logits_max(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale max_j Σ_d |q_d| |k_jd|`` per (b, h, i) as ``[B, H, S_q]`` (``q [B, S_q, H, D]``, ``k [B, S_kv, H_kv,
+    D]``, heads repeated for GQA; 0 with no keys): what an elementwise perturbation of size ``|k|`` (or ``|q|``) can
+    move a row's largest logit by. Masked keys count too, which only overstates."""
     g = q.shape[2] // k.shape[2]
     qk = torch.einsum("bqhd,bkhd->bhqk", q.abs().double(), k.abs().double().repeat_interleave(g, 2))
-    worst = qk.amax(-1) if qk.shape[-1] else qk.sum(-1)  # no keys: 0
-    return q.shape[-1] * EPS32 * scale * worst  # [B, H, S_q]
+    return scale * (qk.amax(-1) if qk.shape[-1] else qk.sum(-1))  # no keys: 0
 
 
-def attention_bounds(q, k, v, *, scale, causal, mask=None, ref, u, extra_logit_err=0.0):
+def logit_error(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """``γ_D scale max_j Σ_d |q_d k_jd|`` per (b, h, i): the fp32 accumulation error bound of the logits."""
+    return gamma(q.shape[-1]) * abs_logits_max(q, k, scale)  # [B, H, S_q]
+
+
+def projection_error(equation: str, x: torch.Tensor, w: torch.Tensor, u: float) -> torch.Tensor:
+    """``(1 + u/2) γ_n (|x| @ |w|)`` per element of the product ``einsum(equation, x, w)``, ``n`` the length of the
+    contracted index (``"bsl,lnp->bsnp"``: ``n = Lkv``): a bound on how far a kernel's product, accumulated in fp32
+    and then rounded to the case dtype (unit roundoff ``u``), can be from the exact one *beyond* the ``u/2`` rounding
+    of the exact value. With ``y`` exact and ``e`` the accumulation error (``|e| <= γ_n |x|.|w|``),
+    ``|fl_u(y + e) - y| <= |e| + u/2 |y + e| <= u/2 |y| + (1 + u/2) |e|``."""
+    inputs, output = equation.replace(" ", "").split("->")
+    a, b = inputs.split(",")
+    n = math.prod(x.shape[a.index(c)] for c in set(a) & set(b) if c not in output)
+    return (1 + u / 2) * gamma(n) * torch.einsum(equation, x.abs().double(), w.abs().double())
+
+
+def attention_bounds(q, k, v, *, scale, causal, mask=None, ref, u, extra_logit_err=0.0, v_err=None):
+    """The output and LSE budgets of attention (see :mod:`mlaspec.conformance.ops`). ``extra_logit_err``
+    (``[B, H, S_q]`` or a scalar) adds to ``δs`` what perturbed ``q`` or ``k`` cost the logits; ``v_err`` (an
+    elementwise bound of a perturbation of ``v``, shaped like it) adds ``Σ_j p_j v_err_j`` (the spec's weights) to
+    the output's error, inside the factor 2."""
     ds = logit_error(q, k, scale) + extra_logit_err  # [B, H, S_q]
     m = attention(q, k, v.abs(), scale=scale, causal=causal, mask=mask).out  # [B, S_q, H, D_v]
     out_bound = 2 * (u * ref[0].abs() + (u + 2 * ds.transpose(1, 2)[..., None]) * m)
+    if v_err is not None:
+        out_bound = out_bound + 2 * attention(q, k, v_err, scale=scale, causal=causal, mask=mask).out
     # the fp32 sum of up to S_kv exponentials (relative S_kv ε32) and its log (ε32 |lse|)
     lse_bound = 2 * (ds + k.shape[1] * EPS32 + EPS32 * ref[1].abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
     return out_bound, lse_bound

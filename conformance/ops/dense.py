@@ -12,8 +12,8 @@ from mlaspec.spec.forms import absorb_query, mla_absorbed, mla_mha, mqa_latent_a
 from mlaspec.spec.merge import merge_attn_states
 
 from ..cases import Case
-from .common import (DTYPES, EPS32, Op, attention_bounds, logit_error, prefix_lse_match, randn, unit_roundoff,
-                     worst_rows)  # fmt: skip
+from .common import (DTYPES, EPS32, Op, abs_logits_max, attention_bounds, logit_error, prefix_lse_match,
+                     projection_error, randn, unit_roundoff, worst_rows)  # fmt: skip
 
 # -- attention ----------------------------------------------------------------------------------------------------
 def _attention_inputs(c: Case) -> dict:
@@ -54,15 +54,24 @@ def _prefill_inputs(c: Case) -> dict:
 
 
 def _prefill_bounds(kw, ref, u):
-    # a kernel may materialise k_nope and v in the case dtype: each carries u/2 relative rounding on top
-    k_nope = torch.einsum("bsl,lnp->bsnp", kw["kv_c"].double(), kw["W_UK"].double())
-    v = torch.einsum("bsl,lnv->bsnv", kw["kv_c"].double(), kw["W_UV"].double())
+    """A kernel materialises ``k_nope = kv_c W_UK`` and ``v = kv_c W_UV``: ``Lkv``-long dot products accumulated in
+    fp32 (``γ_Lkv (|kv_c| @ |W|)``, :func:`~mlaspec.conformance.ops.common.projection_error`), then rounded to the
+    case dtype (``u/2`` relative). Both are elementwise perturbations of the keys and values the attention sees: the
+    rounding of ``k_nope`` costs the logits at most ``u/2 scale max_j Σ|q||k_j|``, its accumulation error
+    ``scale max_j Σ_p |q_nope_p| δk_jp``; the rounding of ``v`` is carried as ``1.5 u`` in place of ``u``, its
+    accumulation error as ``Σ_j p_j δv_j`` in the output."""
+    kv_c, wuk, wuv = kw["kv_c"].double(), kw["W_UK"].double(), kw["W_UV"].double()
+    k_nope = torch.einsum("bsl,lnp->bsnp", kv_c, wuk)
+    v = torch.einsum("bsl,lnv->bsnv", kv_c, wuv)
     n = k_nope.shape[2]
     q = torch.cat([kw["q_nope"].double(), kw["q_pe"].double()], -1)
     k = torch.cat([k_nope, kw["k_pe"].double()[:, :, None].expand(-1, -1, n, -1)], -1)
-    rounding = u / 2 * logit_error(q, k, kw["scale"]) / (q.shape[-1] * EPS32)  # k_nope rounding in the logits
+    rounding = u / 2 * abs_logits_max(q, k, kw["scale"])  # k_nope rounded to the case dtype, in the logits
+    accumulation = abs_logits_max(q[..., : k_nope.shape[-1]], projection_error("bsl,lnp->bsnp", kv_c, wuk, u),
+                                  kw["scale"])  # fmt: skip
     out_b, lse_b = attention_bounds(q, k, v, scale=kw["scale"], causal=kw["causal"], ref=ref, u=1.5 * u,
-                                     extra_logit_err=rounding)  # fmt: skip
+                                     extra_logit_err=rounding + accumulation,
+                                     v_err=projection_error("bsl,lnv->bsnv", kv_c, wuv, u))  # fmt: skip
     return out_b, lse_b
 
 
@@ -72,19 +81,26 @@ def _absorbed_bounds(kw, ref, u):
     # the W_UV product rounds once more. Those roundings pass through 512-long sums (ql . kv and o_lat @ W_UV), where
     # a worst-case sum of |terms| overstates them ~20x and would let real bugs through (a dropped causal mask moves
     # the output 4%); independent roundings add in quadrature (probabilistic error analysis, Higham & Mary 2019), so
-    # those two sums use the root-sum-square with a factor 4 of headroom. The fp32 logit sums stay worst case.
-    q = absorb_query(kw["q_nope"].double(), kw["q_pe"].double(), kw["W_UK"].double())  # [B, S_q, N, Lkv + R]
+    # those two sums use the root-sum-square with a factor 4 of headroom. The fp32 logit sums stay worst case, and
+    # so do the fp32 accumulations of the two projections (P-long q_nope W_UK^T, Lkv-long o_lat W_UV: γ_n |x|.|w|,
+    # common.projection_error): at u_w = 2^-24 and Lkv = 512 they add ~10% to bf16 budgets and ~55% to fp16 ones,
+    # and they are what an fp32 case's budget is made of.
+    wuk, wuv = kw["W_UK"].double(), kw["W_UV"].double()
+    q = absorb_query(kw["q_nope"].double(), kw["q_pe"].double(), wuk)  # [B, S_q, N, Lkv + R]
     kv = torch.cat([kw["kv_c"].double(), kw["k_pe"].double()], -1)[:, :, None]  # [B, S_kv, 1, Lkv + R]
     lkv = kw["kv_c"].shape[-1]
     ql_rss = torch.einsum("bqhd,bkd->bhqk", q[..., :lkv] ** 2, kv[:, :, 0, :lkv] ** 2).sqrt()  # [B, N, S_q, S_kv]
     ql_err = 4 * u / 2 * kw["scale"] * (ql_rss.amax(-1) if ql_rss.shape[-1] else ql_rss.sum(-1))
-    ds = logit_error(q, kv, kw["scale"]) + ql_err  # [B, N, S_q]
+    ql_acc = abs_logits_max(projection_error("bsnp,lnp->bsnl", kw["q_nope"].double(), wuk, u), kv[..., :lkv],
+                            kw["scale"])  # fmt: skip
+    ds = logit_error(q, kv, kw["scale"]) + ql_err + ql_acc  # [B, N, S_q]
     o_lat = attention(q, kv, kv[..., :lkv], scale=kw["scale"], causal=kw["causal"]).out
     m_lat = attention(q, kv, kv[..., :lkv].abs(), scale=kw["scale"], causal=kw["causal"]).out
     err_lat = (u + 2 * ds.transpose(1, 2)[..., None]) * m_lat + u / 2 * o_lat.abs()  # [B, S_q, N, Lkv]
-    err = 4 * torch.einsum("bsnl,lnv->bsnv", err_lat**2, kw["W_UV"].double() ** 2).sqrt()
+    err = 4 * torch.einsum("bsnl,lnv->bsnv", err_lat**2, wuv**2).sqrt()
+    acc = projection_error("bsnl,lnv->bsnv", o_lat.abs() + err_lat, wuv, u)  # the backend's o_lat, up to err_lat
     lse_bound = 2 * (ds + kv.shape[1] * EPS32 + EPS32 * ref[1].abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
-    return 2 * (err + u / 2 * ref[0].abs()), lse_bound
+    return 2 * (err + acc + u / 2 * ref[0].abs()), lse_bound
 
 
 # -- merge_attn_states --------------------------------------------------------------------------------------------

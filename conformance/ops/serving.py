@@ -25,7 +25,8 @@ here are bytes or integers, so most ops judge with a ``compare`` hook rather tha
   returned dtype; ``ε32`` for an fp32 product before it; 0 for float64 output, i.e. exact).
 * **Chunked-prefill attention** equals causal attention over ``context + new tokens`` (a spec property), so it is
   budgeted as that attention (:func:`~mlaspec.conformance.ops.common.attention_bounds`, with the up-projected
-  ``k_nope`` / ``v`` materialised in the case dtype as in ``mla_prefill``) plus the merges: every one of the
+  ``k_nope`` / ``v`` accumulated in fp32 and materialised in the case dtype as in ``mla_prefill``:
+  :func:`~mlaspec.conformance.ops.dense._prefill_bounds`) plus the merges: every one of the
   ``n_chunks + 1`` parts has its output rounded to the case dtype (``u/2`` of a magnitude at most ``M``) and is
   merged with fp32 weights (``4 ε32 M``), and each merge's LSE costs ``2 ε32 (|lse| + 1)``. The op returns only
   ``(out, lse)``, so the workspace limit is not checked here (the plan is an input; the spec checks its chunks
@@ -71,7 +72,7 @@ from mlaspec.spec.paged_cache import (
 
 from ..cases import Case
 from ..verdict import Metric, judge, judge_exact
-from .common import DTYPES, EPS32, Op, attention_bounds, logit_error, randn, worst_rows
+from .common import DTYPES, EPS32, Op, abs_logits_max, attention_bounds, projection_error, randn, worst_rows
 from .dense import _absorbed_bounds
 
 QUANTIZED_CACHE = {"fp8": cl.FP8_PER_TENSOR, "fp8_e4m3": cl.FP8_PER_TENSOR, "fp8_e5m2": cl.FP8_E5M2_PER_TENSOR,
@@ -456,10 +457,13 @@ def _chunked_bounds(kw, ref, u):
         n = k_nope.shape[1]
         q = torch.cat([kw["q_nope"][qs:qe], kw["q_pe"][qs:qe]], -1).double()[None]
         k = torch.cat([k_nope, pe[:, None].expand(-1, n, -1)], -1)[None]
-        rounding = u / 2 * logit_error(q, k, kw["scale"]) / (q.shape[-1] * EPS32)  # k_nope in the case dtype
+        rounding = u / 2 * abs_logits_max(q, k, kw["scale"])  # k_nope rounded to the case dtype
+        dk = projection_error("sl,lnp->snp", kv, wuk, u)[None]  # k_nope's fp32 accumulation (as in _prefill_bounds)
+        accumulation = abs_logits_max(q[..., : k_nope.shape[-1]], dk, kw["scale"])
         ref_b = (ref[0][qs:qe][None], ref[1][:, qs:qe][None])
         o, l = attention_bounds(q, k, v, scale=kw["scale"], causal=True, ref=ref_b, u=1.5 * u,
-                                extra_logit_err=rounding)  # fmt: skip
+                                extra_logit_err=rounding + accumulation,
+                                v_err=projection_error("sl,lnv->snv", kv, wuv, u)[None])  # fmt: skip
         m = attention(q, k, v.abs(), scale=kw["scale"], causal=True).out
         merges_out = n_parts * (u + 8 * EPS32) * m  # each part's output rounded, fp32 merge weights
         merges_lse = n_parts * 4 * EPS32 * (ref_b[1].abs() + 1)
