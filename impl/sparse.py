@@ -56,6 +56,8 @@ import triton.language as tl
 
 from mlaspec.spec import cache_layouts as cl
 
+from .decode import _num_sms
+
 __all__ = [
     "KeyCache",
     "SparseConfig",
@@ -385,12 +387,6 @@ def decode_splits(programs: int, num_sms: int) -> int:
     H200 (fp8 656-byte cache, top-k 2048), B = 64, H_q = 64: 2 splits 124 us, 5 splits 157 us; B = 16, H_q = 128:
     4 splits 119 us, 9 splits 189 us; B = 128, H_q = 128: 1 split 403 us, 2 splits 456 us."""
     return max(1, num_sms // max(1, programs))
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
 
 
 def _source_args(src: KeyCache, dtype: torch.dtype):
