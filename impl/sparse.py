@@ -47,7 +47,6 @@ Structure:
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -141,16 +140,17 @@ def _attend_tile(q_nope, q_rope, k_nope, k_rope, ok, m_i, l_i, acc, qk_scale,
 
 
 @triton.jit
-def _finish(m_i, l_i, acc, SINK, heads, head_ok):
+def _finish(m_i, l_i, acc, SINK, heads, head_ok, HAS_SINK: tl.constexpr):
     """Normalise: ``out``, natural LSE (``+inf`` if empty), max_logits (``-inf`` if empty), sink applied."""
     has_keys = l_i > 0.0
     l_use = tl.where(has_keys, l_i, 1.0)
     lse2 = m_i + tl.log2(l_use)
     out = acc / l_use[:, None]  # empty rows: acc = 0
-    # sink: sigmoid(lse - sink) = 1 / (1 + 2^(sink log2 e - lse2)); +inf sink -> 0, -inf (none) -> exactly 1
-    sink = tl.load(SINK + heads, mask=head_ok, other=float("-inf"))
-    f = 1.0 / (1.0 + tl.exp2(sink * 1.4426950408889634 - tl.where(has_keys, lse2, 0.0)))
-    out = out * tl.where(has_keys, f, 0.0)[:, None]
+    if HAS_SINK:
+        # sink: sigmoid(lse - sink) = 1 / (1 + 2^(sink log2 e - lse2)); +inf sink -> 0, -inf -> exactly 1
+        sink = tl.load(SINK + heads, mask=head_ok, other=float("-inf"))
+        f = 1.0 / (1.0 + tl.exp2(sink * 1.4426950408889634 - tl.where(has_keys, lse2, 0.0)))
+        out = out * f[:, None]
     lse = tl.where(has_keys, lse2 * 0.6931471805599453, float("inf"))
     max_logits = m_i * 0.6931471805599453  # -inf on empty rows
     return out, lse, max_logits
@@ -160,19 +160,20 @@ def _finish(m_i, l_i, acc, SINK, heads, head_ok):
 def _sparse_mla_kernel(
     Q, stride_qr, stride_qh,  # q [R, H_q, D_qk]
     KV, KVF, KVB, stride_kn, stride_kh, page_bytes, n_rows,  # main keys (see _load_keys), N key rows
-    IDX, stride_ir, stride_ih, LENS, K,  # indices [R, H_kv, K] int32, lengths [R] int32 (K when not given)
+    IDX, stride_ir, stride_ih, LENS, K,  # indices [R, H_kv, K] int32, lengths [R] int32 (read when HAS_LENS)
     EKV, EKVF, EKVB, stride_ekn, e_page_bytes, e_n_rows,  # extra keys (H_kv = 1)
     EIDX, stride_eir, ELENS, K_E,  # extra indices [R, K_E] int32, extra lengths [R]
-    SINK,  # [H_q] fp32 (-inf when not given: sigmoid(lse + inf) = 1 exactly)
+    SINK,  # [H_q] fp32 (read when HAS_SINK)
     OUT, LSE, MAXL, stride_or, stride_oh, stride_lr,  # out [R, H_q, D_V], lse / max_logits [R, H_q] fp32
     O_PART, ML_PART,  # [R, H_q, splits, D_V] fp32 unnormalised, [R, H_q, splits, 2] fp32 (m, l) base 2
     H_Q, G, tiles_per_split, num_splits, qk_scale,
-    HAS_EXTRA: tl.constexpr,
+    HAS_LENS: tl.constexpr, HAS_SINK: tl.constexpr, HAS_EXTRA: tl.constexpr,
     FMT: tl.constexpr, EFMT: tl.constexpr, PAGE: tl.constexpr, EPAGE: tl.constexpr,
     D_V: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     SINGLE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    r, pid_h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # head blocks vary fastest: the programs that gather the same keys run together and share them in L2
+    pid_h, r, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hblocks = tl.cdiv(G, BLOCK_H)
     kvh = pid_h // hblocks
     r64 = r.to(tl.int64)
@@ -191,10 +192,14 @@ def _sparse_mla_kernel(
         q_rope = q_nope
 
     # -- how many slots each list uses: K, or topk_length[r] ----------------------------------------------------------
-    n_main = tl.minimum(tl.load(LENS + r), K)
+    n_main = K
+    if HAS_LENS:
+        n_main = tl.minimum(tl.load(LENS + r), K)
     n_extra = 0
     if HAS_EXTRA:
-        n_extra = tl.minimum(tl.load(ELENS + r), K_E)
+        n_extra = K_E
+        if HAS_LENS:
+            n_extra = tl.minimum(tl.load(ELENS + r), K_E)
     tiles_main = tl.cdiv(n_main, BLOCK_N)
     tiles_extra = tl.cdiv(n_extra, BLOCK_N)
     lo = split * tiles_per_split
@@ -231,7 +236,7 @@ def _sparse_mla_kernel(
 
     if SINGLE:
         # -- epilogue: write BLOCK_H * D_V in q's dtype, LSE and max_logits -------------------------------------------
-        out, lse, max_logits = _finish(m_i, l_i, acc, SINK, heads, head_ok)
+        out, lse, max_logits = _finish(m_i, l_i, acc, SINK, heads, head_ok, HAS_SINK)
         o_ptr = OUT + r64 * stride_or + heads * stride_oh
         tl.store(o_ptr[:, None] + offs_v[None, :], out.to(OUT.dtype.element_ty), mask=head_ok[:, None])
         tl.store(LSE + r64 * stride_lr + heads, lse, mask=head_ok)
@@ -248,7 +253,7 @@ def _sparse_mla_kernel(
 def _sparse_mla_combine_kernel(
     O_PART, ML_PART, SINK, OUT, LSE, MAXL, stride_or, stride_oh, stride_lr,
     H_Q, num_splits,
-    D_V: tl.constexpr, SPLITS_P2: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_SINK: tl.constexpr, D_V: tl.constexpr, SPLITS_P2: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     r, hb = tl.program_id(0), tl.program_id(1)
     r64 = r.to(tl.int64)
@@ -272,7 +277,7 @@ def _sparse_mla_combine_kernel(
         wi = tl.exp2(tl.load(ML_PART + (base + i) * 2, mask=head_ok, other=float("-inf")) - m_use)
         acc += wi[:, None] * tl.load(O_PART + (base + i)[:, None] * D_V + offs_v[None, :], mask=head_ok[:, None],
                                      other=0.0)  # fmt: skip
-    out, lse, max_logits = _finish(m, l_i, acc, SINK, heads, head_ok)
+    out, lse, max_logits = _finish(m, l_i, acc, SINK, heads, head_ok, HAS_SINK)
     tl.store(OUT + r64 * stride_or + heads[:, None] * stride_oh + offs_v[None, :], out.to(OUT.dtype.element_ty),
              mask=head_ok[:, None])  # fmt: skip
     tl.store(LSE + r64 * stride_lr + heads, lse, mask=head_ok)
@@ -470,8 +475,6 @@ def sparse_mla(
         return t.to(dev, torch.int32).contiguous()
 
     topk_length = lengths("topk_length", topk_length)
-    if topk_length is None:
-        topk_length = torch.full((R,), indices.shape[-1], dtype=torch.int32, device=dev)
     if extra is not None:
         if extra_indices is None:
             raise ValueError("extra_indices must be given with extra")
@@ -481,14 +484,16 @@ def sparse_mla(
         if h_kv != 1:
             raise ValueError("an extra cache needs H_kv = 1")
         extra_topk_length = lengths("extra_topk_length", extra_topk_length)
-        if extra_topk_length is None:
-            extra_topk_length = torch.full((R,), extra_indices.shape[1], dtype=torch.int32, device=dev)
     if attn_sink is not None:
         if attn_sink.shape != (H_q,):
             raise ValueError(f"attn_sink must be [H_q={H_q}], got {list(attn_sink.shape)}")
         attn_sink = attn_sink.to(dev, torch.float32).contiguous()
-    else:
-        attn_sink = torch.full((H_q,), -math.inf, dtype=torch.float32, device=dev)
+    # the lengths are read for both lists or for neither: a list without them uses its full width
+    has_lens = topk_length is not None or extra_topk_length is not None
+    if has_lens and topk_length is None:
+        topk_length = torch.full((R,), K, dtype=torch.int32, device=dev)
+    if has_lens and extra is not None and extra_topk_length is None:
+        extra_topk_length = torch.full((R,), extra_indices.shape[1], dtype=torch.int32, device=dev)
 
     fp8 = keys.fmt != "float" or (extra is not None and extra.fmt != "float")
     cfg = config or sparse_config(G, q.dtype, fp8)
@@ -515,27 +520,28 @@ def sparse_mla(
     else:
         ekv, ekvf, ekvb, es_n, epb, efmt, eidx, e_rows, epage = kv, kvf, kvb, 0, 0, fmt, indices, 0, 1
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    grid = (R, h_kv * triton.cdiv(G, cfg.block_h), num_splits)
+    grid = (h_kv * triton.cdiv(G, cfg.block_h), R, num_splits)
+    unused = out  # stands in for the pointers a constexpr flag leaves unread
     _sparse_mla_kernel[grid](
         q, q.stride(0), q.stride(1),
         kv, kvf, kvb, s_n, s_h, pb, keys.num_rows,
-        indices, indices.stride(0), indices.stride(1), topk_length, K,
+        indices, indices.stride(0), indices.stride(1), topk_length if has_lens else unused, K,
         ekv, ekvf, ekvb, es_n, epb, e_rows,
-        eidx, eidx.stride(0), topk_length if extra is None else extra_topk_length, K_E,
-        attn_sink,
+        eidx, eidx.stride(0), extra_topk_length if has_lens and extra is not None else unused, K_E,
+        attn_sink if attn_sink is not None else unused,
         out, lse, max_logits, out.stride(0), out.stride(1), lse.stride(0),
         o_part, ml_part,
         H_q, G, tiles_per_split, num_splits, scale * LOG2E,
-        HAS_EXTRA=extra is not None, FMT=fmt, EFMT=efmt, PAGE=keys.page_size, EPAGE=epage,
+        HAS_LENS=has_lens, HAS_SINK=attn_sink is not None, HAS_EXTRA=extra is not None, FMT=fmt, EFMT=efmt, PAGE=keys.page_size, EPAGE=epage,
         D_V=d_v, D_ROPE=d_rope, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         SINGLE=num_splits == 1, PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if num_splits > 1:
         bh = min(16, triton.next_power_of_2(H_q))
         _sparse_mla_combine_kernel[(R, triton.cdiv(H_q, bh))](
-            o_part, ml_part, attn_sink, out, lse, max_logits,
+            o_part, ml_part, attn_sink if attn_sink is not None else unused, out, lse, max_logits,
             out.stride(0), out.stride(1), lse.stride(0), H_q, num_splits,
-            D_V=d_v, SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_H=bh,
+            HAS_SINK=attn_sink is not None, D_V=d_v, SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_H=bh,
             num_warps=4,
         )  # fmt: skip
     return SparseOutput(out, lse, max_logits)
