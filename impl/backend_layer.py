@@ -9,10 +9,11 @@
   callable) is scattered into ``block_size``-slot pages in shuffled order, NaN in every unused slot and page, then
   :func:`mlaspec.impl.layer.chunked_prefill` runs the plan's chunks (chunk width ``plan.max_context_chunk``) through
   the gather, varlen and merge kernels, and the new tokens causally last, as the mixed-batch layer's prefills do.
-* ``mla_decode_fp8``: the per-request records ``kv_cache [B, S_kv, 576]`` (``fp8_e4m3_per_tensor``) are scattered
-  into 64-slot pages in shuffled order, ``0xFF`` (e4m3 NaN) in every unused slot and page, a spare ``-1``
-  block-table column, then :func:`mlaspec.impl.decode.mla_decode_paged` (fp8 bytes) runs. The 656-byte ``fp8_ds_mla``
-  layout is a named limit (the sparse kernels read it).
+* ``mla_decode_fp8``: the per-request records ``kv_cache [B, S_kv, token_bytes]`` are scattered into 64-slot pages
+  in shuffled order, ``0xFF`` (e4m3 NaN) in every unused slot and page, a spare ``-1`` block-table column; then
+  ``fp8_e4m3_per_tensor`` (576 B) runs :func:`mlaspec.impl.decode.mla_decode_paged` (fp8 bytes, per-tensor scale)
+  and ``fp8_ds_mla_v32`` (FlashMLA's 656 B token) :func:`mlaspec.impl.sparse.paged_decode` (the sparse kernel
+  with every token named through the block table, dequantized in the kernel).
 
 All three multiply matrices in the case dtype, so their bf16 cases are skipped in the interpreter (wrong ``tl.dot``).
 """
@@ -26,6 +27,7 @@ from mlaspec.spec.chunked_context import ChunkPlan
 from . import decode as _decode
 from .decode import mla_decode_paged, page_cache
 from .layer import chunked_prefill, mla_mixed_batch_layer
+from .sparse import fp8_keys, paged_decode
 
 __all__ = ["LAYER_OPS", "TritonLayer"]
 
@@ -69,9 +71,10 @@ class TritonLayer:
 
     def _unsupported_mla_decode_fp8(self, case) -> str | None:
         p = case.params
-        if p["layout"] != "fp8_e4m3_per_tensor":
-            return (f"mla_decode_fp8: the dense triton fp8 decode reads the per-tensor 576-byte cache; {p['layout']} "
-                    f"is read by the sparse kernels")  # fmt: skip
+        if p["layout"] not in ("fp8_e4m3_per_tensor", "fp8_ds_mla_v32"):
+            return f"mla_decode_fp8: triton reads the fp8_e4m3_per_tensor and fp8_ds_mla_v32 caches, not {p['layout']}"
+        if p["layout"] == "fp8_ds_mla_v32" and (p["D_qk"], p["D_v"]) != (576, 512):
+            return f"mla_decode_fp8: the 656-byte token holds D_qk 576 = 512 + 64, got {p['D_qk']}, {p['D_v']}"
         if not (_pow2_at_least_16(p["D_v"]) and _pow2_at_least_16(p["D_qk"] - p["D_v"])):
             return f"mla_decode_fp8 needs D_v and D_qk - D_v powers of two >= 16, got {p['D_v']}, {p['D_qk']}"
         return _bf16_in_interpreter(case)
@@ -90,12 +93,15 @@ class TritonLayer:
         ))  # fmt: skip
 
     def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
-        if layout != "fp8_e4m3_per_tensor":
-            raise ValueError(f"layout must be 'fp8_e4m3_per_tensor' (576 e4m3 bytes per token), got {layout!r}")
+        if layout not in ("fp8_e4m3_per_tensor", "fp8_ds_mla_v32"):
+            raise ValueError(f"layout must be 'fp8_e4m3_per_tensor' (576 B) or 'fp8_ds_mla_v32' (656 B), got {layout!r}")
         S_kv = kv_cache.shape[1]
         q, kv_cache = q.to(self.device), kv_cache.to(self.device)
         g = torch.Generator().manual_seed(S_kv)  # the page shuffle: fixed per shape
         cache, block_table, seq_lens = page_cache(kv_cache.view(torch.uint8), page_size=64, generator=g, fill=0xFF)
+        if layout == "fp8_ds_mla_v32":
+            keys = fp8_keys(cache.reshape(-1, cache.shape[-1]), "fp8_v32", page_size=64)
+            return tuple(paged_decode(q, keys, block_table, seq_lens, scale=scale, d_v=d_v, causal=causal))
         return tuple(mla_decode_paged(q, cache, block_table, seq_lens, k_scale=k_scale, d_v=d_v, scale=scale,
                                           causal=causal, max_seq_len=S_kv))  # fmt: skip
 

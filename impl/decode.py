@@ -13,7 +13,8 @@ per token, ``e4m3(x / k_scale)``), the op FlashMLA's dense fp8 decode computes f
 does: the bytes convert exactly to q's dtype (``e4m3`` has 4 significant bits), ``k_scale`` is folded into the
 logit scale (``s = (q . e) * scale * k_scale``) and into the output (``out = k_scale * sum p e / sum p``), so no
 rounding is added to what the 16-bit path does, and the traffic is half the bf16 cache. The 656-byte
-``fp8_ds_mla`` token (per-128 scales, bf16 RoPE) is read by the sparse kernels (:mod:`mlaspec.impl.sparse`).
+``fp8_ds_mla`` token (per-128 scales, bf16 RoPE) is read by the sparse kernel, whose
+:func:`mlaspec.impl.sparse.paged_decode` names every token through the block table (a dense decode over it).
 
 The naive computation, per sequence, and its memory traffic (``N = seq_len``, ``R = S_q * H_q`` query rows)::
 

@@ -77,7 +77,7 @@ def _indexer_logits_kernel(
     Q, K, W, KS, KE, KSCALE, OUT,  # q [M, H, D] fp8, k [N, D] fp8, w [M, H] fp32, ks/ke [M] int32, [N] fp32, [M, N]
     M, N, stride_om,
     H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-    HAS_SCALE: tl.constexpr, COMPRESSED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     ROWS: tl.constexpr = BLOCK_M * H
@@ -99,8 +99,7 @@ def _indexer_logits_kernel(
         col_ok = cols < N
         inside = (cols[:, None] >= ks[None, :]) & (cols[:, None] < ke[None, :])  # [BLOCK_N, BLOCK_M]
         logits = tl.full((BLOCK_N, BLOCK_M), float("-inf"), tl.float32)
-        seen = (n0 < hi) & (n0 + BLOCK_N > lo)
-        if seen:  # some row sees a key of this tile: read it
+        if (n0 < hi) & (n0 + BLOCK_N > lo):  # some row sees a key of this tile: read it
             # -- k q^T (fp8, fp32 accumulation), ReLU, weighted sum over heads, then the per-key scale (after the
             #    sum, as DeepGEMM) -----------------------------------------------------------------------------------
             k = tl.load(K + cols.to(tl.int64)[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
@@ -108,14 +107,8 @@ def _indexer_logits_kernel(
             if HAS_SCALE:
                 val = val * tl.load(KSCALE + cols, mask=col_ok, other=0.0)[:, None]
             logits = tl.where(inside, val, float("-inf"))  # NaN keys outside every span never leak
-        if COMPRESSED:
-            # column n - ks[m]: only the spans are written (a tile no row sees writes nothing)
-            if seen:
-                out = OUT + tok.to(tl.int64)[None, :] * stride_om + (cols[:, None] - ks[None, :])
-                tl.store(out, logits, mask=tok_ok[None, :] & inside)
-        else:
-            out = OUT + tok.to(tl.int64)[None, :] * stride_om + cols[:, None]
-            tl.store(out, logits, mask=tok_ok[None, :] & col_ok[:, None])
+        out = OUT + tok.to(tl.int64)[None, :] * stride_om + cols[:, None]
+        tl.store(out, logits, mask=tok_ok[None, :] & col_ok[:, None])
 
 
 @triton.jit
@@ -259,8 +252,6 @@ def indexer_logits(
     ke: torch.Tensor,
     k_scale: torch.Tensor | None = None,
     *,
-    columns: str = "absolute",
-    width: int | None = None,
     block_m: int | None = None,
     block_n: int = 64,
     tiles: int = 32,
@@ -275,19 +266,13 @@ def indexer_logits(
         weights: ``[M, H]`` float (read as fp32), folded weights.
         ks, ke: ``[M]`` int, ``0 <= ks <= ke <= N``.
         k_scale: optional ``[N]`` float (fp32), the per-key scale.
-        columns: ``"absolute"`` (column ``n`` is key ``n``, ``-inf`` outside ``[ks, ke)``) or ``"compressed"``
-            (DeepGEMM ``fp8_fp4_mqa_logits``' form, :func:`mlaspec.spec.indexer.absolute_to_compressed`: column
-            ``j`` of row ``m`` is key ``ks[m] + j``; only ``j < ke[m] - ks[m]`` is written, the rest of the row is
-            left as allocated, as DeepGEMM leaves it, so a consumer reads each row's first ``ke - ks`` columns).
-            Causal prefill then writes half the logits and skips the key tiles no query sees.
-        width: compressed columns ``W >= max(ke - ks)`` (default: that maximum, read back to the host).
         block_m: query tokens per program (default ``128 / H``, at least ``16 / H``); ``block_n``: keys per
             tile; ``tiles``: key tiles per program; ``num_warps`` / ``num_stages``: Triton's launch options. The
             defaults were the fastest of 19 configurations timed on an H200 (S = 8192 causal: 659 TFLOP/s; 8 tiles
             a program 584, 128-key tiles or 8 warps 370-520).
 
     Returns:
-        ``logits [M, N]`` float32, ``-inf`` outside ``[ks, ke)``; compressed: ``[M, W]``.
+        ``logits [M, N]`` float32, ``-inf`` outside ``[ks, ke)``.
     """
     q, k = _fp8("q", q), _fp8("k", k)
     if q.dim() != 3 or k.dim() != 2 or k.shape[1] != q.shape[2]:
@@ -300,15 +285,7 @@ def indexer_logits(
     w = weights.to(device=dev, dtype=torch.float32).contiguous()
     ks32, ke32 = (t.to(device=dev, dtype=torch.int32).contiguous() for t in (ks, ke))
     scale = None if k_scale is None else k_scale.to(device=dev, dtype=torch.float32).contiguous()
-    if columns not in ("absolute", "compressed"):
-        raise ValueError(f"columns must be 'absolute' or 'compressed', got {columns!r}")
-    compressed = columns == "compressed"
-    if compressed:
-        longest = max(int((ke32.long() - ks32.long()).max()), 0) if M else 0
-        width = longest if width is None else width
-        if width < longest:
-            raise ValueError(f"width must be >= max(ke - ks) = {longest}, got {width}")
-    out = torch.empty(M, width if compressed else N, dtype=torch.float32, device=dev)
+    out = torch.empty(M, N, dtype=torch.float32, device=dev)
     if M == 0 or N == 0:
         return out
     if block_m is None:
@@ -319,7 +296,7 @@ def indexer_logits(
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n * tiles))
     _indexer_logits_kernel[grid](
         q, k, w, ks32, ke32, scale if scale is not None else w, out, M, N, out.stride(0),
-        H=H, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles, HAS_SCALE=scale is not None, COMPRESSED=compressed,
+        H=H, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles, HAS_SCALE=scale is not None,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

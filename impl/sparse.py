@@ -47,6 +47,7 @@ Structure:
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -58,6 +59,7 @@ from mlaspec.spec import cache_layouts as cl
 from .decode import _num_sms
 
 __all__ = [
+    "BlockTable",
     "KeyCache",
     "SparseConfig",
     "SparseOutput",
@@ -68,6 +70,7 @@ __all__ = [
     "sparse_mla",
     "sparse_mla_decode",
     "decode_splits",
+    "paged_decode",
 ]
 
 LOG2E = 1.4426950408889634
@@ -161,13 +164,14 @@ def _sparse_mla_kernel(
     Q, stride_qr, stride_qh,  # q [R, H_q, D_qk]
     KV, KVF, KVB, stride_kn, stride_kh, page_bytes, n_rows,  # main keys (see _load_keys), N key rows
     IDX, stride_ir, stride_ih, LENS, K,  # indices [R, H_kv, K] int32, lengths [R] int32 (read when HAS_LENS)
+    rows_per_req,  # PAGED: IDX is a block table [B, max_blocks], row r belongs to request r // rows_per_req
     EKV, EKVF, EKVB, stride_ekn, e_page_bytes, e_n_rows,  # extra keys (H_kv = 1)
     EIDX, stride_eir, ELENS, K_E,  # extra indices [R, K_E] int32, extra lengths [R]
     SINK,  # [H_q] fp32 (read when HAS_SINK)
     OUT, LSE, MAXL, stride_or, stride_oh, stride_lr,  # out [R, H_q, D_V], lse / max_logits [R, H_q] fp32
     O_PART, ML_PART,  # [R, H_q, splits, D_V] fp32 unnormalised, [R, H_q, splits, 2] fp32 (m, l) base 2
     H_Q, G, tiles_per_split, num_splits, qk_scale,
-    HAS_LENS: tl.constexpr, HAS_SINK: tl.constexpr, HAS_EXTRA: tl.constexpr,
+    PAGED: tl.constexpr, HAS_LENS: tl.constexpr, HAS_SINK: tl.constexpr, HAS_EXTRA: tl.constexpr,
     FMT: tl.constexpr, EFMT: tl.constexpr, PAGE: tl.constexpr, EPAGE: tl.constexpr,
     D_V: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     SINGLE: tl.constexpr, PRECISION: tl.constexpr,
@@ -211,11 +215,18 @@ def _sparse_mla_kernel(
     offs_n = tl.arange(0, BLOCK_N)
 
     # -- main indices: gather BLOCK_N keys by index (masked: -1, out of range, past topk_length never read) ---------
-    idx_base = IDX + r64 * stride_ir + kvh * stride_ih
+    if PAGED:  # a dense decode: slot t of row r is token t of its request, through the block table
+        idx_base = IDX + (r // rows_per_req).to(tl.int64) * stride_ir
+    else:
+        idx_base = IDX + r64 * stride_ir + kvh * stride_ih
     kv_base = KV + kvh * stride_kh
     for tile in range(lo, tl.minimum(hi, tiles_main)):
         t = tile * BLOCK_N + offs_n
-        slots = tl.load(idx_base + t, mask=t < n_main, other=-1)  # read BLOCK_N int32
+        if PAGED:
+            page = tl.load(idx_base + t // PAGE, mask=t < n_main, other=-1)  # read BLOCK_N / PAGE int32
+            slots = page * PAGE + t % PAGE  # a -1 page gives a negative slot: not used
+        else:
+            slots = tl.load(idx_base + t, mask=t < n_main, other=-1)  # read BLOCK_N int32
         ok = (t < n_main) & (slots >= 0) & (slots < n_rows)
         k_nope, k_rope = _load_keys(kv_base, KVF, KVB, slots, ok, stride_kn, page_bytes, FMT, D_V, D_ROPE, PAGE,
                                     BLOCK_N)  # fmt: skip
@@ -360,6 +371,15 @@ def quantize_keys(entries: torch.Tensor, page_size: int = 64) -> KeyCache | None
     return fp8_keys(cl.to_pages(rows, layout, page_size).to(entries.device), "fp8_v4", page_size)
 
 
+class BlockTable(NamedTuple):
+    """Slots of a dense paged decode, passed as ``indices``: row ``r`` reads slot ``table[r // rows_per_request, t //
+    P] * P + t % P`` for ``t < topk_length[r]`` (``P`` the cache's page size; a ``-1`` page is skipped). ``table``:
+    ``[B, max_blocks]`` int32."""
+
+    table: torch.Tensor
+    rows_per_request: int = 1
+
+
 class SparseOutput(NamedTuple):
     """``out [R, H_q, D_v]`` (q's dtype), ``lse [R, H_q]`` fp32 natural log (``+inf``: empty), ``max_logits``."""
 
@@ -427,7 +447,8 @@ def sparse_mla(
     Args:
         q: ``[R, H_q, D_qk]`` bf16/fp16/fp32, last dim contiguous; ``D_qk - d_v`` is 0 or a power of two >= 16.
         keys: the key rows (:func:`float_keys`, :func:`fp8_keys`); fp8 sources need ``H_kv = 1``.
-        indices: ``[R, H_kv, K]`` (or ``[R, K]``) int32; used where ``0 <= index < keys.num_rows``.
+        indices: ``[R, H_kv, K]`` (or ``[R, K]``) int32; used where ``0 <= index < keys.num_rows``. Or a
+            :class:`BlockTable` (a dense paged decode: ``topk_length`` is then required, ``H_kv = 1``).
         scale: softmax scale.
         d_v: value width, a power of two >= 16 (the leading columns of each key).
         topk_length: optional ``[R]`` int32, slots used per row.
@@ -451,10 +472,22 @@ def sparse_mla(
         raise ValueError(f"d_v and D_qk - d_v must be powers of two >= 16 (or D_qk == d_v), got {d_v}, {D_qk}")
     if keys.fmt == "fp8_v4" and d_rope:
         raise ValueError("the fp8 V4 cache needs d_v == D_qk == 512")
-    if indices.dim() == 2:
+    paged = isinstance(indices, BlockTable)
+    if paged:
+        rows_per_req = int(indices.rows_per_request)
+        indices = indices.table
+        if indices.dim() != 2 or indices.dtype != torch.int32 or rows_per_req < 1:
+            raise ValueError(f"a BlockTable needs table [B, max_blocks] int32 and rows_per_request >= 1, got "
+                             f"{list(indices.shape)} {indices.dtype}, {rows_per_req}")  # fmt: skip
+        if indices.shape[0] * rows_per_req != R:
+            raise ValueError(f"the block table's {indices.shape[0]} requests x {rows_per_req} rows must be R={R}")
+        if topk_length is None:
+            raise ValueError("topk_length (the tokens each row sees) must be given with a BlockTable")
+        indices = indices[:, None]
+    elif indices.dim() == 2:
         indices = indices[:, None]
     h_kv = indices.shape[1]
-    if indices.shape[0] != R or indices.dtype != torch.int32:
+    if not paged and (indices.shape[0] != R or indices.dtype != torch.int32):
         raise ValueError(f"indices must be [R={R}, H_kv, K] int32, got {list(indices.shape)} {indices.dtype}")
     if keys.fmt == "float" and keys.data.shape[1] != h_kv:
         raise ValueError(f"indices name H_kv={h_kv} heads, keys have {keys.data.shape[1]}")
@@ -464,7 +497,7 @@ def sparse_mla(
         raise ValueError(f"H_kv={h_kv} must divide H_q={H_q}")
     G = H_q // h_kv
     indices = indices if indices.stride(-1) == 1 else indices.contiguous()
-    K = indices.shape[-1]
+    K = indices.shape[-1] * (keys.page_size if paged else 1)
     dev = q.device
 
     def lengths(name, t):
@@ -526,13 +559,15 @@ def sparse_mla(
         q, q.stride(0), q.stride(1),
         kv, kvf, kvb, s_n, s_h, pb, keys.num_rows,
         indices, indices.stride(0), indices.stride(1), topk_length if has_lens else unused, K,
+        rows_per_req if paged else 1,
         ekv, ekvf, ekvb, es_n, epb, e_rows,
         eidx, eidx.stride(0), extra_topk_length if has_lens and extra is not None else unused, K_E,
         attn_sink if attn_sink is not None else unused,
         out, lse, max_logits, out.stride(0), out.stride(1), lse.stride(0),
         o_part, ml_part,
         H_q, G, tiles_per_split, num_splits, scale * LOG2E,
-        HAS_LENS=has_lens, HAS_SINK=attn_sink is not None, HAS_EXTRA=extra is not None, FMT=fmt, EFMT=efmt, PAGE=keys.page_size, EPAGE=epage,
+        PAGED=paged, HAS_LENS=has_lens, HAS_SINK=attn_sink is not None, HAS_EXTRA=extra is not None,
+        FMT=fmt, EFMT=efmt, PAGE=keys.page_size, EPAGE=epage,
         D_V=d_v, D_ROPE=d_rope, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         SINGLE=num_splits == 1, PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -582,3 +617,43 @@ def sparse_mla_decode(
                      extra_indices=None if extra_indices is None else extra_indices.reshape(R, -1),
                      extra_topk_length=per_row(extra_topk_length), num_splits=num_splits, config=config)  # fmt: skip
     return res.out.view(B, S_q, H_q, d_v), res.lse.view(B, S_q, H_q).transpose(1, 2)
+
+
+def paged_decode(
+    q: torch.Tensor,
+    keys: KeyCache,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    d_v: int = 512,
+    causal: bool = True,
+    num_splits: int | None = None,
+    config: SparseConfig | None = None,
+):
+    """Dense paged MLA decode over any key source, the 656-byte ``fp8_ds_mla`` cache included: the sparse kernel
+    with every token of each request named through the block table (:class:`BlockTable`), as vLLM's
+    ``fp8_ds_mla`` cache is read for a dense layer.
+
+    ``q [B, S_q, H_q, D_qk]``, ``block_table [B, max_blocks]`` int32 (pages of ``keys.page_size`` slots),
+    ``seq_lens [B]`` int. With ``causal`` query ``j`` of request ``b`` sees the first ``seq_lens[b] - S_q + 1 + j``
+    tokens (queries aligned to the end of the context, as FlashMLA's dense decode), else all ``seq_lens[b]``.
+    Returns ``out [B, S_q, H_q, d_v]`` and ``lse [B, H_q, S_q]`` fp32 (natural log; a row that sees nothing has
+    output 0 and LSE ``-inf``, the dense convention, where the sparse views return ``+inf``)."""
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, S_q, H_q, D_qk], got shape {list(q.shape)}")
+    B, S_q, H_q, D = q.shape
+    if seq_lens.shape != (B,):
+        raise ValueError(f"seq_lens must be [B={B}], got {list(seq_lens.shape)}")
+    lens = seq_lens.to(q.device, torch.int32)[:, None]
+    if causal:
+        lens = lens - S_q + 1 + torch.arange(S_q, dtype=torch.int32, device=q.device)
+    lens = lens.expand(B, S_q).clamp_min(0).reshape(-1).contiguous()
+    if num_splits is None:
+        cfg = config or sparse_config(H_q, q.dtype, keys.fmt != "float")
+        num_splits = decode_splits(B * S_q * triton.cdiv(H_q, cfg.block_h), _num_sms(q.device))
+    table = BlockTable(block_table.to(q.device, torch.int32).contiguous(), S_q)
+    res = sparse_mla(q.reshape(B * S_q, H_q, D), keys, table, scale=scale, d_v=d_v, topk_length=lens,
+                     num_splits=num_splits, config=config)  # fmt: skip
+    lse = res.lse.masked_fill((lens == 0)[:, None], -math.inf)
+    return res.out.view(B, S_q, H_q, d_v), lse.view(B, S_q, H_q).transpose(1, 2)

@@ -98,30 +98,6 @@ def test_indexer_logits_property(m, n, h, seed):
     assert_logits(got, spec.indexer_logits(q, k, w, ks, ke, k_scale), logits_bound(q, k, w, k_scale))
 
 
-@settings(max_examples=8)
-@given(st.integers(1, 9), st.integers(2, 80), st.sampled_from([2, 4]), st.integers(0, 3), st.integers(0, 2**16))
-def test_indexer_logits_compressed_columns(m, n, h, extra, seed):
-    """Compressed rows (DeepGEMM's form) equal the spec's absolute_to_compressed on each row's span; the columns
-    past it are never written (a sentinel fill survives), and the tiles no row sees are skipped."""
-    q, k, w, ks, ke, k_scale = _ragged(seed, m, n, h, 16)
-    width = int((ke - ks).max()) + extra
-    got = indexer_logits(q, k, w, ks, ke, k_scale, columns="compressed", width=width if extra else None,
-                         block_n=16, tiles=1)  # fmt: skip
-    ref = spec.absolute_to_compressed(spec.indexer_logits(q, k, w, ks, ke, k_scale), ks, ke, width)
-    assert got.shape == (m, width)
-    span = torch.arange(width)[None, :] < (ke - ks)[:, None]
-    bound = spec.absolute_to_compressed(logits_bound(q, k, w, k_scale), ks, ke, width)
-    assert_logits(torch.where(span, got, -math.inf), ref, bound.nan_to_num(posinf=0.0, neginf=0.0))
-
-
-def test_indexer_logits_rejects_narrow_width_and_unknown_columns():
-    q, k, w, ks, ke, k_scale = _ragged(5, 3, 40, 4, 16)
-    with pytest.raises(ValueError, match="width"):
-        indexer_logits(q, k, w, ks, ke, k_scale, columns="compressed", width=int((ke - ks).max()) - 1)
-    with pytest.raises(ValueError, match="columns"):
-        indexer_logits(q, k, w, ks, ke, k_scale, columns="relative")
-
-
 def test_indexer_logits_rejects_float_q():
     with pytest.raises(TypeError, match="q"):
         indexer_logits(torch.zeros(2, 4, 16), torch.zeros(3, 16).to(torch.float8_e4m3fn), torch.zeros(2, 4),
