@@ -14,7 +14,12 @@ Inputs (``B`` requests, ``S_kv`` cached tokens each):
 * ``kv_cache [B, S_kv, token_bytes]`` uint8: each request's tokens as records of ``layout``, written by the spec
   (:func:`~mlaspec.spec.cache_layouts.quantize`): ``fp8_e4m3_per_tensor`` (576 B, ``e4m3(x / k_scale)``, vLLM's
   ``fp8`` / ``fp8_e4m3`` cache, what the dense FlashMLA fp8 kernel reads) or ``fp8_ds_mla_v32`` (656 B, per-128
-  fp32 scales and bf16 RoPE, vLLM's ``fp8_ds_mla``, read by the *sparse* kernels only).
+  fp32 scales and bf16 RoPE, vLLM's ``fp8_ds_mla``, read by the *sparse* kernels only), its per-128 scales
+  **powers of two** (FlashMLA's ``tests/quant.py`` rule, as the sparse ops' caches): FlashMLA's sparse kernel, the
+  one reader of this layout in vLLM, rounds ``e4m3 * scale`` to bf16 to feed its MMA
+  (``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh``), which loses nothing only when the scale is a power of two.
+  With vLLM's raw ``amax / 448`` scales that rounding is the layout's error, not the kernel's, and a budget wide
+  enough to hold it would hide a 2% softmax-scale bug at DeepSeek's logit sizes.
 * ``k_scale`` (per-tensor layouts), ``q_scale``: floats, neither a power of two (a kernel that drops or swaps a
   descale is off by a factor the budget cannot hide).
 
@@ -66,7 +71,8 @@ def _inputs(c: Case) -> dict:
     g = torch.Generator().manual_seed(c.seed)
     x = torch.randn(b * s_kv, d, generator=g, dtype=torch.float64)
     x *= torch.exp2(torch.randint(-2, 3, (b * s_kv, 1), generator=g).to(torch.float64))  # per-token magnitudes
-    raw = cl.quantize(x, layout, scale=k_scale).raw.reshape(b, s_kv, layout.token_bytes)
+    pow2 = {"pow2_scales": True} if layout is cl.FP8_DS_MLA_V32 else {}
+    raw = cl.quantize(x, layout, scale=k_scale, **pow2).raw.reshape(b, s_kv, layout.token_bytes)
     q = fp8_query(torch.randn(b, s_q, h, d, generator=g, dtype=torch.float64) * 3.0, p["q_scale"], DTYPES[c.dtype])
     return dict(q=q, kv_cache=raw, layout=layout.name, k_scale=k_scale, q_scale=p["q_scale"], d_v=dv,
                 scale=p.get("scale", 192**-0.5), causal=p["causal"])  # fmt: skip
