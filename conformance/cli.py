@@ -123,12 +123,17 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _matrix(args: argparse.Namespace) -> int:
-    from .matrix import run_matrix, write_matrix
+    from .matrix import merge_results_jsonl, run_matrix, write_matrix
 
     names = [n for n in args.backends.split(",") if n]
     ops = tuple(args.ops.split(",")) if args.ops else None
+    jsonl = {n: Path(args.out) / n / "results.jsonl" for n in names}
+    old = {n: p.read_text().splitlines() if args.merge and p.exists() else [] for n, p in jsonl.items()}
     data = run_matrix(names, out_dir=Path(args.out), scale=args.scale, dtypes=tuple(args.dtypes.split(",")),
                       ops=ops, timeout=args.timeout, progress=lambda line: print(line, flush=True))  # fmt: skip
+    if args.merge:  # the cases this run did not redo keep their lines
+        for n, p in jsonl.items():
+            merge_results_jsonl(p, old[n])
     md, js = write_matrix(data, Path(args.out), merge=args.merge)
     print(f"matrix: {md} and {js}")
     return 0
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     mat.add_argument("--scale", default="tiny", choices=["tiny", "full"], help="case sizes (full: real DeepSeek)")
     mat.add_argument("--out", default="docs/matrix", help="output directory (default: docs/matrix)")
     mat.add_argument("--timeout", type=float, default=300.0, help="per-case timeout in seconds")
-    mat.add_argument("--merge", action="store_true", help="keep other backends already in OUT/matrix.json")
+    mat.add_argument("--merge", action="store_true", help="lay this run over OUT/matrix.json and OUT/<backend>/results.jsonl case by case")
     mat.set_defaults(func=_matrix)
     args = parser.parse_args(argv)
     return args.func(args)

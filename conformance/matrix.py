@@ -27,7 +27,7 @@ from .report import environment
 from .runner import run_cases
 from .verdict import Result
 
-__all__ = ["KNOWN_BACKENDS", "run_matrix", "write_matrix", "matrix_markdown"]
+__all__ = ["KNOWN_BACKENDS", "run_matrix", "write_matrix", "matrix_markdown", "merge_matrix", "merge_results_jsonl"]
 
 # The adapters shipped in mlaspec.conformance.backends, found by name even before the entry points are installed.
 KNOWN_BACKENDS = {
@@ -157,17 +157,43 @@ def matrix_markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge_matrix(old: dict, new: dict) -> dict:
+    """``new`` laid over ``old`` case by case: the cases and backends of either, a (backend, case) cell from ``new``
+    where it ran one, else from ``old``; the environment is ``new``'s. Matrices of another scale or dtypes are not
+    merged (``new`` alone)."""
+    if (old.get("scale"), old.get("dtypes")) != (new["scale"], new["dtypes"]):
+        return new
+    ran = {c["id"] for c in new["cases"]}
+    cases = [c for c in old["cases"] if c["id"] not in ran]
+    order = {c["id"]: i for i, c in enumerate(old["cases"])}
+    cases = sorted(cases + new["cases"], key=lambda c: order.get(c["id"], len(order)))  # old order, new cases last
+    rank = {c["id"]: i for i, c in enumerate(cases)}
+    backends = dict(old["backends"])
+    for name, entry in new["backends"].items():
+        kept = [r for r in backends.get(name, {}).get("results", []) if r["case_id"] not in ran]
+        results = sorted(kept + entry["results"], key=lambda r: rank.get(r["case_id"], len(rank)))
+        backends[name] = {**entry, "results": results}
+    return {**new, "cases": cases, "backends": backends}
+
+
+def merge_results_jsonl(path: Path, old_lines: list[str]) -> None:
+    """Put back into a backend's ``results.jsonl`` the lines of ``old_lines`` whose case this run did not redo."""
+    path = Path(path)
+    new_lines = path.read_text().splitlines() if path.exists() else []
+    ran = {json.loads(line)["case_id"] for line in new_lines if line.strip()}
+    kept = [line for line in old_lines if line.strip() and json.loads(line)["case_id"] not in ran]
+    path.write_text("".join(line + "\n" for line in kept + new_lines))
+
+
 def write_matrix(data: dict, out_dir: Path, *, merge: bool = False) -> tuple[Path, Path]:
-    """Write ``OUT/matrix.md`` and ``OUT/matrix.json``; returns their paths. ``merge``: keep the backends of an
-    existing ``OUT/matrix.json`` that this run did not cover (so one backend per command still builds one matrix)."""
+    """Write ``OUT/matrix.md`` and ``OUT/matrix.json``; returns their paths. ``merge``: lay this run over an existing
+    ``OUT/matrix.json`` case by case (:func:`merge_matrix`), so one backend, or a few ops, per command still build
+    one matrix."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js = out_dir / "matrix.md", out_dir / "matrix.json"
     if merge and js.exists():
-        old = json.loads(js.read_text())
-        if (old.get("scale"), old.get("dtypes")) == (data["scale"], data["dtypes"]):
-            kept = {k: v for k, v in old["backends"].items() if k not in data["backends"]}
-            data = {**data, "backends": {**kept, **data["backends"]}}
+        data = merge_matrix(json.loads(js.read_text()), data)
     md.write_text(matrix_markdown(data))
     js.write_text(json.dumps(data, indent=1, default=str) + "\n")
     return md, js

@@ -270,6 +270,22 @@ def test_matrix_merge_keeps_other_backends(tmp_path):
     assert "| merge_attn_states | tp8-bfloat16 | ✅ 0 | ✅" in (tmp_path / "matrix.md").read_text()
 
 
+def test_matrix_merge_of_a_few_ops_keeps_the_other_cases(tmp_path):
+    """A re-run of one op with --merge replaces that op's cells (matrix and results.jsonl) and keeps every other
+    case of every backend."""
+    with redirect_stdout(io.StringIO()):
+        main(["matrix", "--backends", "spec,torch", "--ops", "merge_attn_states,attention", "--out", str(tmp_path)])
+        before = json.loads((tmp_path / "matrix.json").read_text())
+        main(["matrix", "--backends", "spec", "--ops", "attention", "--out", str(tmp_path), "--merge"])
+    after = json.loads((tmp_path / "matrix.json").read_text())
+    assert [c["id"] for c in after["cases"]] == [c["id"] for c in before["cases"]]
+    for name in ("spec", "torch"):
+        assert [r["case_id"] for r in after["backends"][name]["results"]] == [c["id"] for c in before["cases"]]
+    lines = (tmp_path / "spec" / "results.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["case_id"] for x in lines) == sorted(c["id"] for c in before["cases"])
+    assert "merge_attn_states" in (tmp_path / "matrix.md").read_text()
+
+
 # -- vllm's own metadata helpers on CPU (needs vLLM 0.33's utils.py + backend.py: skipped in CI) ----------------------
 def _vllm_033_source():
     """A folder or wheel holding vLLM 0.33's ``utils.py`` and ``backend.py``, or None (CI fetches no 400 MB wheel)."""
