@@ -414,6 +414,13 @@ def decode_splits(programs: int, num_sms: int) -> int:
     return max(1, num_sms // max(1, programs))
 
 
+def _default_splits(rows: int, q: torch.Tensor, keys: KeyCache, config: SparseConfig | None) -> int:
+    """:func:`decode_splits` for ``rows`` query rows of ``q [..., H_q, D_qk]`` (the decode views' default)."""
+    H_q = q.shape[-2]
+    cfg = config or sparse_config(H_q, q.dtype, keys.fmt != "float")
+    return decode_splits(rows * triton.cdiv(H_q, cfg.block_h), _num_sms(q.device))
+
+
 def _source_args(src: KeyCache, dtype: torch.dtype):
     """(KV, KVF, KVB, stride_n, stride_h, page_bytes, FMT): the tensors and strides the kernel reads."""
     if src.fmt == "float":
@@ -483,6 +490,8 @@ def sparse_mla(
             raise ValueError(f"the block table's {indices.shape[0]} requests x {rows_per_req} rows must be R={R}")
         if topk_length is None:
             raise ValueError("topk_length (the tokens each row sees) must be given with a BlockTable")
+        if keys.fmt == "float":  # float_keys flattens the pages: the page size a table needs is gone
+            raise ValueError("a BlockTable needs a paged fp8 KeyCache (fp8_keys carries its page size), got float keys")
         indices = indices[:, None]
     elif indices.dim() == 2:
         indices = indices[:, None]
@@ -610,8 +619,7 @@ def sparse_mla_decode(
         return None if t is None else t.to(q.device, torch.int32).repeat_interleave(S_q)
 
     if num_splits is None:
-        cfg = config or sparse_config(H_q, q.dtype, keys.fmt != "float")
-        num_splits = decode_splits(R * triton.cdiv(H_q, cfg.block_h), _num_sms(q.device))
+        num_splits = _default_splits(R, q, keys, config)
     res = sparse_mla(q.reshape(R, H_q, D), keys, indices.reshape(R, 1, -1).to(torch.int32), scale=scale, d_v=d_v,
                      topk_length=per_row(topk_length), attn_sink=attn_sink, extra=extra,
                      extra_indices=None if extra_indices is None else extra_indices.reshape(R, -1),
@@ -631,9 +639,9 @@ def paged_decode(
     num_splits: int | None = None,
     config: SparseConfig | None = None,
 ):
-    """Dense paged MLA decode over any key source, the 656-byte ``fp8_ds_mla`` cache included: the sparse kernel
-    with every token of each request named through the block table (:class:`BlockTable`), as vLLM's
-    ``fp8_ds_mla`` cache is read for a dense layer.
+    """Dense paged MLA decode over FlashMLA's fp8 caches (``keys`` from :func:`fp8_keys`: the 656-byte
+    ``fp8_ds_mla`` token, or V4's pages): the sparse kernel with every token of each request named through the
+    block table (:class:`BlockTable`).
 
     ``q [B, S_q, H_q, D_qk]``, ``block_table [B, max_blocks]`` int32 (pages of ``keys.page_size`` slots),
     ``seq_lens [B]`` int. With ``causal`` query ``j`` of request ``b`` sees the first ``seq_lens[b] - S_q + 1 + j``
@@ -650,8 +658,7 @@ def paged_decode(
         lens = lens - S_q + 1 + torch.arange(S_q, dtype=torch.int32, device=q.device)
     lens = lens.expand(B, S_q).clamp_min(0).reshape(-1).contiguous()
     if num_splits is None:
-        cfg = config or sparse_config(H_q, q.dtype, keys.fmt != "float")
-        num_splits = decode_splits(B * S_q * triton.cdiv(H_q, cfg.block_h), _num_sms(q.device))
+        num_splits = _default_splits(B * S_q, q, keys, config)
     table = BlockTable(block_table.to(q.device, torch.int32).contiguous(), S_q)
     res = sparse_mla(q.reshape(B * S_q, H_q, D), keys, table, scale=scale, d_v=d_v, topk_length=lens,
                      num_splits=num_splits, config=config)  # fmt: skip

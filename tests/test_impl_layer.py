@@ -29,7 +29,7 @@ from mlaspec.impl.backend_layer import LAYER_OPS  # noqa: E402
 from mlaspec.impl.decode import page_cache  # noqa: E402
 from mlaspec.impl.decode import mla_decode_paged  # noqa: E402
 from mlaspec.impl.layer import context_chunks, mla_mixed_batch_layer, split_decodes  # noqa: E402
-from mlaspec.impl.sparse import BlockTable, fp8_keys, paged_decode, sparse_mla  # noqa: E402
+from mlaspec.impl.sparse import BlockTable, float_keys, fp8_keys, paged_decode, sparse_mla  # noqa: E402
 from mlaspec.spec import cache_layouts as cl  # noqa: E402
 from mlaspec.spec.batch import Request, build_metadata, split_decodes_and_prefills  # noqa: E402
 from mlaspec.spec.chunked_context import mla_mixed_batch, plan_context_chunks  # noqa: E402
@@ -100,6 +100,8 @@ def test_paged_decode_needs_lengths_and_a_table_that_covers_the_rows():
         sparse_mla(q.reshape(4, 16, 576), keys, BlockTable(table, 1), scale=1.0, topk_length=torch.ones(4))
     with pytest.raises(ValueError, match="seq_lens"):
         paged_decode(q, keys, table, torch.ones(3, dtype=torch.int32), scale=1.0)
+    with pytest.raises(ValueError, match="float keys"):
+        paged_decode(q, float_keys(torch.zeros(64, 576)), table, torch.ones(2, dtype=torch.int32), scale=1.0)
 
 
 def test_decode_takes_k_scale_with_an_fp8_cache_only():
