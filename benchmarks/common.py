@@ -69,30 +69,41 @@ def measure_roofline(device: torch.device) -> Roofline:
         a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # mat2 column-major, as cuBLASLt wants
         one = torch.ones((), dtype=torch.float32, device=device)
         fp8 = 2 * m**3 / bench(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
-    except Exception as exc:  # noqa: BLE001 - no fp8 MMA on this card or torch: the fp8 roof is left out
+    except Exception as exc:  # no fp8 MMA on this card or torch: the fp8 roof is left out
         print(f"fp8 matmul rate not measured ({type(exc).__name__}: {_first_line(exc)})")
     return Roofline(copy_bw, bf16, fp8)
 
 
 def describe_roofline(roof: Roofline) -> str:
     fp8 = f", fp8 matmul {roof.fp8 / 1e12:.0f} TFLOP/s" if roof.fp8 else ""
-    return (f"copy {roof.copy_bw / 1e9:.0f} GB/s, bf16 matmul {roof.bf16 / 1e12:.0f} TFLOP/s{fp8} "
-            f"(bf16 ridge {roof.bf16 / roof.copy_bw:.0f} FLOP/byte)")  # fmt: skip
+    return (
+        f"copy {roof.copy_bw / 1e9:.0f} GB/s, bf16 matmul {roof.bf16 / 1e12:.0f} TFLOP/s{fp8} "
+        f"(bf16 ridge {roof.bf16 / roof.copy_bw:.0f} FLOP/byte)"
+    )
 
 
 def environment(roof: Roofline | None = None) -> dict:
     """The GPU, driver, library versions and (given) the measured roofs, for the results file."""
     import triton
 
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-           "python": platform.python_version()}  # fmt: skip
+    env = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         major, minor = torch.cuda.get_device_capability()
         env["capability"] = f"sm{major}{minor}"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
         env["driver"] = out.split("\n")[0].strip()
     except (OSError, subprocess.SubprocessError):
         env["driver"] = None
@@ -105,7 +116,7 @@ def environment(roof: Roofline | None = None) -> dict:
 def _optional(what: str, load: Callable[[], object]):
     try:
         return load()
-    except Exception as exc:  # noqa: BLE001 - absent, or built for another card / torch: a note, not a failure
+    except Exception as exc:  # absent, or built for another card / torch: a note, not a failure
         print(f"{what} not available ({type(exc).__name__}: {_first_line(exc)}): its rows are left out")
         return None
 
@@ -115,8 +126,9 @@ def load_flashmla():
     """FlashMLA's Python interface (``flash_mla``, else vLLM's vendored copy), or None."""
     from mlaspec.conformance.backends.common import import_first
 
-    return _optional("flashmla", lambda: import_first(
-        "flash_mla", "vllm.third_party.flashmla.flash_mla_interface", what="flash_mla"))  # fmt: skip
+    return _optional(
+        "flashmla", lambda: import_first("flash_mla", "vllm.third_party.flashmla.flash_mla_interface", what="flash_mla")
+    )
 
 
 @functools.cache
@@ -184,23 +196,39 @@ class Row:
         return self.flops / self.bytes if self.bytes else 0.0
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"us": self.us, "gbps": self.gbps, "tflops": self.tflops,
-                                           "reference": REFERENCE.get(self.kernel)}  # fmt: skip
+        return dataclasses.asdict(self) | {
+            "us": self.us,
+            "gbps": self.gbps,
+            "tflops": self.tflops,
+            "reference": REFERENCE.get(self.kernel),
+        }
 
 
-def measure(rows: list[Row], kernel: str, provider: str, shape: dict, fn: Callable[[], object], *, nbytes: float,
-            flops: float, graph: bool = False) -> Row | None:  # fmt: skip
+def measure(
+    rows: list[Row],
+    kernel: str,
+    provider: str,
+    shape: dict,
+    fn: Callable[[], object],
+    *,
+    nbytes: float,
+    flops: float,
+    graph: bool = False,
+) -> Row | None:
     """Time ``fn`` (:func:`bench`), append its :class:`Row` to ``rows`` and print it; a failure is printed and
     leaves no row (the other providers go on)."""
     try:
         t = bench(fn, graph=graph)
-    except Exception as exc:  # noqa: BLE001 - report and go on
+    except Exception as exc:  # report and go on
         print(f"  {kernel:<14} {shape_str(shape):<30} {provider:<12} failed: {type(exc).__name__}: {_first_line(exc)}")
         return None
     row = Row(kernel, provider, dict(shape), t, nbytes, flops, "graph" if graph else "do_bench")
     rows.append(row)
-    print(f"  {kernel:<14} {shape_str(shape):<30} {provider:<12} {row.us:10.1f} us {row.gbps:7.0f} GB/s "
-          f"{row.tflops:7.1f} TFLOP/s", flush=True)  # fmt: skip
+    print(
+        f"  {kernel:<14} {shape_str(shape):<30} {provider:<12} {row.us:10.1f} us {row.gbps:7.0f} GB/s "
+        f"{row.tflops:7.1f} TFLOP/s",
+        flush=True,
+    )
     return row
 
 
@@ -219,8 +247,10 @@ def markdown_table(rows: Iterable[Row], reference: dict[str, str] = REFERENCE) -
     """One line per row: kernel, shape, provider, µs, GB/s, TFLOP/s and the speed against the same run's reference
     (``ref time / time``), then a line naming the references."""
     rows = add_ratios(rows, reference)
-    lines = ["| kernel | shape | provider | µs | GB/s | TFLOP/s | vs reference |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    lines = [
+        "| kernel | shape | provider | µs | GB/s | TFLOP/s | vs reference |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x {reference[r.kernel]}"
         tf = f"{r.tflops:.1f}" if r.flops else "-"
@@ -261,8 +291,15 @@ def _save(fig, path: str, plt) -> None:
     print(f"plot: {path}")
 
 
-def plot_roofline(rows: Iterable[Row], copy_bw: float, mm_rate: float, path: str, *, fp8_rate: float | None = None,
-                  title: str = "MLA kernels against the measured roofline") -> None:  # fmt: skip
+def plot_roofline(
+    rows: Iterable[Row],
+    copy_bw: float,
+    mm_rate: float,
+    path: str,
+    *,
+    fp8_rate: float | None = None,
+    title: str = "MLA kernels against the measured roofline",
+) -> None:
     """Arithmetic intensity (FLOP/byte, log) against achieved TFLOP/s (log): one colour per kernel, one marker per
     provider, the roofs ``min(copy_bw * I, mm_rate)`` (and the fp8 one, dashed) as lines. Rows without FLOPs are
     left out."""
@@ -276,8 +313,14 @@ def plot_roofline(rows: Iterable[Row], copy_bw: float, mm_rate: float, path: str
     cmap = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
     for r in pts:
-        ax.scatter(r.intensity, r.tflops, color=cmap(kernels.index(r.kernel) % 10),
-                   marker=MARKERS[providers.index(r.provider) % len(MARKERS)], s=30, alpha=0.85)  # fmt: skip
+        ax.scatter(
+            r.intensity,
+            r.tflops,
+            color=cmap(kernels.index(r.kernel) % 10),
+            marker=MARKERS[providers.index(r.provider) % len(MARKERS)],
+            s=30,
+            alpha=0.85,
+        )
     ridge = mm_rate / copy_bw
     lo = min([r.intensity for r in pts] + [ridge]) / 2
     hi = max([r.intensity for r in pts] + [ridge, (fp8_rate or 0) / copy_bw]) * 2
@@ -289,8 +332,9 @@ def plot_roofline(rows: Iterable[Row], copy_bw: float, mm_rate: float, path: str
         ax.plot(xs, np.minimum(copy_bw * xs, fp8_rate) / 1e12, "k--", lw=1)
         handles.append(Line2D([], [], color="k", ls="--", label=f"fp8 roof {fp8_rate / 1e12:.0f} TFLOP/s"))
     handles += [Line2D([], [], color=cmap(i % 10), marker="o", ls="", label=k) for i, k in enumerate(kernels)]
-    handles += [Line2D([], [], color="grey", marker=MARKERS[i % len(MARKERS)], ls="", label=p)
-                for i, p in enumerate(providers)]  # fmt: skip
+    handles += [
+        Line2D([], [], color="grey", marker=MARKERS[i % len(MARKERS)], ls="", label=p) for i, p in enumerate(providers)
+    ]
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte counted)")
@@ -301,9 +345,18 @@ def plot_roofline(rows: Iterable[Row], copy_bw: float, mm_rate: float, path: str
     _save(fig, path, plt)
 
 
-def plot_sweep(rows: Iterable[Row], path: str, *, x: str, metric: str = "gbps", panel: str | None = None,
-               series: str | None = None, ceiling: float | None = None, title: str = "",
-               ylabel: str = "") -> None:  # fmt: skip
+def plot_sweep(
+    rows: Iterable[Row],
+    path: str,
+    *,
+    x: str,
+    metric: str = "gbps",
+    panel: str | None = None,
+    series: str | None = None,
+    ceiling: float | None = None,
+    title: str = "",
+    ylabel: str = "",
+) -> None:
     """``metric`` (a :class:`Row` property) against the shape key ``x`` (log 2): one panel per value of the shape key
     ``panel``, one line style per provider, one colour per value of the shape key ``series``; ``ceiling`` (in the
     metric's units) as a dashed line."""
@@ -317,13 +370,26 @@ def plot_sweep(rows: Iterable[Row], path: str, *, x: str, metric: str = "gbps", 
     for ax, pv in zip(axes[0], panels):
         for pi, p in enumerate(providers):
             for vi, v in enumerate(values):
-                sel = sorted((r for r in rows if r.provider == p and (panel is None or r.shape.get(panel) == pv)
-                              and (series is None or r.shape.get(series) == v)), key=lambda r: r.shape[x])  # fmt: skip
+                sel = sorted(
+                    (
+                        r
+                        for r in rows
+                        if r.provider == p
+                        and (panel is None or r.shape.get(panel) == pv)
+                        and (series is None or r.shape.get(series) == v)
+                    ),
+                    key=lambda r: r.shape[x],
+                )
                 if sel:
-                    ax.plot([r.shape[x] for r in sel], [getattr(r, metric) for r in sel],
-                            STYLES[pi % len(STYLES)], marker=MARKERS[pi % len(MARKERS)], ms=4,
-                            color=cmap(vi / max(1, len(values) - 1)),
-                            label=p if series is None else f"{p} {series}={v}")  # fmt: skip
+                    ax.plot(
+                        [r.shape[x] for r in sel],
+                        [getattr(r, metric) for r in sel],
+                        STYLES[pi % len(STYLES)],
+                        marker=MARKERS[pi % len(MARKERS)],
+                        ms=4,
+                        color=cmap(vi / max(1, len(values) - 1)),
+                        label=p if series is None else f"{p} {series}={v}",
+                    )
         if ceiling:
             ax.axhline(ceiling, color="k", lw=1, ls="--", label="measured ceiling")
         ax.set_xscale("log", base=2)

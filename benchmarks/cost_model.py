@@ -82,8 +82,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     roof = dict(peak_flops=args.peak_flops, bandwidth=args.bandwidth)
     dtype = DTYPES[args.dtype]
 
-    print(f"MLA attention (DeepSeek-V3 dims), {args.dtype}, roofline {args.peak_flops:.3g} FLOP/s, "
-          f"{args.bandwidth:.3g} B/s; time column ends in c/m = compute/memory bound")  # fmt: skip
+    print(
+        f"MLA attention (DeepSeek-V3 dims), {args.dtype}, roofline {args.peak_flops:.3g} FLOP/s, "
+        f"{args.bandwidth:.3g} B/s; time column ends in c/m = compute/memory bound"
+    )
     for line in cost_table(args.s_q, args.s_kv, args.batch, args.heads, dtype=dtype, causal=args.causal, **roof):
         print(line)
     print("\ncrossover: smallest S_q where mha is faster")
@@ -96,8 +98,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     matplotlib.use("Agg")
     from mlaspec.conformance.viz.cost import draw_cost_crossover
 
-    fig = draw_cost_crossover(args.s_kv, batch=args.batch[0], num_heads=args.heads[0], dtype=dtype,
-                              causal=args.causal, **roof)  # fmt: skip
+    fig = draw_cost_crossover(
+        args.s_kv, batch=args.batch[0], num_heads=args.heads[0], dtype=dtype, causal=args.causal, **roof
+    )
     fig.savefig(args.out, dpi=110)
     print(f"\nwrote {args.out}")
 

@@ -33,8 +33,17 @@ import itertools
 import math
 
 import torch
-from common import Row, describe_roofline, load_flashmla, load_flashmla_fp8, measure, measure_roofline, plot_sweep
-from common import print_table, skip
+from common import (
+    Row,
+    describe_roofline,
+    load_flashmla,
+    load_flashmla_fp8,
+    measure,
+    measure_roofline,
+    plot_sweep,
+    print_table,
+    skip,
+)
 
 D_QK, D_V, PAGE = 576, 512, 64
 PROVIDERS = ("triton", "flashmla", "torch")
@@ -75,8 +84,9 @@ def _flashmla_fn(fm, q, cache, block_table, seq_lens, scale):
         meta, splits = fm.get_mla_metadata(seq_lens, S_q * H, 1)
     except TypeError:
         meta, splits = fm.get_mla_metadata(), None
-    return lambda: fm.flash_mla_with_kvcache(q, cache, block_table, seq_lens, D_V, meta, splits,
-                                             softmax_scale=scale, causal=True)  # fmt: skip
+    return lambda: fm.flash_mla_with_kvcache(
+        q, cache, block_table, seq_lens, D_V, meta, splits, softmax_scale=scale, causal=True
+    )
 
 
 def _flashmla_fp8_fn(ext, q, cache, block_table, seq_lens, scale, k_scale):
@@ -89,8 +99,9 @@ def _flashmla_fp8_fn(ext, q, cache, block_table, seq_lens, scale, k_scale):
     descale_q = torch.tensor([q_scale], dtype=torch.float32, device=q.device)
     descale_k = torch.tensor([k_scale], dtype=torch.float32, device=q.device)
     meta, splits = ext.get_mla_decoding_metadata_dense_fp8(seq_lens, S_q * H, 1)
-    return lambda: ext.fwd_kvcache_mla_fp8(q8, cache8, D_V, seq_lens, block_table, scale, True, meta, splits,
-                                           descale_q, descale_k)  # fmt: skip
+    return lambda: ext.fwd_kvcache_mla_fp8(
+        q8, cache8, D_V, seq_lens, block_table, scale, True, meta, splits, descale_q, descale_k
+    )
 
 
 def _fn(p: str, fm, q, cache, block_table, seq_lens, S_kv: int, scale: float, k_scale: float | None):
@@ -99,8 +110,9 @@ def _fn(p: str, fm, q, cache, block_table, seq_lens, S_kv: int, scale: float, k_
 
     cache3 = cache.view(-1, PAGE, D_QK)
     if p == "triton":
-        return lambda: mla_decode_paged(q, cache3, block_table, seq_lens, d_v=D_V, scale=scale, causal=True,
-                                        k_scale=k_scale, max_seq_len=S_kv)  # fmt: skip
+        return lambda: mla_decode_paged(
+            q, cache3, block_table, seq_lens, d_v=D_V, scale=scale, causal=True, k_scale=k_scale, max_seq_len=S_kv
+        )
     if p == "flashmla":
         if k_scale is None:
             return _flashmla_fn(fm, q, cache, block_table, seq_lens, scale)
@@ -112,8 +124,19 @@ def _fn(p: str, fm, q, cache, block_table, seq_lens, S_kv: int, scale: float, k_
     raise ValueError(f"unknown provider {p!r}")
 
 
-def run(batches, contexts, heads, *, s_q: int = 1, fp8: bool = False, providers=PROVIDERS, graph: bool = True,
-        torch_max_gb: float = 8.0, cache_max_gb: float = 40.0, device: str = "cuda") -> list[Row]:  # fmt: skip
+def run(
+    batches,
+    contexts,
+    heads,
+    *,
+    s_q: int = 1,
+    fp8: bool = False,
+    providers=PROVIDERS,
+    graph: bool = True,
+    torch_max_gb: float = 8.0,
+    cache_max_gb: float = 40.0,
+    device: str = "cuda",
+) -> list[Row]:
     """Rows of kernel ``decode`` (or ``decode_fp8``) for every ``(B, S_kv, H_q)``."""
     device = torch.device(device)
     kernel = "decode_fp8" if fp8 else "decode"
@@ -161,12 +184,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("needs a CUDA GPU")
     roof = measure_roofline(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()}: {describe_roofline(roof)}")
-    rows = run(args.batches, args.contexts, args.heads, s_q=args.s_q, fp8=args.fp8, providers=args.providers.split(","),
-               graph=not args.no_graphs, torch_max_gb=args.torch_max_gb, cache_max_gb=args.cache_max_gb)  # fmt: skip
+    rows = run(
+        args.batches,
+        args.contexts,
+        args.heads,
+        s_q=args.s_q,
+        fp8=args.fp8,
+        providers=args.providers.split(","),
+        graph=not args.no_graphs,
+        torch_max_gb=args.torch_max_gb,
+        cache_max_gb=args.cache_max_gb,
+    )
     print_table(rows)
     cache = "fp8 per-tensor" if args.fp8 else "bf16"
-    plot_sweep(rows, args.out, x="S_kv", metric="gbps", panel="H", series="B", ceiling=roof.copy_bw / 1e9,
-               title=f"MLA decode, {cache}, page 64", ylabel="GB/s (cache + q + out)")  # fmt: skip
+    plot_sweep(
+        rows,
+        args.out,
+        x="S_kv",
+        metric="gbps",
+        panel="H",
+        series="B",
+        ceiling=roof.copy_bw / 1e9,
+        title=f"MLA decode, {cache}, page 64",
+        ylabel="GB/s (cache + q + out)",
+    )
     return 0
 
 

@@ -25,6 +25,7 @@ Importing this module runs nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 from common import Row, bench, load_deepgemm, measure, plot_sweep, print_table, skip
@@ -56,6 +57,7 @@ def _logits_fn(p: str, dg, q, k, k_scale, w, ks, ke):
     if p == "deepgemm":
         return lambda: dg.ragged(q, (k, k_scale), w, ks, ke, clean_logits=True)
     if p == "torch":
+
         def fn():
             s = torch.einsum("mhd,nd->mhn", q.float(), k.float()).relu_()
             return torch.einsum("mhn,mh->mn", s, w) * k_scale[None, :]
@@ -64,8 +66,15 @@ def _logits_fn(p: str, dg, q, k, k_scale, w, ks, ke):
     raise ValueError(f"unknown provider {p!r}")
 
 
-def run(seqs, providers=PROVIDERS, *, logits: bool = True, topk: bool = True, torch_max_gb: float = 20.0,
-        device: str = "cuda") -> list[Row]:  # fmt: skip
+def run(
+    seqs,
+    providers=PROVIDERS,
+    *,
+    logits: bool = True,
+    topk: bool = True,
+    torch_max_gb: float = 20.0,
+    device: str = "cuda",
+) -> list[Row]:
     """Rows of kernel ``indexer`` (when ``logits``) and ``topk`` (when ``topk``) for every ``S``."""
     from mlaspec.impl.indexer import indexer_logits, topk_indices
 
@@ -79,7 +88,7 @@ def run(seqs, providers=PROVIDERS, *, logits: bool = True, topk: bool = True, to
         for p in providers if logits else ():
             if p == "deepgemm" and dg is None:
                 continue
-            if p == "torch" and S * S * H * 4 > torch_max_gb * 1e9:
+            if p == "torch" and torch_max_gb * 1e9 < S * S * H * 4:
                 skip("indexer", p, dict(S=S), f"{S * S * H * 4 / 1e9:.0f} GB of fp32 scores")
                 continue
             fn = _logits_fn(p, dg, q, k, k_scale, w, ks, ke)
@@ -87,7 +96,10 @@ def run(seqs, providers=PROVIDERS, *, logits: bool = True, topk: bool = True, to
         if topk:  # over the logits, decode-style rows [0, ke)
             lg = indexer_logits(q, k, w, ks, ke, k_scale)
             tk, nbytes = dict(S=S, K=K), 4 * S * S + 4 * S * K
-            fns = {"triton": lambda: topk_indices(lg, K, row_ends=ke), "torch": lambda: torch.topk(lg, min(K, S), -1)}
+            fns = {
+                "triton": lambda: topk_indices(lg, K, row_ends=ke),  # noqa: B023 - timed inside this iteration
+                "torch": lambda: torch.topk(lg, min(K, S), -1),  # noqa: B023 - timed inside this iteration
+            }
             for p in [p for p in fns if p in providers]:
                 measure(rows, "topk", p, tk, fns[p], nbytes=nbytes, flops=0)
         q = k = lg = fn = fns = None  # free the problem before the next one
@@ -102,13 +114,21 @@ def sweep(S: int) -> None:
     q, k, k_scale, w, ks, ke = make_problem(S, torch.device("cuda"))
     flops = 2 * H * D * S * (S + 1) / 2
     print(f"sweep S={S}: block_m block_n tiles warps stages -> us TFLOP/s")
-    for bm, bn, tiles, nw, ns in [(2, 128, 4, 8, 2), (2, 128, 8, 8, 3), (2, 64, 8, 4, 3), (4, 128, 4, 8, 2),
-                                  (4, 64, 8, 8, 3), (2, 256, 2, 8, 2), (1, 128, 8, 4, 3), (4, 128, 8, 16, 2)]:
+    for bm, bn, tiles, nw, ns in [
+        (2, 128, 4, 8, 2),
+        (2, 128, 8, 8, 3),
+        (2, 64, 8, 4, 3),
+        (4, 128, 4, 8, 2),
+        (4, 64, 8, 8, 3),
+        (2, 256, 2, 8, 2),
+        (1, 128, 8, 4, 3),
+        (4, 128, 8, 16, 2),
+    ]:
         try:
-            t = bench(lambda: indexer_logits(q, k, w, ks, ke, k_scale, block_m=bm, block_n=bn, tiles=tiles,
-                                             num_warps=nw, num_stages=ns))  # fmt: skip
+            config = dict(block_m=bm, block_n=bn, tiles=tiles, num_warps=nw, num_stages=ns)
+            t = bench(functools.partial(indexer_logits, q, k, w, ks, ke, k_scale, **config))
             print(f"  {bm:>2} {bn:>4} {tiles:>2} {nw:>2} {ns:>2} -> {t * 1e6:9.1f} {flops / t / 1e12:7.1f}", flush=True)
-        except Exception as exc:  # noqa: BLE001 - a config that does not compile is a note
+        except Exception as exc:  # a config that does not compile is a note
             print(f"  {bm:>2} {bn:>4} {tiles:>2} {nw:>2} {ns:>2} -> failed: {type(exc).__name__}: {str(exc)[:120]}")
 
 
@@ -127,8 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = run([int(s) for s in args.seqs.split(",")], args.providers.split(","))
     print_table(rows)
-    plot_sweep([r for r in rows if r.kernel == "indexer"], args.out, x="S", metric="tflops",
-               title=f"indexer logits, H={H}, D={D}, fp8 e4m3", ylabel="TFLOP/s (useful q k^T)")  # fmt: skip
+    plot_sweep(
+        [r for r in rows if r.kernel == "indexer"],
+        args.out,
+        x="S",
+        metric="tflops",
+        title=f"indexer logits, H={H}, D={D}, fp8 e4m3",
+        ylabel="TFLOP/s (useful q k^T)",
+    )
     return 0 if any(r.kernel == "indexer" and r.provider == "triton" for r in rows) else 1
 
 

@@ -130,23 +130,36 @@ def _decode_fn(prov: str, fm, q, raw, flat, idx, scale: float):
         qp = pad_heads(q, _pad_to(q.shape[2], (64, 128)), 2).contiguous()
         cache, idx_p = raw.view(-1, PAGE, 1, 656), pad_last(idx, 64, -1).contiguous()
         meta, _ = fm.get_mla_metadata()
-        return (lambda: fm.flash_mla_with_kvcache(qp, cache, None, None, D_V, meta, None, softmax_scale=scale,
-                                                  is_fp8_kvcache=True, indices=idx_p)), 656  # fmt: skip
+        return (
+            lambda: fm.flash_mla_with_kvcache(
+                qp, cache, None, None, D_V, meta, None, softmax_scale=scale, is_fp8_kvcache=True, indices=idx_p
+            )
+        ), 656
     if name == "torch":
         return (lambda: torch_sparse(q[:, 0], flat, idx[:, 0], scale)), 1152
     raise ValueError(f"unknown provider {prov!r}")
 
 
-def decode_rows(batches, heads, topks, contexts, providers=DECODE_PROVIDERS, *, graph: bool = False,
-                torch_max_gb: float = 8.0, cache_max_gb: float = 40.0, device: str = "cuda") -> list[Row]:  # fmt: skip
+def decode_rows(
+    batches,
+    heads,
+    topks,
+    contexts,
+    providers=DECODE_PROVIDERS,
+    *,
+    graph: bool = False,
+    torch_max_gb: float = 8.0,
+    cache_max_gb: float = 40.0,
+    device: str = "cuda",
+) -> list[Row]:
     """Rows of kernel ``sparse_decode`` for every ``(B, H_q, K, S_kv)`` (``K <= S_kv``)."""
     dev = torch.device(device)
     fm = load_flashmla() if "flashmla" in providers else None
     rows: list[Row] = []
     for B, H, K, s_kv in itertools.product(batches, heads, topks, contexts):
         shape = dict(B=B, H=H, K=K, S_kv=s_kv)
-        if K > s_kv or B * s_kv * 1152 > cache_max_gb * 1e9:
-            skip("sparse_decode", "*", shape, "K > S_kv" if K > s_kv else f"bf16 cache over {cache_max_gb:g} GB")
+        if s_kv < K or B * s_kv * 1152 > cache_max_gb * 1e9:
+            skip("sparse_decode", "*", shape, "K > S_kv" if s_kv < K else f"bf16 cache over {cache_max_gb:g} GB")
             continue
         q, raw, idx = decode_problem(B, H, K, s_kv, dev)
         flat = None
@@ -159,8 +172,16 @@ def decode_rows(batches, heads, topks, contexts, providers=DECODE_PROVIDERS, *, 
                 skip("sparse_decode", prov, shape, f"{_torch_gb(B, H, K):.0f} GB of temporaries")
                 continue
             fn, token = _decode_fn(prov, fm, q, raw, flat, idx, D_QK**-0.5)
-            measure(rows, "sparse_decode", prov, shape, fn, nbytes=B * K * token + B * H * (D_QK + D_V) * 2,
-                    flops=2 * B * H * K * (D_QK + D_V), graph=graph)  # fmt: skip
+            measure(
+                rows,
+                "sparse_decode",
+                prov,
+                shape,
+                fn,
+                nbytes=B * K * token + B * H * (D_QK + D_V) * 2,
+                flops=2 * B * H * K * (D_QK + D_V),
+                graph=graph,
+            )
         q = raw = idx = flat = fn = None  # free the problem before the next one
         torch.cuda.empty_cache()
     return rows
@@ -184,8 +205,9 @@ def _prefill_fn(p: str, fm, q, kv, idx, scale: float):
     raise ValueError(f"unknown provider {p!r}")
 
 
-def prefill_rows(s_qs, contexts, heads, topks, providers=PREFILL_PROVIDERS, *, torch_max_gb: float = 8.0,
-                 device: str = "cuda") -> list[Row]:  # fmt: skip
+def prefill_rows(
+    s_qs, contexts, heads, topks, providers=PREFILL_PROVIDERS, *, torch_max_gb: float = 8.0, device: str = "cuda"
+) -> list[Row]:
     """Rows of kernel ``sparse_prefill`` for every ``(S_q, S_kv, H_q, K)`` (``S_q <= S_kv``)."""
     dev = torch.device(device)
     fm = load_flashmla() if "flashmla" in providers else None
@@ -202,8 +224,15 @@ def prefill_rows(s_qs, contexts, heads, topks, providers=PREFILL_PROVIDERS, *, t
             if p == "torch" and _torch_gb(S_q, H, K) > torch_max_gb:
                 skip("sparse_prefill", p, shape, f"{_torch_gb(S_q, H, K):.0f} GB of temporaries")
                 continue
-            measure(rows, "sparse_prefill", p, shape, _prefill_fn(p, fm, q, kv, idx, D_QK**-0.5),
-                    nbytes=S_q * K * D_QK * 2 + S_q * H * (D_QK + D_V) * 2, flops=2 * S_q * H * K * (D_QK + D_V))
+            measure(
+                rows,
+                "sparse_prefill",
+                p,
+                shape,
+                _prefill_fn(p, fm, q, kv, idx, D_QK**-0.5),
+                nbytes=S_q * K * D_QK * 2 + S_q * H * (D_QK + D_V) * 2,
+                flops=2 * S_q * H * K * (D_QK + D_V),
+            )
         q = kv = idx = None  # free the problem before the next one
         torch.cuda.empty_cache()
     return rows
@@ -217,8 +246,12 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--topk", type=int, nargs="+", default=[2048])
     ap.add_argument("--s-kv", type=int, nargs="+", default=[8192], help="cache tokens per request")
-    ap.add_argument("--providers", nargs="+", help=f"decode: {' '.join(DECODE_PROVIDERS)} (tiles: triton-fp8@"
-                    f"block_n,warps,stages); prefill: {' '.join(PREFILL_PROVIDERS)}; default all")  # fmt: skip
+    ap.add_argument(
+        "--providers",
+        nargs="+",
+        help=f"decode: {' '.join(DECODE_PROVIDERS)} (tiles: triton-fp8@"
+        f"block_n,warps,stages); prefill: {' '.join(PREFILL_PROVIDERS)}; default all",
+    )
     ap.add_argument("--torch-max-gb", type=float, default=8.0, help="skip torch above this many GB of temporaries")
     ap.add_argument("--graphs", action="store_true", help="time decode as CUDA graph replays (default: do_bench)")
     ap.add_argument("--out", default="sparse_bench.png")

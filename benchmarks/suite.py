@@ -62,27 +62,43 @@ def _providers(wanted: list[str] | None, offered) -> list[str]:
     return [p for p in offered if wanted is None or p.split("-")[0].split("@")[0] in wanted]
 
 
-def run(kernels, grid: dict, *, providers: list[str] | None = None, graph: bool = True, torch_max_gb: float = 8.0,
-        cache_max_gb: float = 40.0) -> list[Row]:  # fmt: skip
+def run(
+    kernels,
+    grid: dict,
+    *,
+    providers: list[str] | None = None,
+    graph: bool = True,
+    torch_max_gb: float = 8.0,
+    cache_max_gb: float = 40.0,
+) -> list[Row]:
     rows: list[Row] = []
     caps = dict(torch_max_gb=torch_max_gb, cache_max_gb=cache_max_gb)
     for fp8, kernel in ((False, "decode"), (True, "decode_fp8")):
         if kernel in kernels:
             print(f"\n## {kernel}")
-            rows += decode.run(**grid["decode"], fp8=fp8, providers=_providers(providers, decode.PROVIDERS),
-                               graph=graph, **caps)  # fmt: skip
+            rows += decode.run(
+                **grid["decode"], fp8=fp8, providers=_providers(providers, decode.PROVIDERS), graph=graph, **caps
+            )
     if "sparse_decode" in kernels:
         print("\n## sparse_decode")
-        rows += sparse.decode_rows(**grid["sparse_decode"], providers=_providers(providers, sparse.DECODE_PROVIDERS),
-                                   graph=graph, **caps)  # fmt: skip
+        rows += sparse.decode_rows(
+            **grid["sparse_decode"], providers=_providers(providers, sparse.DECODE_PROVIDERS), graph=graph, **caps
+        )
     if "sparse_prefill" in kernels:
         print("\n## sparse_prefill")
-        rows += sparse.prefill_rows(**grid["sparse_prefill"], torch_max_gb=torch_max_gb,
-                                    providers=_providers(providers, sparse.PREFILL_PROVIDERS))  # fmt: skip
+        rows += sparse.prefill_rows(
+            **grid["sparse_prefill"],
+            torch_max_gb=torch_max_gb,
+            providers=_providers(providers, sparse.PREFILL_PROVIDERS),
+        )
     if "indexer" in kernels or "topk" in kernels:
         print("\n## indexer / topk")
-        rows += indexer.run(**grid["indexer"], providers=_providers(providers, indexer.PROVIDERS),
-                            logits="indexer" in kernels, topk="topk" in kernels)  # fmt: skip
+        rows += indexer.run(
+            **grid["indexer"],
+            providers=_providers(providers, indexer.PROVIDERS),
+            logits="indexer" in kernels,
+            topk="topk" in kernels,
+        )
     return rows
 
 
@@ -90,13 +106,22 @@ def write(rows: list[Row], env: dict, out_dir: str) -> str:
     """``bench.md`` and ``bench.json`` under ``out_dir``; returns the markdown."""
     os.makedirs(out_dir, exist_ok=True)
     roof = env.get("roofline") or {}
-    head = [f"# MLA kernel benchmarks: {env.get('gpu', '?')}", "",
-            f"driver {env.get('driver')}, torch {env.get('torch')} (CUDA {env.get('cuda')}), triton {env.get('triton')}"
-            f"; `{env.get('command', '')}`", ""]  # fmt: skip
+    head = [
+        f"# MLA kernel benchmarks: {env.get('gpu', '?')}",
+        "",
+        f"driver {env.get('driver')}, torch {env.get('torch')} (CUDA {env.get('cuda')}), triton {env.get('triton')}"
+        f"; `{env.get('command', '')}`",
+        "",
+    ]
     if roof:
         fp8 = f", fp8 matmul {roof['fp8'] / 1e12:.0f} TFLOP/s" if roof.get("fp8") else ""
-        head += [f"Measured in this run: copy {roof['copy_bw'] / 1e9:.0f} GB/s, bf16 matmul {roof['bf16'] / 1e12:.0f} "
-                 f"TFLOP/s{fp8}.", "", "![roofline](roofline.png)", ""]  # fmt: skip
+        head += [
+            f"Measured in this run: copy {roof['copy_bw'] / 1e9:.0f} GB/s, bf16 matmul {roof['bf16'] / 1e12:.0f} "
+            f"TFLOP/s{fp8}.",
+            "",
+            "![roofline](roofline.png)",
+            "",
+        ]
     text = "\n".join(head) + "\n" + markdown_table(rows) + "\n"
     with open(os.path.join(out_dir, "bench.md"), "w") as f:
         f.write(text)
@@ -122,17 +147,30 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("needs a CUDA GPU")
     t0 = time.time()
     roof = measure_roofline(torch.device("cuda"))
-    env = environment(roof) | {"command": " ".join(["python", *sys.argv]) if argv is None else f"main({argv})",
-                               "graphs": not args.no_graphs}  # fmt: skip
+    env = environment(roof) | {
+        "command": " ".join(["python", *sys.argv]) if argv is None else f"main({argv})",
+        "graphs": not args.no_graphs,
+    }
     print(f"{env.get('gpu')}: {describe_roofline(roof)}")
-    rows = run(kernels, GRIDS["quick" if args.quick else "full"],
-               providers=args.providers.split(",") if args.providers else None, graph=not args.no_graphs,
-               torch_max_gb=args.torch_max_gb, cache_max_gb=args.cache_max_gb)  # fmt: skip
+    rows = run(
+        kernels,
+        GRIDS["quick" if args.quick else "full"],
+        providers=args.providers.split(",") if args.providers else None,
+        graph=not args.no_graphs,
+        torch_max_gb=args.torch_max_gb,
+        cache_max_gb=args.cache_max_gb,
+    )
     env["seconds"] = round(time.time() - t0, 1)
     print()
     print(write(rows, env, args.out_dir))
-    plot_roofline(rows, roof.copy_bw, roof.bf16, os.path.join(args.out_dir, "roofline.png"), fp8_rate=roof.fp8,
-                  title=f"MLA kernels on {env.get('gpu')} against the roofline measured in the same run")  # fmt: skip
+    plot_roofline(
+        rows,
+        roof.copy_bw,
+        roof.bf16,
+        os.path.join(args.out_dir, "roofline.png"),
+        fp8_rate=roof.fp8,
+        title=f"MLA kernels on {env.get('gpu')} against the roofline measured in the same run",
+    )
     return 0
 
 

@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 from .cases import Case
 
-__all__ = ["Backend", "load_backend", "available_backends", "skip_reason", "missing_op_reason"]
+__all__ = ["Backend", "available_backends", "load_backend", "missing_op_reason", "skip_reason"]
 
 GROUP = "mlaspec.backends"
 

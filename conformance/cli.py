@@ -46,8 +46,15 @@ def _check(args: argparse.Namespace) -> int:
     if args.params is not None:
         results = _run_param_cases(backend, cases, args, out_dir, progress)
     else:
-        results = run_cases(backend, cases, backend_name=args.backend, out_dir=out_dir, scale=args.scale,
-                            timeout=args.timeout, on_result=progress)  # fmt: skip
+        results = run_cases(
+            backend,
+            cases,
+            backend_name=args.backend,
+            out_dir=out_dir,
+            scale=args.scale,
+            timeout=args.timeout,
+            on_result=progress,
+        )
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
     print()
     print(summary_table(results))
@@ -86,8 +93,14 @@ def _run_param_cases(backend, cases, args, out_dir: Path, progress) -> list:
     results = []
     with open(out_dir / "results.jsonl", "w") as sink:
         for i, case in enumerate(cases):
-            r = run_case(backend, case, backend_name=args.backend, scale=args.scale, timeout=args.timeout,
-                         figure_dir=out_dir / "figures")  # fmt: skip
+            r = run_case(
+                backend,
+                case,
+                backend_name=args.backend,
+                scale=args.scale,
+                timeout=args.timeout,
+                figure_dir=out_dir / "figures",
+            )
             r.repro = repro_command(args.backend, case)
             results.append(r)
             sink.write(json.dumps(r.to_json()) + "\n")
@@ -103,7 +116,7 @@ def _backends(args: argparse.Namespace) -> int:
         try:
             b = load_backend(name)
             status = f"usable ({b.version}); ops: {', '.join(sorted(b.ops))}"
-        except Exception as exc:  # noqa: BLE001 - report, don't crash, on a broken or absent backend
+        except Exception as exc:  # report, don't crash, on a broken or absent backend
             status = f"not usable: {type(exc).__name__}: {exc}"
         print(f"{name:<10} {target:<50} {status}")
     return 0
@@ -129,8 +142,15 @@ def _matrix(args: argparse.Namespace) -> int:
     ops = tuple(args.ops.split(",")) if args.ops else None
     jsonl = {n: Path(args.out) / n / "results.jsonl" for n in names}
     old = {n: p.read_text().splitlines() if args.merge and p.exists() else [] for n, p in jsonl.items()}
-    data = run_matrix(names, out_dir=Path(args.out), scale=args.scale, dtypes=tuple(args.dtypes.split(",")),
-                      ops=ops, timeout=args.timeout, progress=lambda line: print(line, flush=True))  # fmt: skip
+    data = run_matrix(
+        names,
+        out_dir=Path(args.out),
+        scale=args.scale,
+        dtypes=tuple(args.dtypes.split(",")),
+        ops=ops,
+        timeout=args.timeout,
+        progress=lambda line: print(line, flush=True),
+    )
     if args.merge:  # the cases this run did not redo keep their lines
         for n, p in jsonl.items():
             merge_results_jsonl(p, old[n])
@@ -159,14 +179,21 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("dir")
     rep.set_defaults(func=_report)
     mat = sub.add_parser("matrix", help="run the curated cases on several backends; write OUT/matrix.md and .json")
-    mat.add_argument("--backends", default="spec,torch,torch_sdpa,flashmla,deepgemm,flashinfer,vllm",
-                     help="comma-separated backend names or module:attr (default: every shipped adapter)")
+    mat.add_argument(
+        "--backends",
+        default="spec,torch,torch_sdpa,flashmla,deepgemm,flashinfer,vllm",
+        help="comma-separated backend names or module:attr (default: every shipped adapter)",
+    )
     mat.add_argument("--ops", help="comma-separated op names (default: all)")
     mat.add_argument("--dtypes", default="bfloat16", help="comma-separated case dtypes (default: bfloat16)")
     mat.add_argument("--scale", default="tiny", choices=["tiny", "full"], help="case sizes (full: real DeepSeek)")
     mat.add_argument("--out", default="docs/matrix", help="output directory (default: docs/matrix)")
     mat.add_argument("--timeout", type=float, default=300.0, help="per-case timeout in seconds")
-    mat.add_argument("--merge", action="store_true", help="lay this run over OUT/matrix.json and OUT/<backend>/results.jsonl case by case")
+    mat.add_argument(
+        "--merge",
+        action="store_true",
+        help="lay this run over OUT/matrix.json and OUT/<backend>/results.jsonl case by case",
+    )
     mat.set_defaults(func=_matrix)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -25,46 +25,100 @@ from hypothesis import strategies as st
 
 from .cases import Case
 
-__all__ = ["LIMITS", "case_strategy", "cases", "repro_command", "describe", "GENERATED_OPS"]
+__all__ = ["GENERATED_OPS", "LIMITS", "case_strategy", "cases", "describe", "repro_command"]
 
-GENERATED_OPS = ("attention", "mla_decode", "mla_prefill", "merge_attn_states", "sparse_prefill",
-                 "chunked_prefill_attention", "topk_indices", "concat_and_cache_mla")  # fmt: skip
+GENERATED_OPS = (
+    "attention",
+    "mla_decode",
+    "mla_prefill",
+    "merge_attn_states",
+    "sparse_prefill",
+    "chunked_prefill_attention",
+    "topk_indices",
+    "concat_and_cache_mla",
+)
 
 #: Inclusive upper limits of the drawn sizes.
-LIMITS = dict(B=3, S_q=6, S_kv=24, H_kv=3, group=3, D_qk=40, D_v=24, H_decode=16, Lkv=32, P=16, R=8, V=16,
-              T=9, H=4, D=64, K=16, H_sparse=8, requests=4, context=20, q_len=5, M=8, N=40, blocks=4,
-              tag=999)  # fmt: skip
+LIMITS = dict(
+    B=3,
+    S_q=6,
+    S_kv=24,
+    H_kv=3,
+    group=3,
+    D_qk=40,
+    D_v=24,
+    H_decode=16,
+    Lkv=32,
+    P=16,
+    R=8,
+    V=16,
+    T=9,
+    H=4,
+    D=64,
+    K=16,
+    H_sparse=8,
+    requests=4,
+    context=20,
+    q_len=5,
+    M=8,
+    N=40,
+    blocks=4,
+    tag=999,
+)
 
 
 @st.composite
 def _attention(draw) -> dict:
     h_kv = draw(st.integers(1, LIMITS["H_kv"]))
-    return dict(B=draw(st.integers(1, LIMITS["B"])), S_q=draw(st.integers(1, LIMITS["S_q"])),
-                S_kv=draw(st.integers(0, LIMITS["S_kv"])), H_q=h_kv * draw(st.integers(1, LIMITS["group"])),
-                H_kv=h_kv, D_qk=draw(st.integers(1, LIMITS["D_qk"])), D_v=draw(st.integers(1, LIMITS["D_v"])),
-                causal=draw(st.booleans()))  # fmt: skip
+    return dict(
+        B=draw(st.integers(1, LIMITS["B"])),
+        S_q=draw(st.integers(1, LIMITS["S_q"])),
+        S_kv=draw(st.integers(0, LIMITS["S_kv"])),
+        H_q=h_kv * draw(st.integers(1, LIMITS["group"])),
+        H_kv=h_kv,
+        D_qk=draw(st.integers(1, LIMITS["D_qk"])),
+        D_v=draw(st.integers(1, LIMITS["D_v"])),
+        causal=draw(st.booleans()),
+    )
 
 
 @st.composite
 def _mla_decode(draw) -> dict:
-    return dict(B=draw(st.integers(1, LIMITS["B"])), S_q=draw(st.integers(1, 4)),
-                S_kv=draw(st.integers(1, LIMITS["S_kv"])), H_q=draw(st.integers(1, LIMITS["H_decode"])),
-                D_qk=576, D_v=512, causal=draw(st.booleans()))  # fmt: skip
+    return dict(
+        B=draw(st.integers(1, LIMITS["B"])),
+        S_q=draw(st.integers(1, 4)),
+        S_kv=draw(st.integers(1, LIMITS["S_kv"])),
+        H_q=draw(st.integers(1, LIMITS["H_decode"])),
+        D_qk=576,
+        D_v=512,
+        causal=draw(st.booleans()),
+    )
 
 
 @st.composite
 def _mla_prefill(draw) -> dict:
     s_q = draw(st.integers(1, LIMITS["S_q"]))
-    return dict(B=draw(st.integers(1, 2)), S_q=s_q, S_kv=s_q + draw(st.integers(0, LIMITS["S_kv"] // 2)),
-                H_q=draw(st.integers(1, LIMITS["H"])), Lkv=draw(st.integers(1, LIMITS["Lkv"])),
-                P=draw(st.integers(1, LIMITS["P"])), R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
-                V=draw(st.integers(1, LIMITS["V"])), causal=draw(st.booleans()))  # fmt: skip
+    return dict(
+        B=draw(st.integers(1, 2)),
+        S_q=s_q,
+        S_kv=s_q + draw(st.integers(0, LIMITS["S_kv"] // 2)),
+        H_q=draw(st.integers(1, LIMITS["H"])),
+        Lkv=draw(st.integers(1, LIMITS["Lkv"])),
+        P=draw(st.integers(1, LIMITS["P"])),
+        R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
+        V=draw(st.integers(1, LIMITS["V"])),
+        causal=draw(st.booleans()),
+    )
 
 
 @st.composite
 def _merge_attn_states(draw) -> dict:
-    return dict(T=draw(st.integers(1, LIMITS["T"])), H=draw(st.integers(1, LIMITS["H"])),
-                D=draw(st.integers(1, LIMITS["D"])), empty=draw(st.sampled_from([0.0, 0.3, 1.0])))  # fmt: skip
+    return dict(
+        T=draw(st.integers(1, LIMITS["T"])),
+        H=draw(st.integers(1, LIMITS["H"])),
+        D=draw(st.integers(1, LIMITS["D"])),
+        empty=draw(st.sampled_from([0.0, 0.3, 1.0])),
+    )
 
 
 @st.composite
@@ -74,10 +128,18 @@ def _sparse_prefill(draw) -> dict:
     and sink."""
     s_kv = draw(st.integers(3, LIMITS["S_kv"]))
     d_qk = draw(st.sampled_from([576, 512]))
-    p = dict(S_q=draw(st.integers(1, LIMITS["S_q"])), S_kv=s_kv, H_q=draw(st.integers(1, LIMITS["H_sparse"])),
-             H_kv=1, D_qk=d_qk, D_v=512, K=draw(st.integers(1, min(LIMITS["K"], s_kv - 2))),
-             invalid=draw(st.sampled_from([0.0, 0.2, 0.5])), topk_length=draw(st.booleans()),
-             empty=draw(st.integers(0, 2)))  # fmt: skip
+    p = dict(
+        S_q=draw(st.integers(1, LIMITS["S_q"])),
+        S_kv=s_kv,
+        H_q=draw(st.integers(1, LIMITS["H_sparse"])),
+        H_kv=1,
+        D_qk=d_qk,
+        D_v=512,
+        K=draw(st.integers(1, min(LIMITS["K"], s_kv - 2))),
+        invalid=draw(st.sampled_from([0.0, 0.2, 0.5])),
+        topk_length=draw(st.booleans()),
+        empty=draw(st.integers(0, 2)),
+    )
     sink = draw(st.sampled_from([None, "finite", "inf"]))
     if sink is not None:
         p["sink"] = sink
@@ -93,11 +155,17 @@ def _chunked_prefill_attention(draw) -> dict:
     block = draw(st.sampled_from([1, 2, 4]))
     with_context = max(sum(c > 0 for c in contexts), 1)
     workspace = with_context * block * draw(st.integers(1, 4)) + draw(st.integers(0, block - 1))
-    return dict(H_q=draw(st.integers(1, LIMITS["H"])), Lkv=draw(st.integers(1, LIMITS["Lkv"])),
-                P=draw(st.integers(1, LIMITS["P"])), R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
-                V=draw(st.integers(1, LIMITS["V"])), contexts=contexts,
-                q_lens=draw(st.lists(st.integers(1, LIMITS["q_len"]), min_size=n, max_size=n)), block_size=block,
-                workspace_size=workspace)  # fmt: skip
+    return dict(
+        H_q=draw(st.integers(1, LIMITS["H"])),
+        Lkv=draw(st.integers(1, LIMITS["Lkv"])),
+        P=draw(st.integers(1, LIMITS["P"])),
+        R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
+        V=draw(st.integers(1, LIMITS["V"])),
+        contexts=contexts,
+        q_lens=draw(st.lists(st.integers(1, LIMITS["q_len"]), min_size=n, max_size=n)),
+        block_size=block,
+        workspace_size=workspace,
+    )
 
 
 @st.composite
@@ -128,10 +196,16 @@ def _concat_and_cache_mla(draw) -> dict:
     return p
 
 
-_PARAMS = {"attention": _attention, "mla_decode": _mla_decode, "mla_prefill": _mla_prefill,
-           "merge_attn_states": _merge_attn_states, "sparse_prefill": _sparse_prefill,
-           "chunked_prefill_attention": _chunked_prefill_attention, "topk_indices": _topk_indices,
-           "concat_and_cache_mla": _concat_and_cache_mla}  # fmt: skip
+_PARAMS = {
+    "attention": _attention,
+    "mla_decode": _mla_decode,
+    "mla_prefill": _mla_prefill,
+    "merge_attn_states": _merge_attn_states,
+    "sparse_prefill": _sparse_prefill,
+    "chunked_prefill_attention": _chunked_prefill_attention,
+    "topk_indices": _topk_indices,
+    "concat_and_cache_mla": _concat_and_cache_mla,
+}
 
 
 def case_strategy(op: str, dtypes: tuple[str, ...] = ("bfloat16", "float16")) -> st.SearchStrategy[Case]:
@@ -142,8 +216,10 @@ def case_strategy(op: str, dtypes: tuple[str, ...] = ("bfloat16", "float16")) ->
         raise ValueError("dtypes must name at least one dtype")
     return st.builds(
         lambda params, dtype, tag: Case(op, f"hyp-{tag}", dtype, params),
-        _PARAMS[op](), st.sampled_from(tuple(dtypes)), st.integers(0, LIMITS["tag"]),
-    )  # fmt: skip
+        _PARAMS[op](),
+        st.sampled_from(tuple(dtypes)),
+        st.integers(0, LIMITS["tag"]),
+    )
 
 
 def cases(ops: tuple[str, ...] = GENERATED_OPS, dtypes: tuple[str, ...] = ("bfloat16", "float16")):
@@ -154,8 +230,10 @@ def cases(ops: tuple[str, ...] = GENERATED_OPS, dtypes: tuple[str, ...] = ("bflo
 def repro_command(backend: str, case: Case) -> str:
     """The one-line command that reruns exactly ``case`` (name, dtype and parameters)."""
     params = json.dumps(case.params, sort_keys=True, separators=(",", ":"))
-    return (f"mlaspec check --backend {shlex.quote(backend)} --op {case.op} --name {shlex.quote(case.name)} "
-            f"--dtypes {case.dtype} --params {shlex.quote(params)}")  # fmt: skip
+    return (
+        f"mlaspec check --backend {shlex.quote(backend)} --op {case.op} --name {shlex.quote(case.name)} "
+        f"--dtypes {case.dtype} --params {shlex.quote(params)}"
+    )
 
 
 def describe(case: Case, backend: str) -> str:

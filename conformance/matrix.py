@@ -15,6 +15,7 @@ The same command regenerates both; nothing else goes into them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -27,7 +28,7 @@ from .report import environment
 from .runner import run_cases
 from .verdict import Result
 
-__all__ = ["KNOWN_BACKENDS", "run_matrix", "write_matrix", "matrix_markdown", "merge_matrix", "merge_results_jsonl"]
+__all__ = ["KNOWN_BACKENDS", "matrix_markdown", "merge_matrix", "merge_results_jsonl", "run_matrix", "write_matrix"]
 
 # The adapters shipped in mlaspec.conformance.backends, found by name even before the entry points are installed.
 KNOWN_BACKENDS = {
@@ -51,16 +52,19 @@ def matrix_environment() -> dict:
     """:func:`~mlaspec.conformance.report.environment` plus the GPU driver and the installed library versions."""
     env = dict(environment())
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
         env["nvidia-smi"] = out.strip().splitlines()[0] if out.strip() else ""
-    except Exception:  # noqa: BLE001 - no driver on a CPU machine
+    except Exception:  # no driver on a CPU machine
         pass
     for pkg in PACKAGES:
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             env[f"pkg:{pkg}"] = version(pkg)
-        except PackageNotFoundError:
-            pass
     env["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     return env
 
@@ -72,21 +76,33 @@ def _worst(r: Result) -> float | None:
     return max(vals) if vals else None
 
 
-def run_matrix(backends: list[str], *, out_dir: Path, scale: str = "tiny", dtypes: tuple[str, ...] = ("bfloat16",),
-               ops: tuple[str, ...] | None = None, timeout: float | None = 300.0,
-               progress=None) -> dict:  # fmt: skip
+def run_matrix(
+    backends: list[str],
+    *,
+    out_dir: Path,
+    scale: str = "tiny",
+    dtypes: tuple[str, ...] = ("bfloat16",),
+    ops: tuple[str, ...] | None = None,
+    timeout: float | None = 300.0,
+    progress=None,
+) -> dict:
     """Run the curated cases on each backend; returns the matrix as a JSON-able dict (see :func:`write_matrix`)."""
     cases = curated_cases(scale=scale, dtypes=dtypes, ops=ops)
     out_dir = Path(out_dir)
-    data = {"scale": scale, "dtypes": list(dtypes), "environment": matrix_environment(),
-            "cases": [dict(id=c.id, op=c.op, params=c.params) for c in cases], "backends": {}}  # fmt: skip
+    data = {
+        "scale": scale,
+        "dtypes": list(dtypes),
+        "environment": matrix_environment(),
+        "cases": [dict(id=c.id, op=c.op, params=c.params) for c in cases],
+        "backends": {},
+    }
     for name in backends:
         target = _resolve(name)
         entry = {"target": target, "usable": False, "version": "", "reason": "", "results": []}
         data["backends"][name] = entry
         try:
             backend = load_backend(target)
-        except Exception as exc:  # noqa: BLE001 - a backend that cannot load is a row of the matrix, not a crash
+        except Exception as exc:  # a backend that cannot load is a row of the matrix, not a crash
             entry["reason"] = f"{type(exc).__name__}: {exc}"
             if progress:
                 progress(f"{name}: not usable: {entry['reason']}")
@@ -97,10 +113,21 @@ def run_matrix(backends: list[str], *, out_dir: Path, scale: str = "tiny", dtype
             if progress:
                 progress(f"{name} [{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}")
 
-        results = run_cases(backend, cases, backend_name=name, out_dir=out_dir / name, scale=scale,
-                            timeout=timeout, on_result=on_result)  # fmt: skip
-        entry["results"] = [dict(case_id=r.case_id, op=r.op, verdict=r.verdict, reason=r.reason, worst=_worst(r),
-                                 seconds=round(r.seconds, 4), repro=r.repro) for r in results]  # fmt: skip
+        results = run_cases(
+            backend, cases, backend_name=name, out_dir=out_dir / name, scale=scale, timeout=timeout, on_result=on_result
+        )
+        entry["results"] = [
+            dict(
+                case_id=r.case_id,
+                op=r.op,
+                verdict=r.verdict,
+                reason=r.reason,
+                worst=_worst(r),
+                seconds=round(r.seconds, 4),
+                repro=r.repro,
+            )
+            for r in results
+        ]
     return data
 
 
@@ -117,18 +144,30 @@ def matrix_markdown(data: dict) -> str:
     """The matrix as a markdown page (see the module docstring)."""
     names = list(data["backends"])
     env = data["environment"]
-    lines = ["# Conformance matrix", "",
-             f"Every curated case (scale `{data['scale']}`, dtypes {', '.join(data['dtypes'])}) on every backend. "
-             "A cell is the verdict and the worst `|error| / bound` over the case's outputs (pass needs <= 1; "
-             "`nonfinite` = a NaN/±inf position differs from the spec). "
-             f"{MARK['pass']} pass, {MARK['fail']} fail, {MARK['error']} error (raised, wrong shape), "
-             f"{MARK['skip']} skipped (the backend declares the case unsupported: reason below), "
-             f"{MARK['unavailable']} backend not usable here.", "",
-             "Regenerate: `mlaspec matrix --backends " + ",".join(names) + f" --scale {data['scale']} "
-             f"--dtypes {','.join(data['dtypes'])} --out <dir>`", "", "## Environment", ""]  # fmt: skip
+    lines = [
+        "# Conformance matrix",
+        "",
+        f"Every curated case (scale `{data['scale']}`, dtypes {', '.join(data['dtypes'])}) on every backend. "
+        "A cell is the verdict and the worst `|error| / bound` over the case's outputs (pass needs <= 1; "
+        "`nonfinite` = a NaN/±inf position differs from the spec). "
+        f"{MARK['pass']} pass, {MARK['fail']} fail, {MARK['error']} error (raised, wrong shape), "
+        f"{MARK['skip']} skipped (the backend declares the case unsupported: reason below), "
+        f"{MARK['unavailable']} backend not usable here.",
+        "",
+        "Regenerate: `mlaspec matrix --backends " + ",".join(names) + f" --scale {data['scale']} "
+        f"--dtypes {','.join(data['dtypes'])} --out <dir>`",
+        "",
+        "## Environment",
+        "",
+    ]
     lines += [f"- **{k}**: {v}" for k, v in env.items()]
-    lines += ["", "## Backends", "", "| backend | version | pass | fail | error | skip |",
-              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += [
+        "",
+        "## Backends",
+        "",
+        "| backend | version | pass | fail | error | skip |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for n in names:
         e = data["backends"][n]
         if not e["usable"]:
@@ -136,8 +175,13 @@ def matrix_markdown(data: dict) -> str:
             continue
         c = {v: sum(r["verdict"] == v for r in e["results"]) for v in ("pass", "fail", "error", "skip")}
         lines.append(f"| `{n}` | {e['version']} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} |")
-    lines += ["", "## Matrix", "", "| op | case | " + " | ".join(f"`{n}`" for n in names) + " |",
-              "| --- | --- | " + " | ".join("---" for _ in names) + " |"]  # fmt: skip
+    lines += [
+        "",
+        "## Matrix",
+        "",
+        "| op | case | " + " | ".join(f"`{n}`" for n in names) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in names) + " |",
+    ]
     by = {n: {r["case_id"]: r for r in data["backends"][n]["results"]} for n in names}
     for c in data["cases"]:
         case = c["id"].split("[", 1)[1].rstrip("]")

@@ -44,22 +44,53 @@ MISSING_BACKEND = (
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mlaspec", "mlaspec conformance (pytest --pyargs mlaspec.conformance)")
-    group.addoption("--mla-backend", metavar="NAME", default=None,
-                    help=f"backend to check: a registered name or 'module:attr' (default: ${ENV_BACKEND})")
-    group.addoption("--mla-scale", choices=("tiny", "full"), default="tiny",
-                    help="case sizes: tiny (CPU, seconds) or full (real DeepSeek sizes, for GPUs)")
-    group.addoption("--mla-dtypes", metavar="LIST", default="bfloat16,float16",
-                    help="comma-separated case dtypes (default: bfloat16,float16)")
-    group.addoption("--mla-report", metavar="DIR", default=None,
-                    help="write DIR/results.jsonl (streamed per case) and DIR/report.html, as mlaspec check does")
-    group.addoption("--mla-timeout", metavar="SECONDS", type=float, default=120.0,
-                    help="per-case timeout; a case past it fails (default: 120)")
-    group.addoption("--mla-examples", metavar="N", type=int, default=20,
-                    help="hypothesis-generated cases per op (default: 20)")
-    group.addoption("--mla-seed", metavar="S", type=int, default=0,
-                    help="seed of the generated cases (default: 0): the same seed draws the same cases")
-    group.addoption("--mla-device", metavar="DEVICE", default=None,
-                    help="sets MLASPEC_DEVICE; 'cuda' gives pytest-xdist worker gwN the GPU N %% n_gpus")  # fmt: skip
+    group.addoption(
+        "--mla-backend",
+        metavar="NAME",
+        default=None,
+        help=f"backend to check: a registered name or 'module:attr' (default: ${ENV_BACKEND})",
+    )
+    group.addoption(
+        "--mla-scale",
+        choices=("tiny", "full"),
+        default="tiny",
+        help="case sizes: tiny (CPU, seconds) or full (real DeepSeek sizes, for GPUs)",
+    )
+    group.addoption(
+        "--mla-dtypes",
+        metavar="LIST",
+        default="bfloat16,float16",
+        help="comma-separated case dtypes (default: bfloat16,float16)",
+    )
+    group.addoption(
+        "--mla-report",
+        metavar="DIR",
+        default=None,
+        help="write DIR/results.jsonl (streamed per case) and DIR/report.html, as mlaspec check does",
+    )
+    group.addoption(
+        "--mla-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=120.0,
+        help="per-case timeout; a case past it fails (default: 120)",
+    )
+    group.addoption(
+        "--mla-examples", metavar="N", type=int, default=20, help="hypothesis-generated cases per op (default: 20)"
+    )
+    group.addoption(
+        "--mla-seed",
+        metavar="S",
+        type=int,
+        default=0,
+        help="seed of the generated cases (default: 0): the same seed draws the same cases",
+    )
+    group.addoption(
+        "--mla-device",
+        metavar="DEVICE",
+        default=None,
+        help="sets MLASPEC_DEVICE; 'cuda' gives pytest-xdist worker gwN the GPU N %% n_gpus",
+    )
 
 
 # -- the session's state --------------------------------------------------------------------------------------------
@@ -89,9 +120,16 @@ class _State:
             )
         report = opt("mla_report")
         worker = getattr(config, "workerinput", {}).get("workerid") or None
-        return cls(opt("mla_backend") or os.environ.get(ENV_BACKEND) or None, opt("mla_scale"), dtypes,
-                   Path(report) if report else None, opt("mla_timeout"), opt("mla_examples"), opt("mla_seed"),
-                   worker)  # fmt: skip
+        return cls(
+            opt("mla_backend") or os.environ.get(ENV_BACKEND) or None,
+            opt("mla_scale"),
+            dtypes,
+            Path(report) if report else None,
+            opt("mla_timeout"),
+            opt("mla_examples"),
+            opt("mla_seed"),
+            worker,
+        )
 
     @property
     def figure_dir(self) -> Path | None:
@@ -105,7 +143,7 @@ class _State:
 
             try:
                 self._backend = load_backend(self.backend_name)
-            except Exception as exc:  # noqa: BLE001 - any import or construction failure is the user's to see
+            except Exception as exc:  # any import or construction failure is the user's to see
                 self._load_error = (
                     f"mlaspec: backend {self.backend_name!r} could not be loaded: {type(exc).__name__}: {exc}"
                 )
@@ -192,7 +230,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     try:
         backend = state.backend()
         what = backend.version if backend.name == state.backend_name else f"{backend.name}, {backend.version}"
-    except BaseException as exc:  # noqa: BLE001 - pytest.fail's exception too: the header reports, the tests fail
+    except BaseException as exc:  # pytest.fail's exception too: the header reports, the tests fail
         what = f"NOT LOADABLE: {exc}"
     from .report import environment
 
@@ -234,11 +272,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     try:
         backend = state.backend()
         version = backend.version
-    except BaseException:  # noqa: BLE001 - a backend that never loaded still gets its (all-error) report
+    except BaseException:  # a backend that never loaded still gets its (all-error) report
         version = "not loadable"
     env = environment()
-    (state.report_dir / "environment.json").write_text(json.dumps({"backend": state.backend_name, "version": version,
-                                                                   **env}))  # fmt: skip
+    (state.report_dir / "environment.json").write_text(
+        json.dumps({"backend": state.backend_name, "version": version, **env})
+    )
     write_html(load_results(state.report_dir), state.report_dir, backend=state.backend_name, version=version, env=env)
 
 
@@ -269,8 +308,9 @@ def generate_tests(metafunc: pytest.Metafunc) -> None:
         except ImportError:  # no hypothesis: one test that skips and says so
             metafunc.parametrize("mla_op", [pytest.param(None, id="no-hypothesis")])
             return
-        metafunc.parametrize("mla_op", [pytest.param(op, id=op, marks=getattr(pytest.mark, op))
-                                        for op in GENERATED_OPS])  # fmt: skip
+        metafunc.parametrize(
+            "mla_op", [pytest.param(op, id=op, marks=getattr(pytest.mark, op)) for op in GENERATED_OPS]
+        )
 
 
 def assert_conforms(result) -> None:
@@ -304,8 +344,14 @@ def mla_check(request: pytest.FixtureRequest, mla_backend):
         __tracebackhide__ = True
         from .runner import run_case
 
-        result = run_case(mla_backend, case, backend_name=state.backend_name, scale=state.scale,
-                          timeout=state.timeout, figure_dir=state.figure_dir)  # fmt: skip
+        result = run_case(
+            mla_backend,
+            case,
+            backend_name=state.backend_name,
+            scale=state.scale,
+            timeout=state.timeout,
+            figure_dir=state.figure_dir,
+        )
         state.record(result)
         _properties(request.node, result)
         assert_conforms(result)
@@ -342,14 +388,21 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
         skipped: list[str] = []
 
         def run(case, figure_dir=None):
-            result = run_case(backend, case, backend_name=state.backend_name, timeout=state.timeout,
-                              figure_dir=figure_dir)  # fmt: skip
+            result = run_case(
+                backend, case, backend_name=state.backend_name, timeout=state.timeout, figure_dir=figure_dir
+            )
             result.repro = repro_command(state.backend_name, case)
             return result
 
         @seed(state.seed)
-        @settings(max_examples=state.examples, deadline=None, database=None, derandomize=False,
-                  report_multiple_bugs=False, suppress_health_check=list(HealthCheck))  # fmt: skip
+        @settings(
+            max_examples=state.examples,
+            deadline=None,
+            database=None,
+            derandomize=False,
+            report_multiple_bugs=False,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=case_strategy(op, dtypes))
         def generated(case):
             reason = skip_reason(backend, case)
@@ -371,11 +424,18 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
             result = run(case, state.figure_dir) if state.report_dir is not None else last["result"]
             state.record(result)
             _properties(request.node, result)
-            raise AssertionError(f"generated {op} case {result.verdict.upper()}: {last['result'].reason}\n"
-                                 f"  minimal case: {describe(case, state.backend_name)}") from None  # fmt: skip
-        summary = Result(f"{op}[generated]", op, ",".join(dtypes), "pass",
-                         reason=f"{last.get('n', 0)} generated cases (seed {state.seed}), {len(skipped)} unsupported "
-                                f"ones drawn and discarded")  # fmt: skip
+            raise AssertionError(
+                f"generated {op} case {result.verdict.upper()}: {last['result'].reason}\n"
+                f"  minimal case: {describe(case, state.backend_name)}"
+            ) from None
+        summary = Result(
+            f"{op}[generated]",
+            op,
+            ",".join(dtypes),
+            "pass",
+            reason=f"{last.get('n', 0)} generated cases (seed {state.seed}), {len(skipped)} unsupported "
+            f"ones drawn and discarded",
+        )
         state.record(summary)
 
     return check

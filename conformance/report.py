@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .verdict import Result
 
-__all__ = ["load_results", "summary_table", "write_html", "environment"]
+__all__ = ["environment", "load_results", "summary_table", "write_html"]
 
 
 def environment() -> dict[str, str]:
@@ -95,24 +95,31 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3
 section{border-top:2px solid #b00020;margin-top:2em}img{max-width:100%}"""
 
 
-def write_html(results: list[Result], out_dir: Path, *, backend: str, version: str = "", env: dict | None = None) -> Path:
+def write_html(
+    results: list[Result], out_dir: Path, *, backend: str, version: str = "", env: dict | None = None
+) -> Path:
     """Write ``out_dir/report.html`` and return its path."""
     env = env or {}
     esc = html.escape
-    head = "".join(f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>"
-                   for k, v in {"backend": backend, "version": version, **env}.items())  # fmt: skip
+    head = "".join(
+        f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>"
+        for k, v in {"backend": backend, "version": version, **env}.items()
+    )
     rows = []
     for r in results:
         worst, bound = _worst(r)
         link = f'<a href="#{esc(r.case_id)}">{esc(r.case_id)}</a>' if r.verdict in ("fail", "error") else esc(r.case_id)
-        rows.append(f"<tr><td>{esc(r.op)}</td><td>{link}</td><td>{esc(worst)}</td><td>{bound}</td>"
-                    f'<td class="{r.verdict}">{r.verdict.upper()}</td><td>{esc(r.reason)}</td></tr>')  # fmt: skip
+        rows.append(
+            f"<tr><td>{esc(r.op)}</td><td>{link}</td><td>{esc(worst)}</td><td>{bound}</td>"
+            f'<td class="{r.verdict}">{r.verdict.upper()}</td><td>{esc(r.reason)}</td></tr>'
+        )
     failures = []
     for r in results:
         if r.verdict not in ("fail", "error"):
             continue
-        metrics = "".join(f"<li>{esc(m.output)} {esc(m.name)} = {m.value:.4g} (bound {m.bound:.4g})</li>"
-                          for m in r.metrics)  # fmt: skip
+        metrics = "".join(
+            f"<li>{esc(m.output)} {esc(m.name)} = {m.value:.4g} (bound {m.bound:.4g})</li>" for m in r.metrics
+        )
         failures.append(
             f'<section id="{esc(r.case_id)}"><h3>{esc(r.case_id)}: {r.verdict.upper()}</h3>'
             f"<p>{esc(r.reason)}</p><ul>{metrics}</ul>"
@@ -121,9 +128,9 @@ def write_html(results: list[Result], out_dir: Path, *, backend: str, version: s
     counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mlaspec report: {esc(backend)}</title>
 <style>{CSS}</style></head><body><h1>mlaspec conformance report</h1><table>{head}</table>
-<h2>Summary: {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors, {counts['skip']} skipped</h2>
+<h2>Summary: {counts["pass"]} passed, {counts["fail"]} failed, {counts["error"]} errors, {counts["skip"]} skipped</h2>
 <table><tr><th>op</th><th>case</th><th>worst error/bound</th><th>bound</th><th>verdict</th><th>reason</th></tr>
-{''.join(rows)}</table>{''.join(failures)}</body></html>"""
+{"".join(rows)}</table>{"".join(failures)}</body></html>"""
     path = Path(out_dir) / "report.html"
     path.write_text(page)
     return path

@@ -23,7 +23,7 @@ from .cases import Case
 from .ops import DTYPES, OPS, unit_roundoff
 from .verdict import Result, judge
 
-__all__ = ["run_case", "run_cases", "repro_command"]
+__all__ = ["repro_command", "run_case", "run_cases"]
 
 
 def repro_command(backend: str, case: Case, scale: str = "tiny") -> str:
@@ -65,8 +65,15 @@ def _error_map(name: str, ratio: torch.Tensor) -> torch.Tensor:
     return ratio.reshape(-1, ratio.shape[-1]) if ratio.dim() else ratio.reshape(1, 1)  # [rows, columns]
 
 
-def run_case(backend: Backend, case: Case, *, backend_name: str, scale: str = "tiny",
-             timeout: float | None = 60.0, figure_dir: Path | None = None) -> Result:  # fmt: skip
+def run_case(
+    backend: Backend,
+    case: Case,
+    *,
+    backend_name: str,
+    scale: str = "tiny",
+    timeout: float | None = 60.0,
+    figure_dir: Path | None = None,
+) -> Result:
     """Judge ``backend`` on ``case``."""
     result = Result(case.id, case.op, case.dtype, "skip", repro=repro_command(backend_name, case, scale))
     reason = skip_reason(backend, case)
@@ -80,11 +87,12 @@ def run_case(backend: Backend, case: Case, *, backend_name: str, scale: str = "t
     start = time.perf_counter()
     try:
         with _time_limit(timeout):
-            got = getattr(backend, case.op)(**{k: v.clone() if isinstance(v, torch.Tensor) else v
-                                               for k, v in inputs.items()})  # fmt: skip
+            got = getattr(backend, case.op)(
+                **{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+            )
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-    except Exception as exc:  # noqa: BLE001 - any backend failure is a verdict, not a crash of the run
+    except Exception as exc:  # any backend failure is a verdict, not a crash of the run
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if len(message) > 300:  # compiler errors run to pages: the report keeps the first line's start
             message = message[:300] + " ..."
@@ -99,8 +107,9 @@ def run_case(backend: Backend, case: Case, *, backend_name: str, scale: str = "t
     return result
 
 
-def _save_figures(result: Result, op, case: Case, inputs: dict, got: object, ref: tuple, ratios: dict,
-                  figure_dir: Path) -> None:  # fmt: skip
+def _save_figures(
+    result: Result, op, case: Case, inputs: dict, got: object, ref: tuple, ratios: dict, figure_dir: Path
+) -> None:
     """The heat map (``result.figure``) and the op's pictures (``result.figures``) of a failing case, as PNGs.
 
     A picture that cannot be drawn (a backend output too malformed to picture) is left out with a warning; it
@@ -122,7 +131,7 @@ def _save_figures(result: Result, op, case: Case, inputs: dict, got: object, ref
         return
     try:
         pictures = op.picture(inputs, got, ref, ratios, title=case.id)
-    except Exception as exc:  # noqa: BLE001 - a picture is an aid; the verdict stands without it
+    except Exception as exc:  # a picture is an aid; the verdict stands without it
         warnings.warn(f"{case.id}: no picture drawn: {type(exc).__name__}: {exc}", stacklevel=2)
         return
     for name, fig in pictures.items():
@@ -132,9 +141,16 @@ def _save_figures(result: Result, op, case: Case, inputs: dict, got: object, ref
         result.figures.append(str(path))
 
 
-def run_cases(backend: Backend, cases: Iterable[Case], *, backend_name: str, out_dir: Path | None = None,
-              scale: str = "tiny", timeout: float | None = 60.0,
-              on_result: Callable[[int, Result], None] | None = None) -> list[Result]:  # fmt: skip
+def run_cases(
+    backend: Backend,
+    cases: Iterable[Case],
+    *,
+    backend_name: str,
+    out_dir: Path | None = None,
+    scale: str = "tiny",
+    timeout: float | None = 60.0,
+    on_result: Callable[[int, Result], None] | None = None,
+) -> list[Result]:
     """Run every case; stream each verdict to ``out_dir/results.jsonl`` as it comes."""
     results = []
     sink = None
@@ -143,8 +159,14 @@ def run_cases(backend: Backend, cases: Iterable[Case], *, backend_name: str, out
         sink = open(out_dir / "results.jsonl", "w")  # noqa: SIM115 - kept open across cases, closed below
     try:
         for i, case in enumerate(cases):
-            r = run_case(backend, case, backend_name=backend_name, scale=scale, timeout=timeout,
-                         figure_dir=None if out_dir is None else out_dir / "figures")  # fmt: skip
+            r = run_case(
+                backend,
+                case,
+                backend_name=backend_name,
+                scale=scale,
+                timeout=timeout,
+                figure_dir=None if out_dir is None else out_dir / "figures",
+            )
             results.append(r)
             if sink is not None:
                 sink.write(json.dumps(r.to_json()) + "\n")

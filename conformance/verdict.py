@@ -60,9 +60,11 @@ def _nonfinite_mismatch(name: str, got: torch.Tensor, ref: torch.Tensor) -> str:
         g, r = test(got), test(ref)
         if not torch.equal(g, r):
             where = (g != r).nonzero()[0].tolist()
-            return (f"{name}: {label} pattern differs from the spec ({int((g & ~r).sum())} unexpected, "
-                    f"{int((r & ~g).sum())} missing); first at index {where}: got {got[tuple(where)].item():.6g}, "
-                    f"spec {ref[tuple(where)].item():.6g}")  # fmt: skip
+            return (
+                f"{name}: {label} pattern differs from the spec ({int((g & ~r).sum())} unexpected, "
+                f"{int((r & ~g).sum())} missing); first at index {where}: got {got[tuple(where)].item():.6g}, "
+                f"spec {ref[tuple(where)].item():.6g}"
+            )
     return ""
 
 
@@ -105,8 +107,10 @@ def judge(names: tuple[str, ...], got: object, ref: tuple, bounds: tuple) -> tup
             worst[name] = dict(index=list(idx), got=g[idx].item(), spec=r[idx].item(), bound=b[idx].item())
         if worst_ratio > 1.0:
             w = worst[name]
-            reasons.append(f"{name}: max |error|/bound = {worst_ratio:.3g} at {w['index']}: got {w['got']:.6g}, "
-                           f"spec {w['spec']:.6g}, bound {w['bound']:.3g}")  # fmt: skip
+            reasons.append(
+                f"{name}: max |error|/bound = {worst_ratio:.3g} at {w['index']}: got {w['got']:.6g}, "
+                f"spec {w['spec']:.6g}, bound {w['bound']:.3g}"
+            )
     return ("fail" if reasons else "pass"), "; ".join(reasons), metrics, worst, ratios
 
 
@@ -129,6 +133,8 @@ def judge_exact(names: tuple[str, ...], got: object, ref: tuple) -> tuple[str, s
         if n:
             idx = [int(i) for i in differ.nonzero()[0]]
             worst[name] = dict(index=idx, got=g[tuple(idx)].item(), spec=r[tuple(idx)].item(), bound=0.0)
-            reasons.append(f"{name}: {n} of {r.numel()} entries differ; first at {idx}: got {worst[name]['got']}, "
-                           f"spec {worst[name]['spec']}")  # fmt: skip
+            reasons.append(
+                f"{name}: {n} of {r.numel()} entries differ; first at {idx}: got {worst[name]['got']}, "
+                f"spec {worst[name]['spec']}"
+            )
     return ("fail" if reasons else "pass"), "; ".join(reasons), metrics, worst, {}

@@ -35,12 +35,12 @@ import torch
 import triton
 
 from . import decode as _decode
-from .decode import mla_decode_paged, page_cache
 from .backend_indexer import INDEXER_OPS, TritonIndexer
 from .backend_layer import LAYER_OPS, TritonLayer
 from .backend_metadata import HOST_SIDE, METADATA_OPS, TritonMetadata
 from .backend_serving import SERVING_OPS, TritonServing
 from .backend_sparse import SPARSE_OPS, TritonSparse
+from .decode import mla_decode_paged, page_cache
 from .layer import absorb_query, unabsorb_output
 from .merge import merge_attn_states as _merge
 from .prefill import PrefillConfig, flash_attn_varlen
@@ -103,8 +103,10 @@ class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing, Tri
         p = case.params
         if _absorbed_by_decode(p["Lkv"], p["R"]) or p["Lkv"] + p["R"] <= 256:
             return None
-        return (f"mla_absorbed: the paged decode kernel needs Lkv and R powers of two >= 16 (512 + 64) and the varlen "
-                f"kernel Lkv + R <= 256, got Lkv={p['Lkv']}, R={p['R']}")  # fmt: skip
+        return (
+            f"mla_absorbed: the paged decode kernel needs Lkv and R powers of two >= 16 (512 + 64) and the varlen "
+            f"kernel Lkv + R <= 256, got Lkv={p['Lkv']}, R={p['R']}"
+        )
 
     # -- ops -----------------------------------------------------------------------------------------------------
     def attention(self, q, k, v, *, scale, causal=False, mask=None):
@@ -115,9 +117,17 @@ class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing, Tri
         q, k, v = (t.to(self.device) for t in (q, k, v))
         cu_q = torch.arange(B + 1, dtype=torch.int32, device=self.device) * S_q
         cu_k = torch.arange(B + 1, dtype=torch.int32, device=self.device) * S_kv
-        out, lse = flash_attn_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k,
-                                     max_seqlen_q=S_q, scale=scale, causal=causal,
-                                     config=self.prefill_config)  # fmt: skip
+        out, lse = flash_attn_varlen(
+            q.flatten(0, 1),
+            k.flatten(0, 1),
+            v.flatten(0, 1),
+            cu_q,
+            cu_k,
+            max_seqlen_q=S_q,
+            scale=scale,
+            causal=causal,
+            config=self.prefill_config,
+        )
         return out.view(B, S_q, H_q, -1), lse.view(H_q, B, S_q).transpose(0, 1)
 
     def mla_decode(self, q, kv, *, d_v, scale, causal=False):
@@ -125,14 +135,12 @@ class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing, Tri
         q, kv = q.to(self.device), kv.to(self.device)
         g = torch.Generator().manual_seed(S_kv)  # the page shuffle: fixed per shape, different across shapes
         cache, block_table, seq_lens = page_cache(kv, page_size=64, generator=g)
-        return mla_decode_paged(q, cache, block_table, seq_lens, d_v=d_v, scale=scale, causal=causal,
-                                max_seq_len=S_kv)  # fmt: skip
+        return mla_decode_paged(q, cache, block_table, seq_lens, d_v=d_v, scale=scale, causal=causal, max_seq_len=S_kv)
 
     def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
         dtype = q_nope.dtype
         q_nope, q_pe, kv_c, k_pe, W_UK, W_UV = (t.to(self.device) for t in (q_nope, q_pe, kv_c, k_pe, W_UK, W_UV))
         B, S_q, N, _ = q_nope.shape
-        S_kv = kv_c.shape[1]
         # up-project the latent once per key, rounded to the case dtype, as vLLM materialises k_nope and v
         k_nope = torch.einsum("bsl,lnp->bsnp", kv_c.float(), W_UK.float()).to(dtype)  # [B, S_kv, N, P]
         v = torch.einsum("bsl,lnv->bsnv", kv_c.float(), W_UV.float()).to(dtype)  # [B, S_kv, N, V]
@@ -156,8 +164,10 @@ class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing, Tri
         elif lkv + r <= 256:
             o_lat, lse = self.attention(q, kv[:, :, None], kv[:, :, None, :lkv], scale=scale, causal=causal)
         else:
-            raise ValueError(f"kv_c, k_pe: Lkv={lkv}, R={r} fit neither the decode kernel (powers of two >= 16) nor "
-                             f"the varlen kernel (Lkv + R <= 256)")  # fmt: skip
+            raise ValueError(
+                f"kv_c, k_pe: Lkv={lkv}, R={r} fit neither the decode kernel (powers of two >= 16) nor "
+                f"the varlen kernel (Lkv + R <= 256)"
+            )
         return unabsorb_output(o_lat, W_UV.to(dev)), lse
 
     def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):

@@ -45,16 +45,27 @@ class TritonIndexer:
     # -- ops -----------------------------------------------------------------------------------------------------
     def indexer_logits(self, q, k, weights, ks, ke, k_scale=None):
         dev = self.device
-        return indexer_logits(q.to(dev), k.to(dev), weights.to(dev), ks.to(dev), ke.to(dev),
-                              None if k_scale is None else k_scale.to(dev))  # fmt: skip
+        return indexer_logits(
+            q.to(dev), k.to(dev), weights.to(dev), ks.to(dev), ke.to(dev), None if k_scale is None else k_scale.to(dev)
+        )
 
     def paged_indexer_logits(self, q, cache, block_table, context_lens, weights, *, max_context_len=None):
         dev = self.device
-        return paged_indexer_logits(q.to(dev), cache.to(dev), block_table.to(dev), context_lens.to(dev),
-                                    weights.to(dev), max_context_len=max_context_len)  # fmt: skip
+        return paged_indexer_logits(
+            q.to(dev),
+            cache.to(dev),
+            block_table.to(dev),
+            context_lens.to(dev),
+            weights.to(dev),
+            max_context_len=max_context_len,
+        )
 
     def topk_indices(self, logits, k, *, row_starts=None, row_ends=None, relative=False):
         dev = self.device
-        return topk_indices(logits.to(dev), k, row_starts=None if row_starts is None else row_starts.to(dev),
-                            row_ends=None if row_ends is None else row_ends.to(dev), relative=relative)  # fmt: skip
-
+        return topk_indices(
+            logits.to(dev),
+            k,
+            row_starts=None if row_starts is None else row_starts.to(dev),
+            row_ends=None if row_ends is None else row_ends.to(dev),
+            relative=relative,
+        )

@@ -49,7 +49,9 @@ def _bf16_in_interpreter(case) -> str | None:
 
 
 class TritonLayer:
-    """The mixed-batch layer, its chunked prefill and the fp8 decode; expects ``self.device`` (set by ``TritonBackend.__init__``)."""
+    """The mixed-batch layer, its chunked prefill and the fp8 decode.
+
+    Expects ``self.device`` (set by ``TritonBackend.__init__``)."""
 
     # -- limits, named -------------------------------------------------------------------------------------------
     def _unsupported_mla_mixed_batch(self, case) -> str | None:
@@ -65,8 +67,10 @@ class TritonLayer:
     def _unsupported_chunked_prefill_attention(self, case) -> str | None:
         p = case.params
         if p["P"] + p["R"] > 256 or p["V"] > 256:
-            return (f"chunked_prefill_attention: the varlen kernel's head dims must be <= 256, got qk {p['P']} + "
-                    f"{p['R']}, v {p['V']}")  # fmt: skip
+            return (
+                f"chunked_prefill_attention: the varlen kernel's head dims must be <= 256, got qk {p['P']} + "
+                f"{p['R']}, v {p['V']}"
+            )
         return _bf16_in_interpreter(case)
 
     def _unsupported_mla_decode_fp8(self, case) -> str | None:
@@ -80,21 +84,37 @@ class TritonLayer:
         return _bf16_in_interpreter(case)
 
     # -- ops -----------------------------------------------------------------------------------------------------
-    def mla_mixed_batch(self, q_nope, q_pe, kv_c, k_pe, metadata, kv_cache, W_UK, W_UV, *, scale, workspace_size,
-                        decode_threshold=1):  # fmt: skip
+    def mla_mixed_batch(
+        self, q_nope, q_pe, kv_c, k_pe, metadata, kv_cache, W_UK, W_UV, *, scale, workspace_size, decode_threshold=1
+    ):
         dev = self.device
-        q_nope, q_pe, kv_c, k_pe, kv_cache, W_UK, W_UV = (t.to(dev) for t in (q_nope, q_pe, kv_c, k_pe, kv_cache,
-                                                                                W_UK, W_UV))  # fmt: skip
-        return tuple(mla_mixed_batch_layer(
-            q_nope, q_pe, kv_c, k_pe, kv_cache, query_start_loc=metadata.query_start_loc,
-            context_lens=metadata.num_computed_tokens, block_table=metadata.block_table.to(dev),
-            slot_mapping=metadata.slot_mapping.to(dev), W_UK=W_UK, W_UV=W_UV, scale=scale,
-            workspace_size=workspace_size, decode_threshold=decode_threshold,
-        ))  # fmt: skip
+        q_nope, q_pe, kv_c, k_pe, kv_cache, W_UK, W_UV = (
+            t.to(dev) for t in (q_nope, q_pe, kv_c, k_pe, kv_cache, W_UK, W_UV)
+        )
+        return tuple(
+            mla_mixed_batch_layer(
+                q_nope,
+                q_pe,
+                kv_c,
+                k_pe,
+                kv_cache,
+                query_start_loc=metadata.query_start_loc,
+                context_lens=metadata.num_computed_tokens,
+                block_table=metadata.block_table.to(dev),
+                slot_mapping=metadata.slot_mapping.to(dev),
+                W_UK=W_UK,
+                W_UV=W_UV,
+                scale=scale,
+                workspace_size=workspace_size,
+                decode_threshold=decode_threshold,
+            )
+        )
 
     def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
         if layout not in ("fp8_e4m3_per_tensor", "fp8_ds_mla_v32"):
-            raise ValueError(f"layout must be 'fp8_e4m3_per_tensor' (576 B) or 'fp8_ds_mla_v32' (656 B), got {layout!r}")
+            raise ValueError(
+                f"layout must be 'fp8_e4m3_per_tensor' (576 B) or 'fp8_ds_mla_v32' (656 B), got {layout!r}"
+            )
         S_kv = kv_cache.shape[1]
         q, kv_cache = q.to(self.device), kv_cache.to(self.device)
         g = torch.Generator().manual_seed(S_kv)  # the page shuffle: fixed per shape
@@ -102,8 +122,11 @@ class TritonLayer:
         if layout == "fp8_ds_mla_v32":
             keys = fp8_keys(cache.reshape(-1, cache.shape[-1]), "fp8_v32", page_size=64)
             return tuple(paged_decode(q, keys, block_table, seq_lens, scale=scale, d_v=d_v, causal=causal))
-        return tuple(mla_decode_paged(q, cache, block_table, seq_lens, k_scale=k_scale, d_v=d_v, scale=scale,
-                                          causal=causal, max_seq_len=S_kv))  # fmt: skip
+        return tuple(
+            mla_decode_paged(
+                q, cache, block_table, seq_lens, k_scale=k_scale, d_v=d_v, scale=scale, causal=causal, max_seq_len=S_kv
+            )
+        )
 
     def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *, scale):
         """``out [T_p, N, V]`` (q_nope's dtype) and ``lse [N, T_p]`` fp32; the spec's arguments
@@ -114,25 +137,42 @@ class TritonLayer:
         ctx = [int(c) for c in plan.context_lens.tolist()]
         q_lens = torch.diff(torch.as_tensor(cu_seqlens_q).long()).tolist()
         if len(q_lens) != len(ctx):
-            raise ValueError(f"cu_seqlens_q must have B_p + 1 = {len(ctx) + 1} entries (B_p from plan), got "
-                             f"{len(q_lens) + 1}")  # fmt: skip
+            raise ValueError(
+                f"cu_seqlens_q must have B_p + 1 = {len(ctx) + 1} entries (B_p from plan), got {len(q_lens) + 1}"
+            )
         if any(t > plan.workspace_size for t in plan.seq_tot):
-            raise ValueError(f"plan: a chunk needs {max(plan.seq_tot)} workspace rows, more than workspace_size="
-                             f"{plan.workspace_size}")  # fmt: skip
+            raise ValueError(
+                f"plan: a chunk needs {max(plan.seq_tot)} workspace rows, more than workspace_size="
+                f"{plan.workspace_size}"
+            )
         # the context as a serving layer holds it: in shuffled pages, NaN wherever no request's token is
         if not callable(context) and len(context) != len(ctx):
-            raise ValueError(f"context must hold B_p = {len(ctx)} (kv_c, k_pe) pairs (B_p from plan), got "
-                             f"{len(context)}")  # fmt: skip
+            raise ValueError(
+                f"context must hold B_p = {len(ctx)} (kv_c, k_pe) pairs (B_p from plan), got {len(context)}"
+            )
         lkv, r = kv_c.shape[-1], k_pe.shape[-1]
         dense = torch.full((len(ctx), max(ctx, default=0), lkv + r), torch.nan, dtype=dtype, device=dev)
         for b, c in enumerate(ctx):
             ckv, cpe = context(b, 0, c) if callable(context) else context[b]
             if ckv.shape != (c, lkv) or cpe.shape != (c, r):
-                raise ValueError(f"context[{b}] must be (kv_c [{c}, {lkv}], k_pe [{c}, {r}]) (C from plan), got "
-                                 f"{list(ckv.shape)}, {list(cpe.shape)}")  # fmt: skip
+                raise ValueError(
+                    f"context[{b}] must be (kv_c [{c}, {lkv}], k_pe [{c}, {r}]) (C from plan), got "
+                    f"{list(ckv.shape)}, {list(cpe.shape)}"
+                )
             dense[b, :c] = torch.cat([ckv, cpe], -1).to(dev, dtype)
         g = torch.Generator().manual_seed(sum(ctx) + 1)  # the page shuffle: fixed per case
         cache, table, _ = page_cache(dense, page_size=plan.block_size, generator=g)
         args = (t.to(dev) for t in (q_nope, q_pe, kv_c, k_pe))
-        return tuple(chunked_prefill(*args, cache, table, q_lens, ctx, W_UK.to(dev), W_UV.to(dev), scale=scale,
-                                     chunk_width=plan.max_context_chunk))  # fmt: skip
+        return tuple(
+            chunked_prefill(
+                *args,
+                cache,
+                table,
+                q_lens,
+                ctx,
+                W_UK.to(dev),
+                W_UV.to(dev),
+                scale=scale,
+                chunk_width=plan.max_context_chunk,
+            )
+        )

@@ -16,14 +16,20 @@ from __future__ import annotations
 
 from .slot_mapping import slot_mapping_from_block_table
 
-__all__ = ["METADATA_OPS", "HOST_SIDE", "TritonMetadata"]
+__all__ = ["HOST_SIDE", "METADATA_OPS", "TritonMetadata"]
 
 METADATA_OPS = frozenset({"slot_mapping_from_block_table"})
 
 _HOST = "host-side batch metadata: vLLM builds it on the CPU; no Triton kernel to judge"
-HOST_SIDE = {op: _HOST for op in ("build_metadata", "split_decodes_and_prefills",
-                                  "reorder_batch_to_split_decodes_and_prefills",
-                                  "make_local_attention_virtual_batches")}  # fmt: skip
+HOST_SIDE = {
+    op: _HOST
+    for op in (
+        "build_metadata",
+        "split_decodes_and_prefills",
+        "reorder_batch_to_split_decodes_and_prefills",
+        "make_local_attention_virtual_batches",
+    )
+}
 """The ops this backend leaves out on purpose, and why (the protocol's optional ``not_implemented``)."""
 
 
@@ -31,11 +37,18 @@ class TritonMetadata:
     """The slot-mapping kernel; expects ``self.device`` (set by ``TritonBackend.__init__``)."""
 
     # -- ops -----------------------------------------------------------------------------------------------------
-    def slot_mapping_from_block_table(self, block_table, block_size, query_start_loc, positions, *, num_blocks=None,
-                                      pad_to=None):  # fmt: skip
+    def slot_mapping_from_block_table(
+        self, block_table, block_size, query_start_loc, positions, *, num_blocks=None, pad_to=None
+    ):
         """``(slot_mapping, block_ids, block_offsets)``, each ``[pad_to]`` int64, from the spec's arguments
         (:func:`mlaspec.spec.paged_cache.slot_mapping_from_block_table`)."""
         dev = self.device
-        out = slot_mapping_from_block_table(block_table.to(dev), block_size, query_start_loc.to(dev), positions.to(dev),
-                                            num_blocks=num_blocks, pad_to=pad_to)  # fmt: skip
+        out = slot_mapping_from_block_table(
+            block_table.to(dev),
+            block_size,
+            query_start_loc.to(dev),
+            positions.to(dev),
+            num_blocks=num_blocks,
+            pad_to=pad_to,
+        )
         return tuple(out)

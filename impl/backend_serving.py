@@ -28,8 +28,9 @@ from .cache import (
 
 __all__ = ["SERVING_OPS", "TritonServing"]
 
-SERVING_OPS = frozenset({"concat_and_cache_mla", "gather_cache", "quantize", "dequantize", "write_pages",
-                         "read_tokens"})  # fmt: skip
+SERVING_OPS = frozenset(
+    {"concat_and_cache_mla", "gather_cache", "quantize", "dequantize", "write_pages", "read_tokens"}
+)
 
 
 def _layout_limit(op: str, case) -> str | None:
@@ -71,14 +72,27 @@ class TritonServing:
     # -- ops -----------------------------------------------------------------------------------------------------
     def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
         dev = self.device
-        return concat_and_cache_mla(kv_c.to(dev), k_pe.to(dev), kv_cache.to(dev), slot_mapping.to(dev),
-                                    kv_cache_dtype=kv_cache_dtype, scale=scale)  # fmt: skip
+        return concat_and_cache_mla(
+            kv_c.to(dev),
+            k_pe.to(dev),
+            kv_cache.to(dev),
+            slot_mapping.to(dev),
+            kv_cache_dtype=kv_cache_dtype,
+            scale=scale,
+        )
 
-    def gather_cache(self, kv_cache, block_table, cu_seq_lens, batch_size=None, seq_starts=None, *,
-                     kernel="cp_gather_cache"):  # fmt: skip
+    def gather_cache(
+        self, kv_cache, block_table, cu_seq_lens, batch_size=None, seq_starts=None, *, kernel="cp_gather_cache"
+    ):
         dev = self.device
-        return gather_cache(kv_cache.to(dev), block_table.to(dev), cu_seq_lens.to(dev), batch_size,
-                            None if seq_starts is None else seq_starts.to(dev), kernel=kernel)  # fmt: skip
+        return gather_cache(
+            kv_cache.to(dev),
+            block_table.to(dev),
+            cu_seq_lens.to(dev),
+            batch_size,
+            None if seq_starts is None else seq_starts.to(dev),
+            kernel=kernel,
+        )
 
     def quantize(self, entries, layout, *, scale=None, pow2_scales=False):
         if pow2_scales:
@@ -96,4 +110,3 @@ class TritonServing:
 
     def read_tokens(self, pages, layout, block_size, slots):
         return read_tokens(pages.to(self.device), layout, block_size, slots.to(self.device))
-

@@ -45,8 +45,10 @@ class TritonSparse:
     def _unsupported_dims(self, case) -> str | None:
         p = case.params
         if not _dims_ok(p["D_qk"], p["D_v"]):
-            return (f"the sparse kernel needs D_v and D_qk - D_v powers of two >= 16, or D_qk == D_v "
-                    f"(576 = 512 + 64, 512), got D_qk={p['D_qk']}, D_v={p['D_v']}")  # fmt: skip
+            return (
+                f"the sparse kernel needs D_v and D_qk - D_v powers of two >= 16, or D_qk == D_v "
+                f"(576 = 512 + 64, 512), got D_qk={p['D_qk']}, D_v={p['D_v']}"
+            )
         return None
 
     def _unsupported_sparse_prefill(self, case) -> str | None:
@@ -62,9 +64,15 @@ class TritonSparse:
     def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
         dev = self.device
         q, kv = q.to(dev).contiguous(), kv.to(dev).contiguous()
-        res = sparse_mla(q, float_keys(kv), indices.to(dev, torch.int32), scale=sm_scale, d_v=d_v,
-                         topk_length=None if topk_length is None else topk_length.to(dev),
-                         attn_sink=None if attn_sink is None else attn_sink.to(dev))  # fmt: skip
+        res = sparse_mla(
+            q,
+            float_keys(kv),
+            indices.to(dev, torch.int32),
+            scale=sm_scale,
+            d_v=d_v,
+            topk_length=None if topk_length is None else topk_length.to(dev),
+            attn_sink=None if attn_sink is None else attn_sink.to(dev),
+        )
         return res.out, res.max_logits, res.lse
 
     def _decode_keys(self, cache: torch.Tensor):
@@ -77,8 +85,20 @@ class TritonSparse:
                 return keys._replace(data=keys.data.to(self.device))
         return float_keys(flat.to(self.device).contiguous())
 
-    def sparse_decode(self, q, kv_cache, indices, *, softmax_scale=None, head_dim_v=512, topk_length=None,
-                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_length=None):  # fmt: skip
+    def sparse_decode(
+        self,
+        q,
+        kv_cache,
+        indices,
+        *,
+        softmax_scale=None,
+        head_dim_v=512,
+        topk_length=None,
+        attn_sink=None,
+        extra_kv_cache=None,
+        extra_indices=None,
+        extra_topk_length=None,
+    ):
         dev = self.device
         d = q.shape[-1]
         scale = d**-0.5 if softmax_scale is None else softmax_scale
@@ -86,24 +106,52 @@ class TritonSparse:
         keys = self._decode_keys(kv_cache.to(q.dtype))
         extra = None if extra_kv_cache is None else self._decode_keys(extra_kv_cache.to(q.dtype))
         on = lambda t: None if t is None else t.to(dev)  # noqa: E731
-        return sparse_mla_decode(q, keys, indices.to(dev, torch.int32), scale=scale, d_v=head_dim_v,
-                                 topk_length=on(topk_length), attn_sink=on(attn_sink), extra=extra,
-                                 extra_indices=on(extra_indices), extra_topk_length=on(extra_topk_length))  # fmt: skip
+        return sparse_mla_decode(
+            q,
+            keys,
+            indices.to(dev, torch.int32),
+            scale=scale,
+            d_v=head_dim_v,
+            topk_length=on(topk_length),
+            attn_sink=on(attn_sink),
+            extra=extra,
+            extra_indices=on(extra_indices),
+            extra_topk_length=on(extra_topk_length),
+        )
 
-    def v4_attention(self, q, raw_kv, *, window, scale, compressed_kv=None, compress_ratio=1, topk_indices=None,
-                     attn_sink=None, d_v=512):  # fmt: skip
+    def v4_attention(
+        self,
+        q,
+        raw_kv,
+        *,
+        window,
+        scale,
+        compressed_kv=None,
+        compress_ratio=1,
+        topk_indices=None,
+        attn_sink=None,
+        d_v=512,
+    ):
         dev = self.device
         s_q, s_kv = q.shape[0], raw_kv.shape[0]
         pos = torch.arange(s_q, device=dev)[:, None] + (s_kv - s_q)  # the queries are the request's last positions
         win = pos - window + 1 + torch.arange(window, device=dev)[None, :]  # (p - W, p]; < 0 is skipped
         kw = {}
         if compress_ratio > 1 and compressed_kv is not None and topk_indices is not None:
-            kw = dict(extra=float_keys(compressed_kv.to(dev).contiguous()),
-                      extra_indices=topk_indices.to(dev, torch.int32),
-                      extra_topk_length=torch.clamp((pos[:, 0] + 1) // compress_ratio,
-                                                    max=topk_indices.shape[1]).to(torch.int32))  # fmt: skip
-        res = sparse_mla(q.to(dev).contiguous(), float_keys(raw_kv.to(dev).contiguous()), win.to(torch.int32),
-                         scale=scale, d_v=d_v, attn_sink=None if attn_sink is None else attn_sink.to(dev),
-                         **kw)  # fmt: skip
+            kw = dict(
+                extra=float_keys(compressed_kv.to(dev).contiguous()),
+                extra_indices=topk_indices.to(dev, torch.int32),
+                extra_topk_length=torch.clamp((pos[:, 0] + 1) // compress_ratio, max=topk_indices.shape[1]).to(
+                    torch.int32
+                ),
+            )
+        res = sparse_mla(
+            q.to(dev).contiguous(),
+            float_keys(raw_kv.to(dev).contiguous()),
+            win.to(torch.int32),
+            scale=scale,
+            d_v=d_v,
+            attn_sink=None if attn_sink is None else attn_sink.to(dev),
+            **kw,
+        )
         return res.out, res.lse
-

@@ -86,8 +86,12 @@ FLT_MIN = float(torch.finfo(torch.float32).tiny)
 # name -> (mantissa bits, smallest normal exponent, exponent bias, largest finite)
 FORMATS = {"e4m3": (3, -6, 7, 448.0), "e5m2": (2, -14, 15, 57344.0)}
 # vLLM's kv_cache_dtype -> the layout concat_and_cache_mla writes ("auto": a cast, no layout)
-CACHE_DTYPES = {"fp8": cl.FP8_PER_TENSOR, "fp8_e4m3": cl.FP8_PER_TENSOR, "fp8_e5m2": cl.FP8_E5M2_PER_TENSOR,
-                "fp8_ds_mla": cl.FP8_DS_MLA_V32}  # fmt: skip
+CACHE_DTYPES = {
+    "fp8": cl.FP8_PER_TENSOR,
+    "fp8_e4m3": cl.FP8_PER_TENSOR,
+    "fp8_e5m2": cl.FP8_E5M2_PER_TENSOR,
+    "fp8_ds_mla": cl.FP8_DS_MLA_V32,
+}
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -204,14 +208,41 @@ def _record_at(slot, j, page_bytes, P: tl.constexpr, TOKEN_BYTES: tl.constexpr, 
 
 @triton.jit
 def _write_records_kernel(
-    X_A, X_B, SLOTS, CACHE, scale, page_bytes, stride_a, stride_b,  # entries [T, D_A] and [T, D_B]; CACHE pages
-    MODE: tl.constexpr, P: tl.constexpr, SPLIT: tl.constexpr,  # MODE 0: "auto" cast; 1: quantize into bytes
-    D_A: tl.constexpr, D_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, TOKEN_BYTES: tl.constexpr,
-    A_OFF: tl.constexpr, B_OFF: tl.constexpr, B_KIND: tl.constexpr, SCALES: tl.constexpr, GROUP: tl.constexpr,
-    G: tl.constexpr, S_OFF: tl.constexpr, SMAX: tl.constexpr, E_FLOOR: tl.constexpr, MQ_EXP: tl.constexpr,
-    MQ_MANT: tl.constexpr, PAD_OFF: tl.constexpr, PAD: tl.constexpr, BLOCK_PAD: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, MAXQ: tl.constexpr,
-):  # fmt: skip
+    X_A,
+    X_B,
+    SLOTS,
+    CACHE,
+    scale,
+    page_bytes,
+    stride_a,
+    stride_b,  # entries [T, D_A] and [T, D_B]; CACHE pages
+    MODE: tl.constexpr,
+    P: tl.constexpr,
+    SPLIT: tl.constexpr,  # MODE 0: "auto" cast; 1: quantize into bytes
+    D_A: tl.constexpr,
+    D_B: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    TOKEN_BYTES: tl.constexpr,
+    A_OFF: tl.constexpr,
+    B_OFF: tl.constexpr,
+    B_KIND: tl.constexpr,
+    SCALES: tl.constexpr,
+    GROUP: tl.constexpr,
+    G: tl.constexpr,
+    S_OFF: tl.constexpr,
+    SMAX: tl.constexpr,
+    E_FLOOR: tl.constexpr,
+    MQ_EXP: tl.constexpr,
+    MQ_MANT: tl.constexpr,
+    PAD_OFF: tl.constexpr,
+    PAD: tl.constexpr,
+    BLOCK_PAD: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BIAS: tl.constexpr,
+    MAXQ: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(SLOTS + t).to(tl.int64)
     if slot >= 0:  # -1: a padding token writes nothing
@@ -247,8 +278,9 @@ def _write_records_kernel(
                     s_bytes = code.to(tl.uint8)
                 y = tl.reshape(yg, (BLOCK_A,))
                 k = tl.arange(0, NG * SB)
-                tl.store(CACHE + _record_at(slot, S_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT), s_bytes,
-                         mask=k < G * SB)  # fmt: skip
+                tl.store(
+                    CACHE + _record_at(slot, S_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT), s_bytes, mask=k < G * SB
+                )
             q = _fp8_code(y, MBITS, EMIN, BIAS, MAXQ).to(tl.uint8)
             tl.store(CACHE + _record_at(slot, A_OFF + a, page_bytes, P, TOKEN_BYTES, SPLIT), q, mask=a_ok)
             # -- the B field: fp8 under the per-tensor scale, or bf16 verbatim -----------------------------------------
@@ -259,23 +291,49 @@ def _write_records_kernel(
             elif B_KIND == 2:
                 xb = tl.load(X_B + t * stride_b + b, mask=b_ok, other=0.0).to(tl.float32)
                 k = tl.arange(0, 2 * BLOCK_B)
-                tl.store(CACHE + _record_at(slot, B_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT),
-                         _le_bytes(_bf16_bits(xb), BLOCK_B, 2), mask=k < 2 * D_B)  # fmt: skip
+                tl.store(
+                    CACHE + _record_at(slot, B_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT),
+                    _le_bytes(_bf16_bits(xb), BLOCK_B, 2),
+                    mask=k < 2 * D_B,
+                )
             if PAD > 0:  # zero padding bytes
                 k = tl.arange(0, BLOCK_PAD)
-                tl.store(CACHE + _record_at(slot, PAD_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT),
-                         tl.zeros((BLOCK_PAD,), dtype=tl.uint8), mask=k < PAD)  # fmt: skip
+                tl.store(
+                    CACHE + _record_at(slot, PAD_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT),
+                    tl.zeros((BLOCK_PAD,), dtype=tl.uint8),
+                    mask=k < PAD,
+                )
 
 
 @triton.jit
 def _dequantize_kernel(
-    RAW, OUT, scale,  # records [T, TOKEN_BYTES] uint8, whole (not in pages); out [T, D_A + D_B] fp32
-    D_A: tl.constexpr, D_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, TOKEN_BYTES: tl.constexpr,
-    A_OFF: tl.constexpr, B_OFF: tl.constexpr, B_KIND: tl.constexpr, SCALES: tl.constexpr, GROUP: tl.constexpr,
-    G: tl.constexpr, S_OFF: tl.constexpr, SMAX: tl.constexpr, E_FLOOR: tl.constexpr, MQ_EXP: tl.constexpr,
-    MQ_MANT: tl.constexpr, PAD_OFF: tl.constexpr, PAD: tl.constexpr, BLOCK_PAD: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, MAXQ: tl.constexpr,
-):  # fmt: skip
+    RAW,
+    OUT,
+    scale,  # records [T, TOKEN_BYTES] uint8, whole (not in pages); out [T, D_A + D_B] fp32
+    D_A: tl.constexpr,
+    D_B: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    TOKEN_BYTES: tl.constexpr,
+    A_OFF: tl.constexpr,
+    B_OFF: tl.constexpr,
+    B_KIND: tl.constexpr,
+    SCALES: tl.constexpr,
+    GROUP: tl.constexpr,
+    G: tl.constexpr,
+    S_OFF: tl.constexpr,
+    SMAX: tl.constexpr,
+    E_FLOOR: tl.constexpr,
+    MQ_EXP: tl.constexpr,
+    MQ_MANT: tl.constexpr,
+    PAD_OFF: tl.constexpr,
+    PAD: tl.constexpr,
+    BLOCK_PAD: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BIAS: tl.constexpr,
+    MAXQ: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     rec = RAW + t * TOKEN_BYTES
     out = OUT + t * (D_A + D_B)
@@ -299,17 +357,24 @@ def _dequantize_kernel(
         vb = _fp8_value(tl.load(rec + B_OFF + b, mask=b_ok, other=0).to(tl.int32), MBITS, EMIN, BIAS) * scale
         tl.store(out + D_A + b, vb, mask=b_ok)
     elif B_KIND == 2:  # bf16 widened exactly
-        tl.store(out + D_A + b, (_le_load(rec + B_OFF, BLOCK_B, 2, b_ok) << 16).to(tl.float32, bitcast=True),
-                 mask=b_ok)  # fmt: skip
+        tl.store(out + D_A + b, (_le_load(rec + B_OFF, BLOCK_B, 2, b_ok) << 16).to(tl.float32, bitcast=True), mask=b_ok)
 
 
 @triton.jit
 def _gather_cache_kernel(
-    CACHE, TABLE, CU, STARTS, OUT,  # cache [num_blocks * P, W] words, table [B, max_blocks], cu [B + 1], starts [B]
-    W, stride_tb,
-    P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, HAS_STARTS: tl.constexpr,
+    CACHE,
+    TABLE,
+    CU,
+    STARTS,
+    OUT,  # cache [num_blocks * P, W] words, table [B, max_blocks], cu [B + 1], starts [B]
+    W,
+    stride_tb,
+    P: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    HAS_STARTS: tl.constexpr,
     ALIGN_STARTS: tl.constexpr,
-):  # fmt: skip
+):
     b, pid = tl.program_id(0), tl.program_id(1)
     first = tl.load(CU + b)
     n = tl.load(CU + b + 1) - first
@@ -333,9 +398,16 @@ def _gather_cache_kernel(
 
 @triton.jit
 def _read_tokens_kernel(
-    PAGES, SLOTS, OUT, VALID, page_bytes,  # pages [num_blocks, page_bytes] uint8, slots [N], out [N, TOKEN_BYTES]
-    P: tl.constexpr, TOKEN_BYTES: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    PAGES,
+    SLOTS,
+    OUT,
+    VALID,
+    page_bytes,  # pages [num_blocks, page_bytes] uint8, slots [N], out [N, TOKEN_BYTES]
+    P: tl.constexpr,
+    TOKEN_BYTES: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(SLOTS + t).to(tl.int64)
     j = tl.arange(0, BLOCK)
@@ -380,7 +452,7 @@ def plan(layout: cl.CacheLayout | str) -> dict:
     return dict(_plan(_layout(layout)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plan(lay: cl.CacheLayout) -> dict:
     name = lay.name
 
@@ -396,16 +468,36 @@ def _plan(lay: cl.CacheLayout) -> dict:
     kinds = {"per_tensor": 0, "fp32": 1, "e8m0": 2}
     need(lay.scale_rule.kind in kinds, f"scale rule {lay.scale_rule.kind!r}")
     scales = kinds[lay.scale_rule.kind]
-    consts = dict(D_A=d_a, D_B=0, BLOCK_A=_pow2(d_a), BLOCK_B=1, TOKEN_BYTES=lay.token_bytes, A_OFF=fa.offset,
-                  B_OFF=0, B_KIND=0, SCALES=scales, GROUP=_pow2(d_a), G=0, S_OFF=0, SMAX=1.0, E_FLOOR=0, MQ_EXP=0,
-                  MQ_MANT=0, PAD_OFF=0, PAD=0, BLOCK_PAD=1)  # fmt: skip
+    consts = dict(
+        D_A=d_a,
+        D_B=0,
+        BLOCK_A=_pow2(d_a),
+        BLOCK_B=1,
+        TOKEN_BYTES=lay.token_bytes,
+        A_OFF=fa.offset,
+        B_OFF=0,
+        B_KIND=0,
+        SCALES=scales,
+        GROUP=_pow2(d_a),
+        G=0,
+        S_OFF=0,
+        SMAX=1.0,
+        E_FLOOR=0,
+        MQ_EXP=0,
+        MQ_MANT=0,
+        PAD_OFF=0,
+        PAD=0,
+        BLOCK_PAD=1,
+    )
     used = {fa.name}
     if scales:
         need(fa.group is not None and fa.scale_field is not None, f"field {fa.name} has no group scales")
         sf = lay.field(fa.scale_field)
         need(sf.dtype == ("fp32" if scales == 1 else "e8m0"), f"scale field {sf.name} is {sf.dtype}")
-        need(fa.group & (fa.group - 1) == 0 and sf.count * fa.group == d_a,
-             f"{sf.count} scales of {fa.group} values (a power of two) must cover {d_a}")  # fmt: skip
+        need(
+            fa.group & (fa.group - 1) == 0 and sf.count * fa.group == d_a,
+            f"{sf.count} scales of {fa.group} values (a power of two) must cover {d_a}",
+        )
         consts.update(GROUP=fa.group, G=sf.count, S_OFF=sf.offset, SMAX=float(lay.scale_rule.max_q))
         used.add(sf.name)
         if scales == 2:
@@ -414,8 +506,9 @@ def _plan(lay: cl.CacheLayout) -> dict:
             need(floor >= FLT_MIN, "the e8m0 amax floor must be a normal fp32 value")
             m, e = math.frexp(floor / mq)  # the spec's ceil(log2(floor / max_q)), in float64
             mq_bits = _float32_bits(mq)
-            consts.update(E_FLOOR=e - 1 if m == 0.5 else e, MQ_EXP=((mq_bits >> 23) & 0xFF) - 127,
-                          MQ_MANT=mq_bits & 0x7FFFFF)  # fmt: skip
+            consts.update(
+                E_FLOOR=e - 1 if m == 0.5 else e, MQ_EXP=((mq_bits >> 23) & 0xFF) - 127, MQ_MANT=mq_bits & 0x7FFFFF
+            )
     else:
         need(fa.group is None, f"field {fa.name} has groups under a per-tensor rule")
     if len(values) == 2:
@@ -475,8 +568,19 @@ def _slots(dims: Dims, name: str, slots: object, total: int, *, distinct: bool, 
         raise ValueError(f"{name} must not repeat a slot (the writes would race), got {s.tolist()}")
 
 
-def _write(x_a: torch.Tensor, x_b: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor, consts: dict, *,
-           scale: float, mode: int, p: int, page_bytes: int, split: int) -> None:  # fmt: skip
+def _write(
+    x_a: torch.Tensor,
+    x_b: torch.Tensor,
+    slots: torch.Tensor,
+    cache: torch.Tensor,
+    consts: dict,
+    *,
+    scale: float,
+    mode: int,
+    p: int,
+    page_bytes: int,
+    split: int,
+) -> None:
     """Launch the writer: entry ``t``'s ``[x_a[t] | x_b[t]]`` into the record at ``slots[t]`` of ``cache``."""
     t = x_a.shape[0]
     if t == 0:
@@ -484,9 +588,20 @@ def _write(x_a: torch.Tensor, x_b: torch.Tensor, slots: torch.Tensor, cache: tor
     dev = cache.device
     x_a, x_b = (x.to(dev) if x.stride(-1) == 1 else x.to(dev).contiguous() for x in (x_a, x_b))
     _write_records_kernel[(t,)](
-        x_a, x_b, slots.to(device=dev, dtype=torch.int64).contiguous(), cache, scale, page_bytes,
-        x_a.stride(0), x_b.stride(0), MODE=mode, P=p, SPLIT=split, **consts, num_warps=4,
-    )  # fmt: skip
+        x_a,
+        x_b,
+        slots.to(device=dev, dtype=torch.int64).contiguous(),
+        cache,
+        scale,
+        page_bytes,
+        x_a.stride(0),
+        x_b.stride(0),
+        MODE=mode,
+        P=p,
+        SPLIT=split,
+        **consts,
+        num_warps=4,
+    )
 
 
 def concat_and_cache_mla(
@@ -518,8 +633,10 @@ def concat_and_cache_mla(
     T, d_v = kv_c.shape
     d_r = k_pe.shape[1]
     if k_pe.shape[0] != T or slot_mapping.shape != (T,):
-        raise ValueError(f"kv_c [T, D_v], k_pe [T, D_rope] and slot_mapping [T] disagree: {list(kv_c.shape)}, "
-                         f"{list(k_pe.shape)}, {list(slot_mapping.shape)}")  # fmt: skip
+        raise ValueError(
+            f"kv_c [T, D_v], k_pe [T, D_rope] and slot_mapping [T] disagree: {list(kv_c.shape)}, "
+            f"{list(k_pe.shape)}, {list(slot_mapping.shape)}"
+        )
     if kv_cache.dim() != 3:
         raise ValueError(f"kv_cache must be [num_blocks, P, width], got {list(kv_cache.shape)}")
     nb, p = kv_cache.shape[:2]
@@ -529,20 +646,27 @@ def concat_and_cache_mla(
         if scale is not None:
             raise ValueError("scale must be None for kv_cache_dtype='auto'")
         # a cast: only the widths matter (the rest of the constants is any layout's, unused)
-        consts, s, mode = {**plan(cl.FP8_PER_TENSOR), "D_A": d_v, "D_B": d_r, "BLOCK_A": _pow2(d_v),
-                           "BLOCK_B": _pow2(d_r)}, 1.0, 0  # fmt: skip
+        consts, s, mode = (
+            {**plan(cl.FP8_PER_TENSOR), "D_A": d_v, "D_B": d_r, "BLOCK_A": _pow2(d_v), "BLOCK_B": _pow2(d_r)},
+            1.0,
+            0,
+        )
     else:
         layout = CACHE_DTYPES[kv_cache_dtype]
         consts, s, mode = plan(layout), _scale(layout, scale), 1
         if (d_v, d_r) != (consts["D_A"], consts["D_B"]):
-            raise ValueError(f"{kv_cache_dtype} writes {consts['D_A']} + {consts['D_B']} wide entries, got kv_c "
-                             f"{d_v} and k_pe {d_r}")  # fmt: skip
+            raise ValueError(
+                f"{kv_cache_dtype} writes {consts['D_A']} + {consts['D_B']} wide entries, got kv_c {d_v} and k_pe {d_r}"
+            )
         if kv_cache.dtype != torch.uint8 or kv_cache.shape[2] != layout.token_bytes:
-            raise ValueError(f"kv_cache must be uint8 [num_blocks, P, {layout.token_bytes}] for {kv_cache_dtype}, "
-                             f"got {kv_cache.dtype} {list(kv_cache.shape)}")  # fmt: skip
+            raise ValueError(
+                f"kv_cache must be uint8 [num_blocks, P, {layout.token_bytes}] for {kv_cache_dtype}, "
+                f"got {kv_cache.dtype} {list(kv_cache.shape)}"
+            )
     if out is not None and (out.shape != kv_cache.shape or out.dtype != kv_cache.dtype or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous {kv_cache.dtype} {list(kv_cache.shape)}, got {out.dtype} "
-                         f"{list(out.shape)}")  # fmt: skip
+        raise ValueError(
+            f"out must be a contiguous {kv_cache.dtype} {list(kv_cache.shape)}, got {out.dtype} {list(out.shape)}"
+        )
     new = kv_cache.clone(memory_format=torch.contiguous_format) if out is None else out
     _write(kv_c, k_pe, slot_mapping, new, consts, scale=s, mode=mode, p=p, page_bytes=p * kv_cache.shape[2], split=0)
     return new
@@ -581,8 +705,18 @@ def write_pages(
         raise ValueError(f"out must be a contiguous uint8 {list(pages.shape)}, got {out.dtype} {list(out.shape)}")
     new = pages.clone(memory_format=torch.contiguous_format) if out is None else out
     d_a = consts["D_A"]
-    _write(entries[:, :d_a], entries[:, d_a:] if consts["D_B"] else entries, slot_mapping, new, consts, scale=s,
-           mode=1, p=p, page_bytes=pb, split=lay.split_at or 0)  # fmt: skip
+    _write(
+        entries[:, :d_a],
+        entries[:, d_a:] if consts["D_B"] else entries,
+        slot_mapping,
+        new,
+        consts,
+        scale=s,
+        mode=1,
+        p=p,
+        page_bytes=pb,
+        split=lay.split_at or 0,
+    )
     return new
 
 
@@ -596,8 +730,18 @@ def quantize_records(entries: torch.Tensor, layout: cl.CacheLayout | str, *, sca
     t = entries.shape[0]
     records = torch.zeros(t, lay.token_bytes, dtype=torch.uint8, device=entries.device)
     d_a = consts["D_A"]
-    _write(entries[:, :d_a], entries[:, d_a:] if consts["D_B"] else entries, torch.arange(t, device=entries.device),
-           records, consts, scale=s, mode=1, p=1, page_bytes=lay.token_bytes, split=0)  # fmt: skip
+    _write(
+        entries[:, :d_a],
+        entries[:, d_a:] if consts["D_B"] else entries,
+        torch.arange(t, device=entries.device),
+        records,
+        consts,
+        scale=s,
+        mode=1,
+        p=1,
+        page_bytes=lay.token_bytes,
+        split=0,
+    )
     return records
 
 
@@ -649,8 +793,10 @@ def gather_cache(
     cu = cu_seq_lens.to(device=dev, dtype=torch.int32).contiguous()
     starts = None if seq_starts is None else seq_starts.to(device=dev, dtype=torch.int32).contiguous()
     if kernel == "gather_and_maybe_dequant_cache" and starts is not None and bool((starts % P != 0).any()):
-        raise ValueError(f"seq_starts must be multiples of block_size P={P} for gather_and_maybe_dequant_cache, "
-                         f"got {starts.tolist()}")  # fmt: skip
+        raise ValueError(
+            f"seq_starts must be multiples of block_size P={P} for gather_and_maybe_dequant_cache, "
+            f"got {starts.tolist()}"
+        )
     lens = cu[1:] - cu[:-1]
     total = int(cu[-1]) if cu.numel() else 0
     out = torch.empty(total, *kv_cache.shape[2:], dtype=kv_cache.dtype, device=dev)
@@ -664,15 +810,26 @@ def gather_cache(
     table = block_table.to(device=dev, dtype=torch.int32).contiguous()
     grid = (B, triton.cdiv(int(lens.max()), block_t))
     _gather_cache_kernel[grid](
-        src, table, cu, starts if starts is not None else cu, dst, w, table.stride(0),
-        P=P, BLOCK_T=block_t, BLOCK_W=min(1024, triton.next_power_of_2(w)), HAS_STARTS=starts is not None,
-        ALIGN_STARTS=kernel == "gather_and_maybe_dequant_cache", num_warps=4,
-    )  # fmt: skip
+        src,
+        table,
+        cu,
+        starts if starts is not None else cu,
+        dst,
+        w,
+        table.stride(0),
+        P=P,
+        BLOCK_T=block_t,
+        BLOCK_W=min(1024, triton.next_power_of_2(w)),
+        HAS_STARTS=starts is not None,
+        ALIGN_STARTS=kernel == "gather_and_maybe_dequant_cache",
+        num_warps=4,
+    )
     return out
 
 
-def read_tokens(pages: torch.Tensor, layout: cl.CacheLayout | str, block_size: int,
-                slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def read_tokens(
+    pages: torch.Tensor, layout: cl.CacheLayout | str, block_size: int, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Records ``[N, token_bytes]`` uint8 at ``slots`` out of page blocks ``[num_blocks, page_bytes]``, ``-1`` -> zeros
     (any layout, split rows included).
 
@@ -690,7 +847,15 @@ def read_tokens(pages: torch.Tensor, layout: cl.CacheLayout | str, block_size: i
     valid = torch.empty(n, dtype=torch.int8, device=pages.device)
     if n:
         _read_tokens_kernel[(n,)](
-            pages, slots.to(device=pages.device, dtype=torch.int64).contiguous(), raw, valid, pb,
-            P=p, TOKEN_BYTES=lay.token_bytes, SPLIT=lay.split_at or 0, BLOCK=_pow2(lay.token_bytes), num_warps=4,
-        )  # fmt: skip
+            pages,
+            slots.to(device=pages.device, dtype=torch.int64).contiguous(),
+            raw,
+            valid,
+            pb,
+            P=p,
+            TOKEN_BYTES=lay.token_bytes,
+            SPLIT=lay.split_at or 0,
+            BLOCK=_pow2(lay.token_bytes),
+            num_warps=4,
+        )
     return raw, valid.bool()

@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["DecodeOutput", "DecodeConfig", "mla_decode_paged", "num_splits_heuristic", "decode_config", "page_cache"]
+__all__ = ["DecodeConfig", "DecodeOutput", "decode_config", "mla_decode_paged", "num_splits_heuristic", "page_cache"]
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): ln(x) = log2(x) * LN2
@@ -58,20 +58,42 @@ LN2 = 0.6931471805599453  # ln(2): ln(x) = log2(x) * LN2
 
 @triton.jit
 def _mla_decode_split_kernel(
-    Q, KV, BLOCK_TABLE, SEQ_LENS,  # q [B, S_q, H_q, D_V + D_ROPE], cache [num_pages, PAGE, D_V + D_ROPE] (FP8: bytes)
-    O_PART, LSE_PART,  # [B, splits, R, D_V] fp32, [B, splits, R] fp32 (base 2): used unless SINGLE
-    OUT, LSE,  # [B, S_q, H_q, D_V] q.dtype, [B, H_q, S_q] fp32 (natural log): used when SINGLE (one split)
-    stride_qb, stride_qs, stride_qh,
-    stride_kp, stride_ks,
+    Q,
+    KV,
+    BLOCK_TABLE,
+    SEQ_LENS,  # q [B, S_q, H_q, D_V + D_ROPE], cache [num_pages, PAGE, D_V + D_ROPE] (FP8: bytes)
+    O_PART,
+    LSE_PART,  # [B, splits, R, D_V] fp32, [B, splits, R] fp32 (base 2): used unless SINGLE
+    OUT,
+    LSE,  # [B, S_q, H_q, D_V] q.dtype, [B, H_q, S_q] fp32 (natural log): used when SINGLE (one split)
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kp,
+    stride_ks,
     stride_btb,
-    stride_ob, stride_os, stride_oh,
-    stride_lb, stride_lh, stride_ls,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_lh,
+    stride_ls,
     qk_scale,  # softmax scale * k_scale * log2(e)
     k_scale,  # the value descale (1.0 unless FP8), applied once to the output
-    S_Q, H_Q, blocks_per_split, num_splits,
-    CAUSAL: tl.constexpr, D_V: tl.constexpr, D_ROPE: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
-):  # fmt: skip
+    S_Q,
+    H_Q,
+    blocks_per_split,
+    num_splits,
+    CAUSAL: tl.constexpr,
+    D_V: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
+):
     pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     R = S_Q * H_Q
 
@@ -155,13 +177,22 @@ def _mla_decode_split_kernel(
 
 @triton.jit
 def _mla_decode_combine_kernel(
-    O_PART, LSE_PART,  # [B, splits, R, D_V] fp32 (each split normalised), [B, splits, R] fp32 base 2
-    OUT, LSE,  # [B, S_q, H_q, D_V], [B, H_q, S_q] fp32 natural log
-    stride_ob, stride_os, stride_oh,
-    stride_lb, stride_lh, stride_ls,
-    S_Q, H_Q, num_splits,
-    D_V: tl.constexpr, SPLITS_P2: tl.constexpr,
-):  # fmt: skip
+    O_PART,
+    LSE_PART,  # [B, splits, R, D_V] fp32 (each split normalised), [B, splits, R] fp32 base 2
+    OUT,
+    LSE,  # [B, S_q, H_q, D_V], [B, H_q, S_q] fp32 natural log
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    S_Q,
+    H_Q,
+    num_splits,
+    D_V: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+):
     row, b = tl.program_id(0), tl.program_id(1)
     R = S_Q * H_Q
     s = row // H_Q
@@ -224,8 +255,17 @@ def decode_config(rows: int, page_size: int, dtype: torch.dtype, fp8: bool = Fal
     return DecodeConfig(block_m, block_n, num_warps, 1 if big else 2)
 
 
-def num_splits_heuristic(batch: int, row_blocks: int, max_seq_len: int, num_sms: int, *, rows_per_block: int = 64,
-                         block_n: int = 64, min_blocks_per_split: int = 4, max_splits: int = 128) -> int:  # fmt: skip
+def num_splits_heuristic(
+    batch: int,
+    row_blocks: int,
+    max_seq_len: int,
+    num_sms: int,
+    *,
+    rows_per_block: int = 64,
+    block_n: int = 64,
+    min_blocks_per_split: int = 4,
+    max_splits: int = 128,
+) -> int:
     """How many pieces to cut each sequence's keys into.
 
     ``batch * row_blocks`` programs exist without splitting, and they run one at a time per SM (each holds ~200 KB
@@ -303,8 +343,10 @@ def mla_decode_paged(
     if not fp8 and kv_cache.dtype != q.dtype:
         raise TypeError(f"kv_cache must be in q's dtype {q.dtype} or fp8 e4m3 bytes, got {kv_cache.dtype}")
     if fp8 != (k_scale is not None):
-        raise ValueError("k_scale is required for an fp8 kv_cache and only for one, got "
-                         f"k_scale={k_scale} with a {kv_cache.dtype} cache")  # fmt: skip
+        raise ValueError(
+            "k_scale is required for an fp8 kv_cache and only for one, got "
+            f"k_scale={k_scale} with a {kv_cache.dtype} cache"
+        )
     if kv_cache.dim() != 3 or kv_cache.shape[2] != D_qk:
         raise ValueError(f"kv_cache must be [num_pages, P, D_qk={D_qk}], got shape {list(kv_cache.shape)}")
     page_size = kv_cache.shape[1]
@@ -313,8 +355,9 @@ def mla_decode_paged(
         if width < 16 or width & (width - 1):
             raise ValueError(f"{name} must be a power of two >= 16 (the kernel splits D_qk = 512 + 64), got {width}")
     if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
-        raise ValueError(f"block_table must be [B={B}, max_pages] int32, got {list(block_table.shape)} "
-                         f"{block_table.dtype}")  # fmt: skip
+        raise ValueError(
+            f"block_table must be [B={B}, max_pages] int32, got {list(block_table.shape)} {block_table.dtype}"
+        )
     if seq_lens.shape != (B,) or seq_lens.dtype != torch.int32:
         raise ValueError(f"seq_lens must be [B={B}] int32, got {list(seq_lens.shape)} {seq_lens.dtype}")
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
@@ -331,8 +374,9 @@ def mla_decode_paged(
         max_seq_len = int(seq_lens.max()) if B else 0
     key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
     if num_splits is None:
-        num_splits = num_splits_heuristic(B, row_blocks, max_seq_len, _num_sms(q.device),
-                                          rows_per_block=min(rows, cfg.block_m), block_n=cfg.block_n)
+        num_splits = num_splits_heuristic(
+            B, row_blocks, max_seq_len, _num_sms(q.device), rows_per_block=min(rows, cfg.block_m), block_n=cfg.block_n
+        )
     num_splits = max(1, min(int(num_splits), key_blocks))
     blocks_per_split = triton.cdiv(key_blocks, num_splits)
     num_splits = triton.cdiv(key_blocks, blocks_per_split)  # no split left with nothing at all to do
@@ -350,17 +394,44 @@ def mla_decode_paged(
 
     def launch(stages: int) -> None:
         _mla_decode_split_kernel[(row_blocks, num_splits, B)](
-            q, kv_cache, block_table, seq_lens, o_part, lse_part, out, lse,
-            q.stride(0), q.stride(1), q.stride(2),
-            kv_cache.stride(0), kv_cache.stride(1),
+            q,
+            kv_cache,
+            block_table,
+            seq_lens,
+            o_part,
+            lse_part,
+            out,
+            lse,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
             block_table.stride(0),
-            out.stride(0), out.stride(1), out.stride(2),
-            lse.stride(0), lse.stride(1), lse.stride(2),
-            scale * k_scale * LOG2E, k_scale, S_q, H_q, blocks_per_split, num_splits,
-            CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=num_splits == 1, PRECISION=precision, FP8=fp8,
-            num_warps=cfg.num_warps, num_stages=stages,
-        )  # fmt: skip
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            lse.stride(0),
+            lse.stride(1),
+            lse.stride(2),
+            scale * k_scale * LOG2E,
+            k_scale,
+            S_q,
+            H_q,
+            blocks_per_split,
+            num_splits,
+            CAUSAL=bool(causal),
+            D_V=d_v,
+            D_ROPE=d_rope,
+            PAGE=page_size,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            SINGLE=num_splits == 1,
+            PRECISION=precision,
+            FP8=fp8,
+            num_warps=cfg.num_warps,
+            num_stages=stages,
+        )
 
     try:
         launch(cfg.num_stages)
@@ -370,17 +441,34 @@ def mla_decode_paged(
         launch(1)
     if num_splits > 1:
         _mla_decode_combine_kernel[(rows, B)](
-            o_part, lse_part, out, lse,
-            out.stride(0), out.stride(1), out.stride(2),
-            lse.stride(0), lse.stride(1), lse.stride(2),
-            S_q, H_q, num_splits,
-            D_V=d_v, SPLITS_P2=triton.next_power_of_2(num_splits), num_warps=4,
-        )  # fmt: skip
+            o_part,
+            lse_part,
+            out,
+            lse,
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            lse.stride(0),
+            lse.stride(1),
+            lse.stride(2),
+            S_q,
+            H_q,
+            num_splits,
+            D_V=d_v,
+            SPLITS_P2=triton.next_power_of_2(num_splits),
+            num_warps=4,
+        )
     return DecodeOutput(out, lse)
 
 
-def page_cache(kv: torch.Tensor, *, page_size: int = 64, generator: torch.Generator | None = None,
-               extra_pages: int = 1, fill: float = math.nan):  # fmt: skip
+def page_cache(
+    kv: torch.Tensor,
+    *,
+    page_size: int = 64,
+    generator: torch.Generator | None = None,
+    extra_pages: int = 1,
+    fill: float = math.nan,
+):
     """Scatter dense entries ``kv [B, S_kv, D]`` into a paged cache with shuffled physical pages.
 
     Returns ``(kv_cache [num_pages, P, D], block_table [B, pages + 1] int32, seq_lens [B] int32)``: unused slots

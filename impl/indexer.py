@@ -74,11 +74,23 @@ def _query_heads(Q, W, first, count, ROWS: tl.constexpr, H: tl.constexpr, D: tl.
 
 @triton.jit
 def _indexer_logits_kernel(
-    Q, K, W, KS, KE, KSCALE, OUT,  # q [M, H, D] fp8, k [N, D] fp8, w [M, H] fp32, ks/ke [M] int32, [N] fp32, [M, N]
-    M, N, stride_om,
-    H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
+    Q,
+    K,
+    W,
+    KS,
+    KE,
+    KSCALE,
+    OUT,  # q [M, H, D] fp8, k [N, D] fp8, w [M, H] fp32, ks/ke [M] int32, [N] fp32, [M, N]
+    M,
+    N,
+    stride_om,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
     HAS_SCALE: tl.constexpr,
-):  # fmt: skip
+):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     ROWS: tl.constexpr = BLOCK_M * H
 
@@ -113,11 +125,25 @@ def _indexer_logits_kernel(
 
 @triton.jit
 def _paged_indexer_logits_kernel(
-    Q, CACHE8, CACHE32, TABLE, LENS, W, OUT,  # q [B, next_n, H, D] fp8; the cache as fp8 and fp32 words
-    next_n, width, stride_tb, stride_om,
-    P: tl.constexpr, H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    TILES: tl.constexpr, LENS_2D: tl.constexpr,
-):  # fmt: skip
+    Q,
+    CACHE8,
+    CACHE32,
+    TABLE,
+    LENS,
+    W,
+    OUT,  # q [B, next_n, H, D] fp8; the cache as fp8 and fp32 words
+    next_n,
+    width,
+    stride_tb,
+    stride_om,
+    P: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    LENS_2D: tl.constexpr,
+):
     b, pid_n = tl.program_id(0), tl.program_id(1)
     J: tl.constexpr = ROWS // H  # query slots of the tile (next_n, padded)
 
@@ -161,10 +187,19 @@ def _order_key(x):
 
 @triton.jit
 def _topk_kernel(
-    X, STARTS, ENDS, OUT,  # logits [M, N] fp32, row starts / ends [M] int32, indices [M, K] int32
-    N, K, stride_xm, stride_om,
-    HAS_STARTS: tl.constexpr, HAS_ENDS: tl.constexpr, RELATIVE: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    X,
+    STARTS,
+    ENDS,
+    OUT,  # logits [M, N] fp32, row starts / ends [M] int32, indices [M, K] int32
+    N,
+    K,
+    stride_xm,
+    stride_om,
+    HAS_STARTS: tl.constexpr,
+    HAS_ENDS: tl.constexpr,
+    RELATIVE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     m = tl.program_id(0)
     x_row = X + m.to(tl.int64) * stride_xm
     o_row = OUT + m.to(tl.int64) * stride_om
@@ -295,10 +330,25 @@ def indexer_logits(
     block_n = min(block_n, max(16, triton.next_power_of_2(N)))
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n * tiles))
     _indexer_logits_kernel[grid](
-        q, k, w, ks32, ke32, scale if scale is not None else w, out, M, N, out.stride(0),
-        H=H, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles, HAS_SCALE=scale is not None,
-        num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
+        q,
+        k,
+        w,
+        ks32,
+        ke32,
+        scale if scale is not None else w,
+        out,
+        M,
+        N,
+        out.stride(0),
+        H=H,
+        D=D,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        TILES=tiles,
+        HAS_SCALE=scale is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     return out
 
 
@@ -333,8 +383,7 @@ def paged_indexer_logits(
     _pow2("H", H)
     _pow2("D", D, 16)
     if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != D + 4:
-        raise ValueError(f"cache must be uint8 [num_blocks, P, D + 4 = {D + 4}], got {cache.dtype} "
-                         f"{list(cache.shape)}")  # fmt: skip
+        raise ValueError(f"cache must be uint8 [num_blocks, P, D + 4 = {D + 4}], got {cache.dtype} {list(cache.shape)}")
     dev = q.device
     P = cache.shape[1]
     cache = cache.contiguous()
@@ -351,11 +400,26 @@ def paged_indexer_logits(
     rows = max(16, triton.next_power_of_2(next_n) * H)
     grid = (B, triton.cdiv(max_context_len, block_n * tiles))
     _paged_indexer_logits_kernel[grid](
-        q, cache.view(torch.float8_e4m3fn), cache.view(-1).view(torch.float32), table, lens, w, out,
-        next_n, max_context_len, table.stride(0), out.stride(0),
-        P=P, H=H, D=D, ROWS=rows, BLOCK_N=block_n, TILES=tiles, LENS_2D=lens.dim() == 2,
+        q,
+        cache.view(torch.float8_e4m3fn),
+        cache.view(-1).view(torch.float32),
+        table,
+        lens,
+        w,
+        out,
+        next_n,
+        max_context_len,
+        table.stride(0),
+        out.stride(0),
+        P=P,
+        H=H,
+        D=D,
+        ROWS=rows,
+        BLOCK_N=block_n,
+        TILES=tiles,
+        LENS_2D=lens.dim() == 2,
         num_warps=8 if rows >= 128 else 4,
-    )  # fmt: skip
+    )
     return out
 
 
@@ -397,9 +461,18 @@ def topk_indices(
         return out
     block = min(block, max(16, triton.next_power_of_2(max(N, k))))
     _topk_kernel[(M,)](
-        x, starts if starts is not None else out, ends if ends is not None else out, out,
-        N, k, x.stride(0), out.stride(0),
-        HAS_STARTS=starts is not None, HAS_ENDS=ends is not None, RELATIVE=relative, BLOCK=block,
+        x,
+        starts if starts is not None else out,
+        ends if ends is not None else out,
+        out,
+        N,
+        k,
+        x.stride(0),
+        out.stride(0),
+        HAS_STARTS=starts is not None,
+        HAS_ENDS=ends is not None,
+        RELATIVE=relative,
+        BLOCK=block,
         num_warps=4,
-    )  # fmt: skip
+    )
     return out

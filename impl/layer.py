@@ -38,8 +38,15 @@ from .decode import mla_decode_paged
 from .merge import merge_attn_states
 from .prefill import flash_attn_varlen
 
-__all__ = ["LayerOutput", "split_decodes", "context_chunks", "absorb_query", "unabsorb_output", "chunked_prefill",
-           "mla_mixed_batch_layer"]
+__all__ = [
+    "LayerOutput",
+    "absorb_query",
+    "chunked_prefill",
+    "context_chunks",
+    "mla_mixed_batch_layer",
+    "split_decodes",
+    "unabsorb_output",
+]
 
 
 class LayerOutput(NamedTuple):
@@ -67,8 +74,10 @@ def context_chunks(context_lens: list[int], workspace_size: int, block_size: int
         return 0, 0
     width = workspace_size // with_ctx // block_size * block_size
     if width <= 0:
-        raise ValueError(f"workspace_size={workspace_size} must give each of the {with_ctx} prefills with context "
-                         f"one page of block_size={block_size}")  # fmt: skip
+        raise ValueError(
+            f"workspace_size={workspace_size} must give each of the {with_ctx} prefills with context "
+            f"one page of block_size={block_size}"
+        )
     return width, -(-max(context_lens) // width)
 
 
@@ -112,8 +121,15 @@ def _decodes(q_nope, q_pe, kv_cache, block_table, seq_lens, query_lens, W_UK, W_
     flat = (req * s_max + row).to(dev)
     q_pad = q.new_zeros(n_dec * s_max, *q.shape[1:])
     q_pad[flat] = q
-    o_lat, lse = mla_decode_paged(q_pad.view(n_dec, s_max, *q.shape[1:]), kv_cache, block_table, seq_lens,
-                                  d_v=W_UK.shape[0], scale=scale, causal=True)  # fmt: skip
+    o_lat, lse = mla_decode_paged(
+        q_pad.view(n_dec, s_max, *q.shape[1:]),
+        kv_cache,
+        block_table,
+        seq_lens,
+        d_v=W_UK.shape[0],
+        scale=scale,
+        causal=True,
+    )
     o_lat = o_lat.reshape(n_dec * s_max, *o_lat.shape[2:])[flat]  # [T_d, N, Lkv]
     lse = lse.transpose(1, 2).reshape(n_dec * s_max, -1)[flat].T  # [N, T_d]
     return unabsorb_output(o_lat, W_UV), lse
@@ -230,8 +246,9 @@ def mla_mixed_batch_layer(
     n_dec = split_decodes(q_lens, decode_threshold)
     late = [b for b in range(n_dec, len(q_lens)) if q_lens[b] <= decode_threshold and ctx[b] > 0]
     if late:
-        raise ValueError(f"query_start_loc: request {late[0]} is a decode after the first prefill; reorder the batch "
-                         f"decodes first")  # fmt: skip
+        raise ValueError(
+            f"query_start_loc: request {late[0]} is a decode after the first prefill; reorder the batch decodes first"
+        )
     table = block_table.to(device=dev, dtype=torch.int32)
     concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping.to(dev), out=kv_cache)  # the new tokens, first
     out = torch.empty(T, N, V, dtype=dtype, device=dev)
@@ -241,11 +258,31 @@ def mla_mixed_batch_layer(
         seq = torch.tensor([c + q for c, q in zip(ctx[:n_dec], q_lens[:n_dec])], dtype=torch.int32, device=dev)
         keep = [b for b in range(n_dec) if q_lens[b]]  # CUDA-graph padding rows (query_len 0) have no output
         sel = torch.tensor(keep, device=dev)
-        out[:d_tok], lse[:, :d_tok] = _decodes(q_nope[:d_tok], q_pe[:d_tok], kv_cache, table[sel], seq[sel],
-                                               [q_lens[b] for b in keep], W_UK, W_UV, scale=scale)  # fmt: skip
+        out[:d_tok], lse[:, :d_tok] = _decodes(
+            q_nope[:d_tok],
+            q_pe[:d_tok],
+            kv_cache,
+            table[sel],
+            seq[sel],
+            [q_lens[b] for b in keep],
+            W_UK,
+            W_UV,
+            scale=scale,
+        )
     if n_dec < len(q_lens) and d_tok < T:
         width, _ = context_chunks(ctx[n_dec:], workspace_size, kv_cache.shape[1])
-        out[d_tok:], lse[:, d_tok:] = chunked_prefill(q_nope[d_tok:], q_pe[d_tok:], kv_c[d_tok:], k_pe[d_tok:],
-                                                      kv_cache, table[n_dec:], q_lens[n_dec:], ctx[n_dec:], W_UK,
-                                                      W_UV, scale=scale, chunk_width=width)  # fmt: skip
+        out[d_tok:], lse[:, d_tok:] = chunked_prefill(
+            q_nope[d_tok:],
+            q_pe[d_tok:],
+            kv_c[d_tok:],
+            k_pe[d_tok:],
+            kv_cache,
+            table[n_dec:],
+            q_lens[n_dec:],
+            ctx[n_dec:],
+            W_UK,
+            W_UV,
+            scale=scale,
+            chunk_width=width,
+        )
     return LayerOutput(out, lse)

@@ -27,13 +27,24 @@ __all__ = ["MergeOutput", "merge_attn_states"]
 
 @triton.jit
 def _merge_attn_states_kernel(
-    OUT, OUT_LSE,  # [T, H, D] prefix dtype, [H, T] fp32
-    P_OUT, P_LSE, S_OUT, S_LSE,  # prefix / suffix: [T, H, D], [H, T]
-    stride_ot, stride_oh, stride_pt, stride_ph, stride_st, stride_sh,
-    stride_lo, stride_lp, stride_ls,  # LSE head strides (the token stride is 1)
+    OUT,
+    OUT_LSE,  # [T, H, D] prefix dtype, [H, T] fp32
+    P_OUT,
+    P_LSE,
+    S_OUT,
+    S_LSE,  # prefix / suffix: [T, H, D], [H, T]
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    stride_ph,
+    stride_st,
+    stride_sh,
+    stride_lo,
+    stride_lp,
+    stride_ls,  # LSE head strides (the token stride is 1)
     D,
     BLOCK_D: tl.constexpr,
-):  # fmt: skip
+):
     t, h = tl.program_id(0), tl.program_id(1)
     offs = tl.arange(0, BLOCK_D)
     d_ok = offs < D
@@ -86,8 +97,10 @@ def merge_attn_states(
         ``out [T, H, D]`` in the prefix dtype and ``lse [H, T]`` fp32.
     """
     if prefix_output.dim() != 3 or suffix_output.shape != prefix_output.shape:
-        raise ValueError(f"prefix_output and suffix_output must both be [T, H, D], got {list(prefix_output.shape)} "
-                         f"and {list(suffix_output.shape)}")  # fmt: skip
+        raise ValueError(
+            f"prefix_output and suffix_output must both be [T, H, D], got {list(prefix_output.shape)} "
+            f"and {list(suffix_output.shape)}"
+        )
     T, H, D = prefix_output.shape
     for name, l in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse)):
         if l.shape != (H, T):
@@ -103,10 +116,23 @@ def merge_attn_states(
         return MergeOutput(out, lse)
     block_d = triton.next_power_of_2(max(D, 1))
     _merge_attn_states_kernel[(T, H)](
-        out, lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-        out.stride(0), out.stride(1), prefix_output.stride(0), prefix_output.stride(1),
-        suffix_output.stride(0), suffix_output.stride(1),
-        lse.stride(0), prefix_lse.stride(0), suffix_lse.stride(0),
-        D, BLOCK_D=block_d, num_warps=4 if block_d >= 512 else 1,
-    )  # fmt: skip
+        out,
+        lse,
+        prefix_output,
+        prefix_lse,
+        suffix_output,
+        suffix_lse,
+        out.stride(0),
+        out.stride(1),
+        prefix_output.stride(0),
+        prefix_output.stride(1),
+        suffix_output.stride(0),
+        suffix_output.stride(1),
+        lse.stride(0),
+        prefix_lse.stride(0),
+        suffix_lse.stride(0),
+        D,
+        BLOCK_D=block_d,
+        num_warps=4 if block_d >= 512 else 1,
+    )
     return MergeOutput(out, lse)

@@ -30,21 +30,41 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["PrefillOutput", "PrefillConfig", "flash_attn_varlen", "prefill_config", "split_head_dim"]
+__all__ = ["PrefillConfig", "PrefillOutput", "flash_attn_varlen", "prefill_config", "split_head_dim"]
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _flash_fwd_varlen_kernel(
-    Q, K, V, CU_Q, CU_K,  # q [T_q, H_q, D_qk], k [T_kv, H_kv, D_qk], v [T_kv, H_kv, D_v], cu_seqlens [B + 1]
-    OUT, LSE,  # [T_q, H_q, D_v] q.dtype, [H_q, T_q] fp32 natural log
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
+    Q,
+    K,
+    V,
+    CU_Q,
+    CU_K,  # q [T_q, H_q, D_qk], k [T_kv, H_kv, D_qk], v [T_kv, H_kv, D_v], cu_seqlens [B + 1]
+    OUT,
+    LSE,  # [T_q, H_q, D_v] q.dtype, [H_q, T_q] fp32 natural log
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lh,
     qk_scale,  # softmax scale * log2(e)
-    group, D_QK, D_V,  # H_q // H_kv, and the true widths (the blocks below are padded)
-    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_DA: tl.constexpr, BLOCK_DB: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
+    group,
+    D_QK,
+    D_V,  # H_q // H_kv, and the true widths (the blocks below are padded)
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DA: tl.constexpr,
+    BLOCK_DB: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     pid_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
     # -- this sequence's queries and keys --------------------------------------------------------------------------
@@ -103,8 +123,11 @@ def _flash_fwd_varlen_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
 
         # -- P @ V: read BLOCK_N * D_v, P rounded to v's dtype, fp32 accumulation ------------------------------------
-        v = tl.load(v_base + keys.to(tl.int64)[:, None] * stride_vt + offs_dv[None, :],
-                    mask=key_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
+        v = tl.load(
+            v_base + keys.to(tl.int64)[:, None] * stride_vt + offs_dv[None, :],
+            mask=key_ok[:, None] & (offs_dv[None, :] < D_V),
+            other=0.0,
+        )
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
@@ -200,18 +223,22 @@ def flash_attn_varlen(
     T_kv, H_kv, _ = k.shape
     D_v = v.shape[2]
     if k.shape[2] != D_qk or v.shape[:2] != k.shape[:2]:
-        raise ValueError(f"k must be [T_kv, H_kv, D_qk={D_qk}] and v [T_kv, H_kv, D_v], got {list(k.shape)}, "
-                         f"{list(v.shape)}")  # fmt: skip
+        raise ValueError(
+            f"k must be [T_kv, H_kv, D_qk={D_qk}] and v [T_kv, H_kv, D_v], got {list(k.shape)}, {list(v.shape)}"
+        )
     if H_kv == 0 or H_q % H_kv:
         raise ValueError(f"k's head count H_kv={H_kv} must divide H_q={H_q}")
     if not 0 < D_qk <= 256 or not 0 < D_v <= 256:
-        raise ValueError(f"head dims must be in [1, 256] (the kernel keeps a row in registers), got D_qk={D_qk}, "
-                         f"D_v={D_v}")  # fmt: skip
+        raise ValueError(
+            f"head dims must be in [1, 256] (the kernel keeps a row in registers), got D_qk={D_qk}, D_v={D_v}"
+        )
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(f"q, k, v must share a dtype among bf16/fp16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape != cu_seqlens_k.shape:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be [B + 1], got {list(cu_seqlens_q.shape)}, "
-                         f"{list(cu_seqlens_k.shape)}")  # fmt: skip
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must both be [B + 1], got {list(cu_seqlens_q.shape)}, "
+            f"{list(cu_seqlens_k.shape)}"
+        )
     cfg = config or prefill_config(D_qk, D_v, q.dtype, q.device)
     for name, width in (("config.block_m", cfg.block_m), ("config.block_n", cfg.block_n)):
         if width < 16 or width & (width - 1):
@@ -224,8 +251,10 @@ def flash_attn_varlen(
     if out is None:
         out = torch.empty(T_q, H_q, D_v, dtype=q.dtype, device=q.device)
     elif out.shape != (T_q, H_q, D_v) or out.dtype != q.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [T_q={T_q}, H_q={H_q}, D_v={D_v}] {q.dtype} tensor, got "
-                         f"{list(out.shape)} {out.dtype}")  # fmt: skip
+        raise ValueError(
+            f"out must be a contiguous [T_q={T_q}, H_q={H_q}, D_v={D_v}] {q.dtype} tensor, got "
+            f"{list(out.shape)} {out.dtype}"
+        )
     lse = torch.full((H_q, T_q), float("-inf"), dtype=torch.float32, device=q.device)
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if B > 0 else 0
@@ -246,13 +275,36 @@ def flash_attn_varlen(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     grid = (triton.cdiv(max_seqlen_q, cfg.block_m), H_q, B)
     _flash_fwd_varlen_kernel[grid](
-        q, k, v, cu_q, cu_k, out_, lse,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out_.stride(0), out_.stride(1), lse.stride(0),
-        scale * LOG2E, H_q // H_kv, da + db, dv,
-        CAUSAL=bool(causal), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DA=da, BLOCK_DB=db, BLOCK_DV=dv,
-        PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        out_,
+        lse,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out_.stride(0),
+        out_.stride(1),
+        lse.stride(0),
+        scale * LOG2E,
+        H_q // H_kv,
+        da + db,
+        dv,
+        CAUSAL=bool(causal),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_DA=da,
+        BLOCK_DB=db,
+        BLOCK_DV=dv,
+        PRECISION=precision,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     if out_ is not out:
         out.copy_(out_[..., :D_v])
     return PrefillOutput(out, lse)

@@ -64,7 +64,7 @@ def _cuda_broken(torch) -> str | None:
     try:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    except Exception as exc:  # noqa: BLE001 - any CUDA error here means the context is gone
+    except Exception as exc:  # any CUDA error here means the context is gone
         return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     return None
 
@@ -76,10 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", help="comma-separated op names (default: all four)")
     parser.add_argument("--generated", type=int, default=0, help="hypothesis-drawn cases per op, on top")
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed of the generated cases")
-    parser.add_argument("--prefill-config", metavar="M,N,WARPS,STAGES",
-                        help="tile override of the attention / mla_prefill kernel, e.g. 64,32,4,2")  # fmt: skip
-    parser.add_argument("--case", action="append", default=[],
-                        help="run only this case, JSON as printed by '# case' lines (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--prefill-config",
+        metavar="M,N,WARPS,STAGES",
+        help="tile override of the attention / mla_prefill kernel, e.g. 64,32,4,2",
+    )
+    parser.add_argument(
+        "--case", action="append", default=[], help="run only this case, JSON as printed by '# case' lines (repeatable)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -89,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     from mlaspec.conformance.runner import run_case
 
     from .backend import TritonBackend
-
     from .prefill import PrefillConfig
 
     tile = PrefillConfig(*map(int, args.prefill_config.split(","))) if args.prefill_config else None
@@ -103,22 +106,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.generated:
             cases += [c for c in _generated(args.generated, dtypes, args.seed) if c.op in ops]
     env = environment()
-    print(f"backend {backend.name} ({backend.version}) on {backend.device}"
-          + (f", prefill tile {tile}" if tile else "") + "; "
-          + ", ".join(f"{k} {v}" for k, v in env.items()))  # fmt: skip
+    print(
+        f"backend {backend.name} ({backend.version}) on {backend.device}"
+        + (f", prefill tile {tile}" if tile else "")
+        + "; "
+        + ", ".join(f"{k} {v}" for k, v in env.items())
+    )
     print(f"{'case':<48} {'verdict':<7} {'seconds':>8}  worst error/bound  reason")
     failed = not_run = 0
     for i, case in enumerate(cases):
         if announce or case.name.startswith("hyp-"):  # the reproducer first: a crash must not take it along
             print(f"# case {case_json(case)}", flush=True)
-        r = run_case(backend, case, backend_name="mlaspec.impl.backend:TritonBackend", scale=args.scale,
-                     timeout=300.0)  # fmt: skip
+        r = run_case(backend, case, backend_name="mlaspec.impl.backend:TritonBackend", scale=args.scale, timeout=300.0)
         worst = max((m.value / (m.bound or 1) for m in r.metrics if m.name == "max_error/bound"), default=float("nan"))
         failed += r.verdict in ("fail", "error")
         print(f"{case.id:<48} {r.verdict:<7} {r.seconds or 0:8.3f}  {worst:17.3f}  {r.reason or ''}", flush=True)
         if r.verdict in ("fail", "error"):
-            print(f"#   rerun: python -m mlaspec.impl.selfcheck --scale {args.scale} --case '{case_json(case)}'",
-                  flush=True)  # fmt: skip
+            print(
+                f"#   rerun: python -m mlaspec.impl.selfcheck --scale {args.scale} --case '{case_json(case)}'",
+                flush=True,
+            )
         broken = _cuda_broken(torch)
         if broken:
             not_run = len(cases) - i - 1

@@ -41,11 +41,20 @@ _INT = (torch.int32, torch.int64)
 
 @triton.jit
 def _slot_mapping_kernel(
-    QSL, POS, TABLE,  # query_start_loc [B + 1], positions [T], block_table [B, max_blocks] (int32 or int64)
-    SLOTS, BLOCK_IDS, OFFSETS,  # [pad_to] int64 each
-    num_tokens, pad_to, stride_table, max_blocks, block_size,
-    PAD_ID: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    QSL,
+    POS,
+    TABLE,  # query_start_loc [B + 1], positions [T], block_table [B, max_blocks] (int32 or int64)
+    SLOTS,
+    BLOCK_IDS,
+    OFFSETS,  # [pad_to] int64 each
+    num_tokens,
+    pad_to,
+    stride_table,
+    max_blocks,
+    block_size,
+    PAD_ID: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     b = tl.program_id(0)
     if b == tl.num_programs(0) - 1:
         # the last program: the CUDA-graph padding tail [T, pad_to) is -1 in all three outputs
@@ -98,9 +107,16 @@ def _int_arg(name: str, x: object, minimum: int) -> int:
     return x
 
 
-def slot_mapping_from_block_table(block_table: torch.Tensor, block_size: int, query_start_loc: torch.Tensor,
-                                  positions: torch.Tensor, *, num_blocks: int | None = None, pad_to: int | None = None,
-                                  block: int = 1024) -> SlotMapping:  # fmt: skip
+def slot_mapping_from_block_table(
+    block_table: torch.Tensor,
+    block_size: int,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    num_blocks: int | None = None,
+    pad_to: int | None = None,
+    block: int = 1024,
+) -> SlotMapping:
     """Slot of every scheduled token (see the module docstring).
 
     Args:
@@ -130,8 +146,9 @@ def slot_mapping_from_block_table(block_table: torch.Tensor, block_size: int, qu
     B, max_blocks = block_table.shape
     T = positions.shape[0]
     if query_start_loc.shape[0] != B + 1:
-        raise ValueError(f"query_start_loc must be [B + 1] = [{B + 1}] (B from block_table), got "
-                         f"{list(query_start_loc.shape)}")  # fmt: skip
+        raise ValueError(
+            f"query_start_loc must be [B + 1] = [{B + 1}] (B from block_table), got {list(query_start_loc.shape)}"
+        )
     if num_blocks is not None:
         _int_arg("num_blocks", num_blocks, 1)
     total = T if pad_to is None else _int_arg("pad_to", pad_to, T)
@@ -148,16 +165,29 @@ def slot_mapping_from_block_table(block_table: torch.Tensor, block_size: int, qu
     if T and int(positions.min()) < 0:
         raise ValueError(f"positions must be >= 0, got {positions.tolist()}")
     if T and int(positions.max()) // P >= max_blocks:
-        raise ValueError(f"positions need logical blocks up to {int(positions.max()) // P} but block_table has "
-                         f"max_blocks={max_blocks} (block_size={P})")  # fmt: skip
+        raise ValueError(
+            f"positions need logical blocks up to {int(positions.max()) // P} but block_table has "
+            f"max_blocks={max_blocks} (block_size={P})"
+        )
 
     out = SlotMapping(*(torch.empty(total, dtype=torch.int64, device=dev) for _ in range(3)))
     table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
     _slot_mapping_kernel[(B + 1,)](
-        qsl, positions.contiguous(), table, out.slot_mapping, out.block_ids, out.block_offsets,
-        T, total, table.stride(0), max_blocks, P,
-        PAD_ID=PAD_SLOT_ID, BLOCK=block, num_warps=4,
-    )  # fmt: skip
+        qsl,
+        positions.contiguous(),
+        table,
+        out.slot_mapping,
+        out.block_ids,
+        out.block_offsets,
+        T,
+        total,
+        table.stride(0),
+        max_blocks,
+        P,
+        PAD_ID=PAD_SLOT_ID,
+        BLOCK=block,
+        num_warps=4,
+    )
     used = out.block_ids[:T]
     bad = (used < 0) if num_blocks is None else (used < 0) | (used >= num_blocks)
     if bool(bad.any()):

@@ -63,14 +63,14 @@ __all__ = [
     "KeyCache",
     "SparseConfig",
     "SparseOutput",
+    "decode_splits",
     "float_keys",
     "fp8_keys",
+    "paged_decode",
     "quantize_keys",
     "sparse_config",
     "sparse_mla",
     "sparse_mla_decode",
-    "decode_splits",
-    "paged_decode",
 ]
 
 LOG2E = 1.4426950408889634
@@ -79,9 +79,20 @@ FMT_FLOAT, FMT_FP8_V32, FMT_FP8_V4 = 0, 1, 2
 
 # -- kernels --------------------------------------------------------------------------------------------------------
 @triton.jit
-def _load_keys(KV, KVF, KVB, slots, ok, stride_kn, page_bytes,
-               FMT: tl.constexpr, D_V: tl.constexpr, D_ROPE: tl.constexpr, PAGE: tl.constexpr,
-               BLOCK_N: tl.constexpr):  # fmt: skip
+def _load_keys(
+    KV,
+    KVF,
+    KVB,
+    slots,
+    ok,
+    stride_kn,
+    page_bytes,
+    FMT: tl.constexpr,
+    D_V: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The key tile ``[BLOCK_N, D_V]`` (and ``[BLOCK_N, D_ROPE]``) at ``slots``, zero where not ``ok``."""
     offs_v = tl.arange(0, D_V)
     s64 = tl.where(ok, slots, 0).to(tl.int64)  # an unused slot addresses row 0 but is never loaded
@@ -115,16 +126,18 @@ def _load_keys(KV, KVF, KVB, slots, ok, stride_kn, page_bytes,
         scale = (e8m0.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2^(byte - 127)
         vals = tl.reshape(e4m3.to(tl.float8e4nv, bitcast=True).to(tl.float32), [BLOCK_N, 8, D_V // 8])
         fp8 = tl.reshape(vals * scale[:, :, None], [BLOCK_N, D_V])  # one scale per 64 values; group 8 is RoPE
-        rope = tl.load(KVB + (data // 2 + 224)[:, None] + (offs_v - 448)[None, :], mask=ok[:, None] & ~is8[None, :],
-                       other=0.0)  # fmt: skip
+        rope = tl.load(
+            KVB + (data // 2 + 224)[:, None] + (offs_v - 448)[None, :], mask=ok[:, None] & ~is8[None, :], other=0.0
+        )
         k_nope = tl.where(is8[None, :], fp8, rope.to(tl.float32))
         k_rope = k_nope
     return k_nope, k_rope
 
 
 @triton.jit
-def _attend_tile(q_nope, q_rope, k_nope, k_rope, ok, m_i, l_i, acc, qk_scale,
-                 D_ROPE: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+def _attend_tile(
+    q_nope, q_rope, k_nope, k_rope, ok, m_i, l_i, acc, qk_scale, D_ROPE: tl.constexpr, PRECISION: tl.constexpr
+):
     """One online-softmax step over a key tile (``ok`` marks the used slots); returns the new ``m, l, acc``."""
     # -- logits in base 2: (q . k) * scale * log2(e), fp32 accumulation ------------------------------------------------
     qk = tl.dot(q_nope, tl.trans(k_nope), input_precision=PRECISION)
@@ -161,21 +174,61 @@ def _finish(m_i, l_i, acc, SINK, heads, head_ok, HAS_SINK: tl.constexpr):
 
 @triton.jit
 def _sparse_mla_kernel(
-    Q, stride_qr, stride_qh,  # q [R, H_q, D_qk]
-    KV, KVF, KVB, stride_kn, stride_kh, page_bytes, n_rows,  # main keys (see _load_keys), N key rows
-    IDX, stride_ir, stride_ih, LENS, K,  # indices [R, H_kv, K] int32, lengths [R] int32 (read when HAS_LENS)
+    Q,
+    stride_qr,
+    stride_qh,  # q [R, H_q, D_qk]
+    KV,
+    KVF,
+    KVB,
+    stride_kn,
+    stride_kh,
+    page_bytes,
+    n_rows,  # main keys (see _load_keys), N key rows
+    IDX,
+    stride_ir,
+    stride_ih,
+    LENS,
+    K,  # indices [R, H_kv, K] int32, lengths [R] int32 (read when HAS_LENS)
     rows_per_req,  # PAGED: IDX is a block table [B, max_blocks], row r belongs to request r // rows_per_req
-    EKV, EKVF, EKVB, stride_ekn, e_page_bytes, e_n_rows,  # extra keys (H_kv = 1)
-    EIDX, stride_eir, ELENS, K_E,  # extra indices [R, K_E] int32, extra lengths [R]
+    EKV,
+    EKVF,
+    EKVB,
+    stride_ekn,
+    e_page_bytes,
+    e_n_rows,  # extra keys (H_kv = 1)
+    EIDX,
+    stride_eir,
+    ELENS,
+    K_E,  # extra indices [R, K_E] int32, extra lengths [R]
     SINK,  # [H_q] fp32 (read when HAS_SINK)
-    OUT, LSE, MAXL, stride_or, stride_oh, stride_lr,  # out [R, H_q, D_V], lse / max_logits [R, H_q] fp32
-    O_PART, ML_PART,  # [R, H_q, splits, D_V] fp32 unnormalised, [R, H_q, splits, 2] fp32 (m, l) base 2
-    H_Q, G, tiles_per_split, num_splits, qk_scale,
-    PAGED: tl.constexpr, HAS_LENS: tl.constexpr, HAS_SINK: tl.constexpr, HAS_EXTRA: tl.constexpr,
-    FMT: tl.constexpr, EFMT: tl.constexpr, PAGE: tl.constexpr, EPAGE: tl.constexpr,
-    D_V: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    SINGLE: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
+    OUT,
+    LSE,
+    MAXL,
+    stride_or,
+    stride_oh,
+    stride_lr,  # out [R, H_q, D_V], lse / max_logits [R, H_q] fp32
+    O_PART,
+    ML_PART,  # [R, H_q, splits, D_V] fp32 unnormalised, [R, H_q, splits, 2] fp32 (m, l) base 2
+    H_Q,
+    G,
+    tiles_per_split,
+    num_splits,
+    qk_scale,
+    PAGED: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    FMT: tl.constexpr,
+    EFMT: tl.constexpr,
+    PAGE: tl.constexpr,
+    EPAGE: tl.constexpr,
+    D_V: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     # head blocks vary fastest: the programs that gather the same keys run together and share them in L2
     pid_h, r, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hblocks = tl.cdiv(G, BLOCK_H)
@@ -228,10 +281,22 @@ def _sparse_mla_kernel(
         else:
             slots = tl.load(idx_base + t, mask=t < n_main, other=-1)  # read BLOCK_N int32
         ok = (t < n_main) & (slots >= 0) & (slots < n_rows)
-        k_nope, k_rope = _load_keys(kv_base, KVF, KVB, slots, ok, stride_kn, page_bytes, FMT, D_V, D_ROPE, PAGE,
-                                    BLOCK_N)  # fmt: skip
-        m_i, l_i, acc = _attend_tile(q_nope, q_rope, k_nope.to(q_nope.dtype), k_rope.to(q_nope.dtype), ok,
-                                     m_i, l_i, acc, qk_scale, D_ROPE, PRECISION)  # fmt: skip
+        k_nope, k_rope = _load_keys(
+            kv_base, KVF, KVB, slots, ok, stride_kn, page_bytes, FMT, D_V, D_ROPE, PAGE, BLOCK_N
+        )
+        m_i, l_i, acc = _attend_tile(
+            q_nope,
+            q_rope,
+            k_nope.to(q_nope.dtype),
+            k_rope.to(q_nope.dtype),
+            ok,
+            m_i,
+            l_i,
+            acc,
+            qk_scale,
+            D_ROPE,
+            PRECISION,
+        )
 
     # -- extra indices (V4's compressed cache): more terms of the same softmax --------------------------------------
     if HAS_EXTRA:
@@ -240,10 +305,22 @@ def _sparse_mla_kernel(
             t = (tile - tiles_main) * BLOCK_N + offs_n
             slots = tl.load(eidx_base + t, mask=t < n_extra, other=-1)
             ok = (t < n_extra) & (slots >= 0) & (slots < e_n_rows)
-            k_nope, k_rope = _load_keys(EKV, EKVF, EKVB, slots, ok, stride_ekn, e_page_bytes, EFMT, D_V, D_ROPE,
-                                        EPAGE, BLOCK_N)  # fmt: skip
-            m_i, l_i, acc = _attend_tile(q_nope, q_rope, k_nope.to(q_nope.dtype), k_rope.to(q_nope.dtype), ok,
-                                         m_i, l_i, acc, qk_scale, D_ROPE, PRECISION)  # fmt: skip
+            k_nope, k_rope = _load_keys(
+                EKV, EKVF, EKVB, slots, ok, stride_ekn, e_page_bytes, EFMT, D_V, D_ROPE, EPAGE, BLOCK_N
+            )
+            m_i, l_i, acc = _attend_tile(
+                q_nope,
+                q_rope,
+                k_nope.to(q_nope.dtype),
+                k_rope.to(q_nope.dtype),
+                ok,
+                m_i,
+                l_i,
+                acc,
+                qk_scale,
+                D_ROPE,
+                PRECISION,
+            )
 
     if SINGLE:
         # -- epilogue: write BLOCK_H * D_V in q's dtype, LSE and max_logits -------------------------------------------
@@ -262,10 +339,22 @@ def _sparse_mla_kernel(
 
 @triton.jit
 def _sparse_mla_combine_kernel(
-    O_PART, ML_PART, SINK, OUT, LSE, MAXL, stride_or, stride_oh, stride_lr,
-    H_Q, num_splits,
-    HAS_SINK: tl.constexpr, D_V: tl.constexpr, SPLITS_P2: tl.constexpr, BLOCK_H: tl.constexpr,
-):  # fmt: skip
+    O_PART,
+    ML_PART,
+    SINK,
+    OUT,
+    LSE,
+    MAXL,
+    stride_or,
+    stride_oh,
+    stride_lr,
+    H_Q,
+    num_splits,
+    HAS_SINK: tl.constexpr,
+    D_V: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     r, hb = tl.program_id(0), tl.program_id(1)
     r64 = r.to(tl.int64)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -286,11 +375,15 @@ def _sparse_mla_combine_kernel(
     base = (r64 * H_Q + heads) * num_splits
     for i in range(num_splits):
         wi = tl.exp2(tl.load(ML_PART + (base + i) * 2, mask=head_ok, other=float("-inf")) - m_use)
-        acc += wi[:, None] * tl.load(O_PART + (base + i)[:, None] * D_V + offs_v[None, :], mask=head_ok[:, None],
-                                     other=0.0)  # fmt: skip
+        acc += wi[:, None] * tl.load(
+            O_PART + (base + i)[:, None] * D_V + offs_v[None, :], mask=head_ok[:, None], other=0.0
+        )
     out, lse, max_logits = _finish(m, l_i, acc, SINK, heads, head_ok, HAS_SINK)
-    tl.store(OUT + r64 * stride_or + heads[:, None] * stride_oh + offs_v[None, :], out.to(OUT.dtype.element_ty),
-             mask=head_ok[:, None])  # fmt: skip
+    tl.store(
+        OUT + r64 * stride_or + heads[:, None] * stride_oh + offs_v[None, :],
+        out.to(OUT.dtype.element_ty),
+        mask=head_ok[:, None],
+    )
     tl.store(LSE + r64 * stride_lr + heads, lse, mask=head_ok)
     tl.store(MAXL + r64 * stride_lr + heads, max_logits, mask=head_ok)
 
@@ -355,7 +448,7 @@ def quantize_keys(entries: torch.Tensor, page_size: int = 64) -> KeyCache | None
     finite = torch.isfinite(x).all(dim=1)
     xf = x[finite]
     raw = None
-    for pow2 in ((True, False) if d == 576 else (False,)):
+    for pow2 in (True, False) if d == 576 else (False,):
         q = cl.quantize(xf, layout, pow2_scales=pow2).raw
         if torch.equal(cl.dequantize(q, layout).entries, xf):
             raw = q
@@ -484,8 +577,10 @@ def sparse_mla(
         rows_per_req = int(indices.rows_per_request)
         indices = indices.table
         if indices.dim() != 2 or indices.dtype != torch.int32 or rows_per_req < 1:
-            raise ValueError(f"a BlockTable needs table [B, max_blocks] int32 and rows_per_request >= 1, got "
-                             f"{list(indices.shape)} {indices.dtype}, {rows_per_req}")  # fmt: skip
+            raise ValueError(
+                f"a BlockTable needs table [B, max_blocks] int32 and rows_per_request >= 1, got "
+                f"{list(indices.shape)} {indices.dtype}, {rows_per_req}"
+            )
         if indices.shape[0] * rows_per_req != R:
             raise ValueError(f"the block table's {indices.shape[0]} requests x {rows_per_req} rows must be R={R}")
         if topk_length is None:
@@ -565,29 +660,83 @@ def sparse_mla(
     grid = (h_kv * triton.cdiv(G, cfg.block_h), R, num_splits)
     unused = out  # stands in for the pointers a constexpr flag leaves unread
     _sparse_mla_kernel[grid](
-        q, q.stride(0), q.stride(1),
-        kv, kvf, kvb, s_n, s_h, pb, keys.num_rows,
-        indices, indices.stride(0), indices.stride(1), topk_length if has_lens else unused, K,
+        q,
+        q.stride(0),
+        q.stride(1),
+        kv,
+        kvf,
+        kvb,
+        s_n,
+        s_h,
+        pb,
+        keys.num_rows,
+        indices,
+        indices.stride(0),
+        indices.stride(1),
+        topk_length if has_lens else unused,
+        K,
         rows_per_req if paged else 1,
-        ekv, ekvf, ekvb, es_n, epb, e_rows,
-        eidx, eidx.stride(0), extra_topk_length if has_lens and extra is not None else unused, K_E,
+        ekv,
+        ekvf,
+        ekvb,
+        es_n,
+        epb,
+        e_rows,
+        eidx,
+        eidx.stride(0),
+        extra_topk_length if has_lens and extra is not None else unused,
+        K_E,
         attn_sink if attn_sink is not None else unused,
-        out, lse, max_logits, out.stride(0), out.stride(1), lse.stride(0),
-        o_part, ml_part,
-        H_q, G, tiles_per_split, num_splits, scale * LOG2E,
-        PAGED=paged, HAS_LENS=has_lens, HAS_SINK=attn_sink is not None, HAS_EXTRA=extra is not None,
-        FMT=fmt, EFMT=efmt, PAGE=keys.page_size, EPAGE=epage,
-        D_V=d_v, D_ROPE=d_rope, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-        SINGLE=num_splits == 1, PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+        out,
+        lse,
+        max_logits,
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0),
+        o_part,
+        ml_part,
+        H_q,
+        G,
+        tiles_per_split,
+        num_splits,
+        scale * LOG2E,
+        PAGED=paged,
+        HAS_LENS=has_lens,
+        HAS_SINK=attn_sink is not None,
+        HAS_EXTRA=extra is not None,
+        FMT=fmt,
+        EFMT=efmt,
+        PAGE=keys.page_size,
+        EPAGE=epage,
+        D_V=d_v,
+        D_ROPE=d_rope,
+        BLOCK_H=cfg.block_h,
+        BLOCK_N=cfg.block_n,
+        SINGLE=num_splits == 1,
+        PRECISION=precision,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     if num_splits > 1:
         bh = min(16, triton.next_power_of_2(H_q))
         _sparse_mla_combine_kernel[(R, triton.cdiv(H_q, bh))](
-            o_part, ml_part, attn_sink if attn_sink is not None else unused, out, lse, max_logits,
-            out.stride(0), out.stride(1), lse.stride(0), H_q, num_splits,
-            HAS_SINK=attn_sink is not None, D_V=d_v, SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_H=bh,
+            o_part,
+            ml_part,
+            attn_sink if attn_sink is not None else unused,
+            out,
+            lse,
+            max_logits,
+            out.stride(0),
+            out.stride(1),
+            lse.stride(0),
+            H_q,
+            num_splits,
+            HAS_SINK=attn_sink is not None,
+            D_V=d_v,
+            SPLITS_P2=triton.next_power_of_2(num_splits),
+            BLOCK_H=bh,
             num_warps=4,
-        )  # fmt: skip
+        )
     return SparseOutput(out, lse, max_logits)
 
 
@@ -620,10 +769,20 @@ def sparse_mla_decode(
 
     if num_splits is None:
         num_splits = _default_splits(R, q, keys, config)
-    res = sparse_mla(q.reshape(R, H_q, D), keys, indices.reshape(R, 1, -1).to(torch.int32), scale=scale, d_v=d_v,
-                     topk_length=per_row(topk_length), attn_sink=attn_sink, extra=extra,
-                     extra_indices=None if extra_indices is None else extra_indices.reshape(R, -1),
-                     extra_topk_length=per_row(extra_topk_length), num_splits=num_splits, config=config)  # fmt: skip
+    res = sparse_mla(
+        q.reshape(R, H_q, D),
+        keys,
+        indices.reshape(R, 1, -1).to(torch.int32),
+        scale=scale,
+        d_v=d_v,
+        topk_length=per_row(topk_length),
+        attn_sink=attn_sink,
+        extra=extra,
+        extra_indices=None if extra_indices is None else extra_indices.reshape(R, -1),
+        extra_topk_length=per_row(extra_topk_length),
+        num_splits=num_splits,
+        config=config,
+    )
     return res.out.view(B, S_q, H_q, d_v), res.lse.view(B, S_q, H_q).transpose(1, 2)
 
 
@@ -660,7 +819,15 @@ def paged_decode(
     if num_splits is None:
         num_splits = _default_splits(B * S_q, q, keys, config)
     table = BlockTable(block_table.to(q.device, torch.int32).contiguous(), S_q)
-    res = sparse_mla(q.reshape(B * S_q, H_q, D), keys, table, scale=scale, d_v=d_v, topk_length=lens,
-                     num_splits=num_splits, config=config)  # fmt: skip
+    res = sparse_mla(
+        q.reshape(B * S_q, H_q, D),
+        keys,
+        table,
+        scale=scale,
+        d_v=d_v,
+        topk_length=lens,
+        num_splits=num_splits,
+        config=config,
+    )
     lse = res.lse.masked_fill((lens == 0)[:, None], -math.inf)
     return res.out.view(B, S_q, H_q, d_v), lse.view(B, S_q, H_q).transpose(1, 2)

@@ -44,17 +44,17 @@ import torch
 from ._checks import BOOL, INT, Dims, positive_int
 
 __all__ = [
-    "Request",
-    "CommonAttentionMetadata",
-    "build_metadata",
-    "SplitCounts",
-    "split_decodes_and_prefills",
-    "request_region",
     "REGION_NAMES",
-    "Reordered",
-    "reorder_batch_to_split_decodes_and_prefills",
+    "CommonAttentionMetadata",
     "LocalVirtualBatches",
+    "Reordered",
+    "Request",
+    "SplitCounts",
+    "build_metadata",
     "make_local_attention_virtual_batches",
+    "reorder_batch_to_split_decodes_and_prefills",
+    "request_region",
+    "split_decodes_and_prefills",
 ]
 
 
@@ -148,9 +148,7 @@ class CommonAttentionMetadata:
         if bool((qsl[1:] < qsl[:-1]).any()):
             raise ValueError(f"query_start_loc must be non-decreasing, got {qsl.tolist()}")
         if int(qsl[-1]) != slots.numel():
-            raise ValueError(
-                f"query_start_loc must end at T={slots.numel()} (from slot_mapping), got {qsl.tolist()}"
-            )
+            raise ValueError(f"query_start_loc must end at T={slots.numel()} (from slot_mapping), got {qsl.tolist()}")
         if bool((computed < 0).any()):
             raise ValueError(f"num_computed_tokens must be >= 0, got {computed.tolist()}")
         query_lens = qsl[1:] - qsl[:-1]

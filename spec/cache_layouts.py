@@ -84,16 +84,16 @@ __all__ = [
     "BF16",
     "E4M3",
     "E5M2",
-    "FP32",
-    "FP8_DS_MLA_V32",
+    "E8M0_RULES",
     "FP8_DS_MLA_V4",
+    "FP8_DS_MLA_V32",
     "FP8_E5M2_PER_TENSOR",
     "FP8_PER_TENSOR",
+    "FP32",
     "LAYOUTS",
     "MXFP8_DS_MLA_V41",
     "CacheLayout",
     "Dequantized",
-    "E8M0_RULES",
     "Field",
     "FloatFormat",
     "LayoutCheck",
@@ -346,8 +346,17 @@ MXFP8_DS_MLA_V41 = CacheLayout(
     entry_dim=512,
     token_bytes=528,
     fields=(
-        Field("values", 0, 512, "e4m3", 512, "all 512 dims (RoPE rotated first), 16 groups of 32 (data row)",
-              (0, 512), 32, "scales"),  # fmt: skip
+        Field(
+            "values",
+            0,
+            512,
+            "e4m3",
+            512,
+            "all 512 dims (RoPE rotated first), 16 groups of 32 (data row)",
+            (0, 512),
+            32,
+            "scales",
+        ),
         Field("scales", 512, 16, "e8m0", 16, "e_g + 127, one per 32 values, MXFP8 (scale row)"),
     ),
     scale_rule=ScaleRule("e8m0", amax_floor=1e-4),
@@ -423,6 +432,7 @@ def _e8m0_exponent(amax: torch.Tensor, rule: ScaleRule, e8m0_rule: str) -> torch
     """The e8m0 exponent (float64, before the byte clamp) of each group's ``amax`` under ``e8m0_rule``."""
     if e8m0_rule == "exact":
         return _ceil_log2(torch.clamp(amax, min=rule.amax_floor) / rule.max_q)
+
     # vLLM (fused_compress_quant_cache.py @ 1bd28daa): amax = tl.maximum(amax, 1e-4);
     # exponent = tl.ceil(tl.log2(amax * (1.0 / 448.0))), all fp32. Each fp32 step is one rounding of an exact float64
     # value: fp32(amax), the product of two fp32 values (exact in float64), log2 (float64, then rounded to fp32).

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Union
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -45,22 +45,20 @@ from .forms import mla_absorbed, mla_mha
 from .merge import merge_attn_states
 
 __all__ = [
-    "chunked_prefill_workspace_size",
     "ChunkPlan",
-    "plan_context_chunks",
     "ContextSource",
-    "chunked_prefill_attention",
     "MixedBatchOutput",
+    "chunked_prefill_attention",
+    "chunked_prefill_workspace_size",
     "mla_mixed_batch",
+    "plan_context_chunks",
 ]
 
 # A request's context: either the tensors themselves, per request ``(kv_c [C_b, Lkv], k_pe [C_b, R])``, or a
 # callable ``gather(request, start, length) -> (kv_c [length, Lkv], k_pe [length, R])`` (e.g. reading a paged
 # cache through the block table).
-ContextSource = Union[
-    Sequence[tuple[torch.Tensor, torch.Tensor]],
-    Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]],
-]
+_Entries = tuple[torch.Tensor, torch.Tensor]
+ContextSource = Sequence[_Entries] | Callable[[int, int, int], _Entries]
 
 
 def chunked_prefill_workspace_size(
@@ -191,8 +189,9 @@ def plan_context_chunks(
             raise TypeError(
                 f"context_lens must be a sequence of ints or an int tensor, got {type(context_lens).__name__}"
             )
-        ctx = torch.tensor([positive_int(f"context_lens[{i}]", c, minimum=0) for i, c in enumerate(context_lens)],
-                           dtype=torch.int64).reshape(-1)  # fmt: skip
+        ctx = torch.tensor(
+            [positive_int(f"context_lens[{i}]", c, minimum=0) for i, c in enumerate(context_lens)], dtype=torch.int64
+        ).reshape(-1)
     if bool((ctx < 0).any()):
         raise ValueError(f"context_lens must be >= 0, got {ctx.tolist()}")
     positive_int("workspace_size", workspace_size)
@@ -223,7 +222,6 @@ def plan_context_chunks(
     return ChunkPlan(ctx, workspace_size, block_size, width, starts, seq_lens, cu, seq_tot, max_seq_lens)
 
 
-
 def _check_packed(dims: Dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV) -> None:
     """The packed (varlen) MLA tensors of a batch's new tokens, and the up-projections."""
     dims.tensor("q_nope", q_nope, ("T", "N", "P"), FLOAT)
@@ -232,6 +230,7 @@ def _check_packed(dims: Dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV) -> None:
     dims.tensor("k_pe", k_pe, ("T", "R"), FLOAT)
     dims.tensor("W_UK", W_UK, ("Lkv", "N", "P"), FLOAT)
     dims.tensor("W_UV", W_UV, ("Lkv", "N", "V"), FLOAT)
+
 
 def _gatherer(context: ContextSource, n_req: int) -> Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]:
     if callable(context):
@@ -331,8 +330,10 @@ def chunked_prefill_attention(
             # The workspace rows of this request in chunk i: cu_seq_lens[i, b] : cu_seq_lens[i, b + 1].
             length = int(plan.seq_lens[i, b])
             if length == 0:  # nothing of this request in chunk i: an empty part
-                part = (torch.zeros(qe - qs, n_heads, dims["V"], dtype=torch.float64),
-                        torch.full((n_heads, qe - qs), -math.inf, dtype=torch.float64))  # fmt: skip
+                part = (
+                    torch.zeros(qe - qs, n_heads, dims["V"], dtype=torch.float64),
+                    torch.full((n_heads, qe - qs), -math.inf, dtype=torch.float64),
+                )
             else:
                 ckv, cpe = gather(b, int(plan.starts[i, b]), length)
                 o_i, l_i = mla_mha(qn, qp, ckv[None], cpe[None], W_UK, W_UV, scale=scale, causal=False)
@@ -433,20 +434,30 @@ def mla_mixed_batch(
         ckv, cpe = gather(b, 0, c)
         seq_kv = torch.cat([ckv.to(torch.float64), kv_c[qs:qe].to(torch.float64)])
         seq_pe = torch.cat([cpe.to(torch.float64), k_pe[qs:qe].to(torch.float64)])
-        o, l = mla_absorbed(q_nope[None, qs:qe], q_pe[None, qs:qe], seq_kv[None], seq_pe[None], W_UK, W_UV,
-                            scale=scale, causal=True)  # fmt: skip
+        o, l = mla_absorbed(
+            q_nope[None, qs:qe], q_pe[None, qs:qe], seq_kv[None], seq_pe[None], W_UK, W_UV, scale=scale, causal=True
+        )
         out[qs:qe], lse[:, qs:qe] = o[0], l[0]
 
     # Prefills: the compute-friendly form, context through the chunked workspace.
     d = split.num_decodes
-    plan = plan_context_chunks(metadata.num_computed_tokens[d:].long(), workspace_size, metadata.block_size,
-                               align_to_block=align_to_block)  # fmt: skip
+    plan = plan_context_chunks(
+        metadata.num_computed_tokens[d:].long(), workspace_size, metadata.block_size, align_to_block=align_to_block
+    )
     if split.num_prefills:
         p0 = split.num_decode_tokens
         res = chunked_prefill_attention(
-            q_nope[p0:], q_pe[p0:], kv_c[p0:], k_pe[p0:], qsl[d:] - p0,
-            lambda b, start, length: gather(b + d, start, length), plan, W_UK, W_UV, scale=scale,
-        )  # fmt: skip
+            q_nope[p0:],
+            q_pe[p0:],
+            kv_c[p0:],
+            k_pe[p0:],
+            qsl[d:] - p0,
+            lambda b, start, length: gather(b + d, start, length),
+            plan,
+            W_UK,
+            W_UV,
+            scale=scale,
+        )
         out[p0:], lse[:, p0:] = res.out, res.lse
     if W_O is not None:
         out = out.reshape(t, -1) @ W_O.to(torch.float64)

@@ -35,7 +35,7 @@ import torch
 
 from ._checks import positive_int
 
-__all__ = ["YarnScaling", "MLAConfig", "MLAWeights", "make_weights", "yarn_get_mscale"]
+__all__ = ["MLAConfig", "MLAWeights", "YarnScaling", "make_weights", "yarn_get_mscale"]
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -95,10 +95,16 @@ class MLAConfig:
     def tiny(cls, **overrides) -> MLAConfig:
         """A small config with the same structure (nope, rope and latent parts all present) for fast tests."""
         base = dict(
-            hidden_size=64, num_heads=4, q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16,
-            qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=4096,
+            hidden_size=64,
+            num_heads=4,
+            q_lora_rank=24,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            max_position_embeddings=4096,
             rope_scaling=YarnScaling(factor=4.0, original_max_position=256),
-        )  # fmt: skip
+        )
         return cls(**{**base, **overrides})
 
     def tensor_parallel(self, tp_size: int) -> MLAConfig:
@@ -123,7 +129,8 @@ class MLAConfig:
         """``qk_head_dim ** -0.5 * mscale**2``, the same for both forms.
 
         Source: ``vllm/model_executor/models/deepseek_v2.py`` (``DeepseekV2MLAAttention.__init__``):
-        ``self.scaling = qk_head_dim**-0.5 * mscale * mscale`` with ``mscale = yarn_get_mscale(factor, mscale_all_dim)``.
+        ``self.scaling = qk_head_dim**-0.5 * mscale * mscale`` with
+        ``mscale = yarn_get_mscale(factor, mscale_all_dim)``.
         For DeepSeek-V3 that is ``192**-0.5 * 1.36889**2 = 0.13523...``.
         """
         scale = self.qk_head_dim**-0.5

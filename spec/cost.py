@@ -66,16 +66,16 @@ from ._checks import positive_int
 from .config import MLAConfig
 
 __all__ = [
-    "H200_PEAK_FLOPS",
-    "H200_BANDWIDTH",
     "FORMS",
+    "H200_BANDWIDTH",
+    "H200_PEAK_FLOPS",
+    "Crossover",
     "FormCost",
     "TimeEstimate",
-    "Crossover",
     "attention_pairs",
+    "crossover",
     "mla_cost",
     "time_estimate",
-    "crossover",
 ]
 
 H200_PEAK_FLOPS = 790e12

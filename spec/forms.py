@@ -48,7 +48,7 @@ import torch
 from ._checks import FLOAT, Dims
 from .attention import AttentionOutput, attention
 
-__all__ = ["mla_mha", "mla_absorbed", "absorb_query", "mqa_latent_attention", "unabsorb_output"]
+__all__ = ["absorb_query", "mla_absorbed", "mla_mha", "mqa_latent_attention", "unabsorb_output"]
 
 
 def _check(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV) -> Dims:
@@ -115,7 +115,9 @@ def absorb_query(q_nope: torch.Tensor, q_pe: torch.Tensor, W_UK: torch.Tensor) -
     dims.tensor("q_nope", q_nope, lead + ("N", "P"), FLOAT)
     dims.tensor("q_pe", q_pe, lead + ("N", "R"), FLOAT)
     if q_pe.shape[:-2] != q_nope.shape[:-2]:
-        raise ValueError(f"q_pe must have leading shape {list(q_nope.shape[:-2])} (from q_nope), got {list(q_pe.shape)}")
+        raise ValueError(
+            f"q_pe must have leading shape {list(q_nope.shape[:-2])} (from q_nope), got {list(q_pe.shape)}"
+        )
     ql_nope = torch.einsum("...np,lnp->...nl", q_nope.to(torch.float64), W_UK.to(torch.float64))
     return torch.cat([ql_nope, q_pe.to(torch.float64)], dim=-1)
 

@@ -43,7 +43,13 @@ def mla_layer(
         raise ValueError(f"form must be 'mha' or 'absorbed', got {form!r}")
     p = project(hidden, positions, weights, config)
     out, _ = forms[form](
-        p.q_nope[None], p.q_pe[None], p.kv_c[None], p.k_pe[None], weights.W_UK, weights.W_UV,
-        scale=config.softmax_scale, causal=True,
-    )  # fmt: skip
+        p.q_nope[None],
+        p.q_pe[None],
+        p.kv_c[None],
+        p.k_pe[None],
+        weights.W_UK,
+        weights.W_UV,
+        scale=config.softmax_scale,
+        causal=True,
+    )
     return output_projection(out[0], weights)

@@ -23,7 +23,7 @@ from ._checks import FLOAT, INT, Dims
 from .config import MLAConfig, MLAWeights
 from .rope import apply_rope
 
-__all__ = ["Projections", "rms_norm", "project", "output_projection"]
+__all__ = ["Projections", "output_projection", "project", "rms_norm"]
 
 
 class Projections(NamedTuple):
@@ -48,13 +48,28 @@ def _check_weights(weights: object, config: object) -> None:
     if not isinstance(weights, MLAWeights):
         raise TypeError(f"weights must be an MLAWeights, got {type(weights).__name__}")
     c = config
-    dims = Dims(H=c.hidden_size, Lq=c.q_lora_rank, Lkv=c.kv_lora_rank, N=c.num_heads, P=c.qk_nope_head_dim,
-                R=c.qk_rope_head_dim, V=c.v_head_dim, NV=c.num_heads * c.v_head_dim)  # fmt: skip
+    dims = Dims(
+        H=c.hidden_size,
+        Lq=c.q_lora_rank,
+        Lkv=c.kv_lora_rank,
+        N=c.num_heads,
+        P=c.qk_nope_head_dim,
+        R=c.qk_rope_head_dim,
+        V=c.v_head_dim,
+        NV=c.num_heads * c.v_head_dim,
+    )
     for name, shape in [
-        ("W_DQ", ("H", "Lq")), ("q_a_norm", ("Lq",)), ("W_UQ", ("Lq", "N", "P")), ("W_QR", ("Lq", "N", "R")),
-        ("W_DKV", ("H", "Lkv")), ("kv_a_norm", ("Lkv",)), ("W_KR", ("H", "R")), ("W_UK", ("Lkv", "N", "P")),
-        ("W_UV", ("Lkv", "N", "V")), ("W_O", ("NV", "H")),
-    ]:  # fmt: skip
+        ("W_DQ", ("H", "Lq")),
+        ("q_a_norm", ("Lq",)),
+        ("W_UQ", ("Lq", "N", "P")),
+        ("W_QR", ("Lq", "N", "R")),
+        ("W_DKV", ("H", "Lkv")),
+        ("kv_a_norm", ("Lkv",)),
+        ("W_KR", ("H", "R")),
+        ("W_UK", ("Lkv", "N", "P")),
+        ("W_UV", ("Lkv", "N", "V")),
+        ("W_O", ("NV", "H")),
+    ]:
         dims.tensor(f"weights.{name}", getattr(weights, name), shape, FLOAT)
 
 

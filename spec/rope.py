@@ -39,7 +39,7 @@ import torch
 from ._checks import FLOAT, INT, Dims
 from .config import MLAConfig, yarn_get_mscale
 
-__all__ = ["inv_freq", "rope_cos_sin", "apply_rope"]
+__all__ = ["apply_rope", "inv_freq", "rope_cos_sin"]
 
 
 def _correction_dim(num_rotations: float, dim: int, base: float, max_position: int) -> float:
@@ -71,9 +71,11 @@ def rope_cos_sin(config: MLAConfig, positions: torch.Tensor) -> tuple[torch.Tens
         raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
     angle = positions.to(torch.float64)[:, None] * inv_freq(config).to(positions.device)[None, :]
     ys = config.rope_scaling
-    m = 1.0 if ys is None else (
-        yarn_get_mscale(ys.factor, ys.mscale) / yarn_get_mscale(ys.factor, ys.mscale_all_dim) * ys.attn_factor
-    )  # fmt: skip
+    m = (
+        1.0
+        if ys is None
+        else (yarn_get_mscale(ys.factor, ys.mscale) / yarn_get_mscale(ys.factor, ys.mscale_all_dim) * ys.attn_factor)
+    )
     return torch.cos(angle) * m, torch.sin(angle) * m
 
 

@@ -52,21 +52,21 @@ from .attention import attention
 
 __all__ = [
     "LAYER_KINDS",
-    "layer_kind",
-    "window_mask",
-    "compressed_span",
-    "num_visible_compressed",
-    "compressed_mask",
-    "SWAIndices",
-    "swa_indices_and_lens",
-    "prefill_gather_lens",
-    "c128a_topk_indices",
     "CombinedIndices",
-    "combine_topk_swa_indices",
-    "prefill_workspace",
     "PrefillChunk",
+    "SWAIndices",
+    "c128a_topk_indices",
+    "combine_topk_swa_indices",
+    "compressed_mask",
+    "compressed_span",
+    "layer_kind",
+    "num_visible_compressed",
     "prefill_chunk_plan",
+    "prefill_gather_lens",
+    "prefill_workspace",
+    "swa_indices_and_lens",
     "v4_attention",
+    "window_mask",
 ]
 
 LAYER_KINDS = {1: "swaonly", 4: "c4a", 128: "c128a"}
@@ -88,7 +88,8 @@ def layer_kind(compress_ratio: int) -> str:
 
 
 def window_mask(s_q: int, s_kv: int, window: int, *, device: torch.device | str | None = None) -> torch.Tensor:
-    """Sliding-window causal mask ``[S_q, S_kv]`` bool, bottom-right aligned as :func:`~mlaspec.spec.attention.causal_mask`.
+    """Sliding-window causal mask ``[S_q, S_kv]`` bool, bottom-right aligned as
+    :func:`~mlaspec.spec.attention.causal_mask`.
 
     Query ``i`` is at position ``p = i + S_kv - S_q`` and sees key ``j`` iff ``p - window < j <= p``
     (``window`` keys, itself included). Example ``S_q = S_kv = 4, window = 2``::
@@ -258,7 +259,8 @@ def prefill_gather_lens(seq_lens: torch.Tensor, query_lens: torch.Tensor, window
 
 
 def c128a_topk_indices(positions: torch.Tensor, compress_ratio: int, width: int) -> torch.Tensor:
-    """c128a's "top-k": every visible compressed entry, ``[0, 1, ..., n - 1, -1, ...]`` with ``n = min((p+1)//r, width)``.
+    """c128a's "top-k": every visible compressed entry, ``[0, 1, ..., n - 1, -1, ...]``,
+    ``n = min((p+1)//r, width)``.
 
     ``_build_c128a_topk_metadata_kernel`` (``vllm/v1/attention/backends/mla/flashmla_sparse.py``): prefill uses
     these local indices; decode maps them through the compressed block table (:func:`mlaspec.spec.sparse.
@@ -305,8 +307,9 @@ def combine_topk_swa_indices(
 
         topk_len = min((pos + 1) // r, topk)            0 for swaonly (topk = 0)
         swa_len  = min(pos + 1, W)
-        indices[t, :topk_len]                   = b * M + topk_indices[t, :topk_len]        compressed region [0, N)
-        indices[t, topk_len:topk_len + swa_len] = b * M + N + (pos - swa_len + 1 - (seq_len - gather_len)) + [0..swa_len)
+        indices[t, :topk_len]                   = b * M + topk_indices[t, :topk_len]    compressed region [0, N)
+        indices[t, topk_len:topk_len + swa_len] = b * M + N + (pos - swa_len + 1 - (seq_len - gather_len))
+                                                  + [0..swa_len)
         lens[t] = topk_len + swa_len;  row width = ceil((topk + W) / 128) * 128, rest -1
 
     Source: ``combine_topk_swa_indices`` / ``CombineTopkSwaIndicesKernel`` in
@@ -437,7 +440,8 @@ def prefill_chunk_plan(
     max_model_len: int | None = None,
     max_num_batched_tokens: int | None = None,
 ) -> list[PrefillChunk]:
-    """Split prefill requests into chunks whose gathered workspace fits (``DeepseekSparseSWAMetadata.get_prefill_chunk_plan``).
+    """Split prefill requests into chunks whose gathered workspace fits
+    (``DeepseekSparseSWAMetadata.get_prefill_chunk_plan``).
 
     Greedy, in request order: a chunk grows while ``count * (max compressed + max gather_len)`` stays
     ``<= chunk_size * (ceil(max_model_len / r) [0 for swaonly] + W + max_num_batched_tokens)``; a chunk always

@@ -61,15 +61,15 @@ from ._checks import FLOAT, INT, Dims, finite_float, positive_int
 from .attention import attention
 
 __all__ = [
+    "SparseDecodeOutput",
     "SparseOutput",
     "SparsePrefillOutput",
-    "SparseDecodeOutput",
-    "sparse_attention",
-    "sparse_prefill",
-    "sparse_decode",
-    "valid_slots",
-    "indices_to_mask",
     "global_slot_indices",
+    "indices_to_mask",
+    "sparse_attention",
+    "sparse_decode",
+    "sparse_prefill",
+    "valid_slots",
 ]
 
 

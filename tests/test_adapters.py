@@ -22,9 +22,9 @@ from mlaspec.conformance.backends.common import (
     importable,
     ln_to_log2,
     log2_to_ln,
-    page_kv,
     pad_heads,
     pad_last,
+    page_kv,
 )
 from mlaspec.conformance.backends.deepgemm import absolute_from_kernel, expand_context_lens, mask_paged_tail
 from mlaspec.conformance.backends.flashinfer import page_table_csr
@@ -303,10 +303,16 @@ def _vllm_033_source():
 
 
 VLLM_033 = _vllm_033_source()
-needs_vllm_033 = pytest.mark.skipif(VLLM_033 is None, reason="vLLM 0.33 sources not available (no .vendor/vllm-py, "
-                                    "no ~/.cache/mla-vendor wheel, no MLASPEC_VLLM_WHEEL_DIR)")  # fmt: skip
-METADATA_OPS = ("split_decodes_and_prefills", "reorder_batch_to_split_decodes_and_prefills",
-                "make_local_attention_virtual_batches")  # fmt: skip
+needs_vllm_033 = pytest.mark.skipif(
+    VLLM_033 is None,
+    reason="vLLM 0.33 sources not available (no .vendor/vllm-py, "
+    "no ~/.cache/mla-vendor wheel, no MLASPEC_VLLM_WHEEL_DIR)",
+)
+METADATA_OPS = (
+    "split_decodes_and_prefills",
+    "reorder_batch_to_split_decodes_and_prefills",
+    "make_local_attention_virtual_batches",
+)
 
 
 @pytest.fixture(scope="module")
@@ -348,21 +354,29 @@ def test_vllm_kernel_ops_are_declared_unsupported_on_cpu(vllm_cpu):
     assert r.verdict == "skip" and "need CUDA" in r.reason
 
 
-_request = st.builds(lambda c, q, p, first: Request(0 if first else c, max(q, 1) if first else q, p),
-                     st.integers(1, 30), st.integers(0, 12), st.one_of(st.none(), st.integers(1, 40)),
-                     st.booleans())  # fmt: skip
+_request = st.builds(
+    lambda c, q, p, first: Request(0 if first else c, max(q, 1) if first else q, p),
+    st.integers(1, 30),
+    st.integers(0, 12),
+    st.one_of(st.none(), st.integers(1, 40)),
+    st.booleans(),
+)
 
 
 @needs_vllm_033
-@given(requests=st.lists(_request, min_size=1, max_size=7), threshold=st.integers(1, 4),
-       require_uniform=st.booleans(), short_as_decodes=st.booleans())  # fmt: skip
+@given(
+    requests=st.lists(_request, min_size=1, max_size=7),
+    threshold=st.integers(1, 4),
+    require_uniform=st.booleans(),
+    short_as_decodes=st.booleans(),
+)
 def test_vllm_split_and_reorder_agree_with_the_spec(vllm_cpu, requests, threshold, require_uniform, short_as_decodes):
-    from mlaspec.spec.batch import build_metadata, reorder_batch_to_split_decodes_and_prefills as reorder
+    from mlaspec.spec.batch import build_metadata
+    from mlaspec.spec.batch import reorder_batch_to_split_decodes_and_prefills as reorder
     from mlaspec.spec.batch import split_decodes_and_prefills as split
 
     r = reorder(requests, threshold, regions=4)
-    assert vllm_cpu.reorder_batch_to_split_decodes_and_prefills(requests, threshold) == (r.order, r.regions,
-                                                                                          r.modified)  # fmt: skip
+    assert vllm_cpu.reorder_batch_to_split_decodes_and_prefills(requests, threshold) == (r.order, r.regions, r.modified)
     m = build_metadata(list(r.requests), block_size=4)
     got = vllm_cpu.split_decodes_and_prefills(m, threshold, require_uniform, short_as_decodes)
     assert got == tuple(split(m, threshold, require_uniform, short_as_decodes))
@@ -436,8 +450,9 @@ def test_fp8_inputs_are_exact_and_decode_like_the_spec():
         q8 = (kw["q"].float() / kw["q_scale"]).to(torch.float8_e4m3fn).float() * kw["q_scale"]
         assert torch.equal(q8.to(kw["q"].dtype), kw["q"])  # quantizing q to e4m3 loses nothing
         ref = dequantized_entries(kw["kv_cache"], kw["layout"], kw["k_scale"])
-        assert torch.allclose(decode_records(kw["kv_cache"], kw["layout"], kw["k_scale"]).double(), ref,
-                              rtol=2**-23, atol=0)  # fmt: skip
+        assert torch.allclose(
+            decode_records(kw["kv_cache"], kw["layout"], kw["k_scale"]).double(), ref, rtol=2**-23, atol=0
+        )
     with pytest.raises(ValueError, match="q_scale"):
         fp8_query(torch.tensor([1.3, 2.7]), 0.1, torch.bfloat16)  # e4m3 * 0.1 needs more than bf16's 8 bits
     with pytest.raises(ValueError, match="layout"):

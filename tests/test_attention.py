@@ -36,7 +36,7 @@ def problems(draw, max_len=6):
     h_q = h_kv * draw(st.sampled_from([1, 2, 3]))
     d, dv = draw(st.integers(1, 5)), draw(st.integers(1, 4))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     return mk(b, s_q, h_q, d), mk(b, s_kv, h_kv, d), mk(b, s_kv, h_kv, dv)
 
 
@@ -64,7 +64,9 @@ def test_matches_naive(p, causal):
     assert out.dtype == lse.dtype == torch.float64
     scale = 1 / math.sqrt(q.shape[-1])
     for b in range(q.shape[0]):
-        allowed = causal_mask(q.shape[1], k.shape[1]) if causal else torch.ones(q.shape[1], k.shape[1], dtype=torch.bool)
+        allowed = (
+            causal_mask(q.shape[1], k.shape[1]) if causal else torch.ones(q.shape[1], k.shape[1], dtype=torch.bool)
+        )
         o_ref, l_ref = naive(q[b], k[b], v[b], scale, allowed)
         torch.testing.assert_close(out[b], o_ref, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(lse[b], l_ref, rtol=1e-12, atol=1e-12)
@@ -128,17 +130,52 @@ def test_varlen_equals_each_sequence_alone(lens, causal):
 @pytest.mark.parametrize(
     "args, kwargs, err, match",
     [
-        ((torch.randn(2, 3, 4), torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)), {}, ValueError, "q must have rank 4"),
-        ((torch.randn(2, 3, 4, 8), torch.randn(3, 3, 1, 8), torch.randn(3, 3, 1, 8)), {}, ValueError, "k must have shape"),
+        (
+            (torch.randn(2, 3, 4), torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)),
+            {},
+            ValueError,
+            "q must have rank 4",
+        ),
+        (
+            (torch.randn(2, 3, 4, 8), torch.randn(3, 3, 1, 8), torch.randn(3, 3, 1, 8)),
+            {},
+            ValueError,
+            "k must have shape",
+        ),
         ((torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 7), torch.randn(1, 3, 1, 8)), {}, ValueError, "D_qk=8"),
         ((torch.randn(1, 3, 4, 8), torch.randn(1, 3, 3, 8), torch.randn(1, 3, 3, 8)), {}, ValueError, "divides H_q"),
         ((torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 2, 1, 8)), {}, ValueError, "v must have"),
-        ((torch.ones(1, 3, 4, 8, dtype=torch.int64), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {}, TypeError, "q must have dtype"),  # noqa: E501
+        (
+            (torch.ones(1, 3, 4, 8, dtype=torch.int64), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)),
+            {},
+            TypeError,
+            "q must have dtype",
+        ),
         (([1.0], torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {}, TypeError, "q must be a torch.Tensor"),
-        ((torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {"mask": torch.ones(1, 2, 3).bool()}, ValueError, "mask"),  # noqa: E501
-        ((torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {"mask": torch.ones(1, 3, 3)}, TypeError, "mask must have dtype bool"),  # noqa: E501
-        ((torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {"scale": math.nan}, ValueError, "scale"),  # noqa: E501
-        ((torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {"causal": 1}, TypeError, "causal"),  # noqa: E501
+        (
+            (torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)),
+            {"mask": torch.ones(1, 2, 3).bool()},
+            ValueError,
+            "mask",
+        ),
+        (
+            (torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)),
+            {"mask": torch.ones(1, 3, 3)},
+            TypeError,
+            "mask must have dtype bool",
+        ),
+        (
+            (torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)),
+            {"scale": math.nan},
+            ValueError,
+            "scale",
+        ),
+        (
+            (torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)),
+            {"causal": 1},
+            TypeError,
+            "causal",
+        ),
     ],
 )
 def test_bad_input(args, kwargs, err, match):

@@ -88,10 +88,15 @@ def test_every_token_has_one_slot_and_one_request(reqs, block_size):
 def _valid_parts():
     m = build_metadata([Request(2, 1), Request(0, 3)], block_size=2)
     return dict(
-        query_start_loc=m.query_start_loc, seq_lens=m.seq_lens, num_computed_tokens=m.num_computed_tokens,
-        block_table=m.block_table, slot_mapping=m.slot_mapping, is_prefilling=m.is_prefilling,
-        block_size=2, num_blocks=m.num_blocks,
-    )  # fmt: skip
+        query_start_loc=m.query_start_loc,
+        seq_lens=m.seq_lens,
+        num_computed_tokens=m.num_computed_tokens,
+        block_table=m.block_table,
+        slot_mapping=m.slot_mapping,
+        is_prefilling=m.is_prefilling,
+        block_size=2,
+        num_blocks=m.num_blocks,
+    )
 
 
 def test_valid_parts_construct():
@@ -329,5 +334,6 @@ def test_split_require_uniform_padding_rows_follow_vllm_033():
     # the uniform shortcut applies only when short extends count as decodes: otherwise is_prefilling decides
     u = build_metadata([Request(5, 2), Request(3, 2, prompt_len=10), Request(9, 0)], block_size=4)
     assert split_decodes_and_prefills(u, decode_threshold=2, require_uniform=True) == (3, 0, 4, 0)
-    assert split_decodes_and_prefills(u, decode_threshold=2, require_uniform=True,
-                                      treat_short_extends_as_decodes=False) == (1, 2, 2, 2)  # fmt: skip
+    assert split_decodes_and_prefills(
+        u, decode_threshold=2, require_uniform=True, treat_short_extends_as_decodes=False
+    ) == (1, 2, 2, 2)

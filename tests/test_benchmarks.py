@@ -52,8 +52,15 @@ def test_table_ratios_come_from_the_same_run_reference(bench):
     rows = _rows(common)
     table = common.markdown_table(rows)
     lines = table.splitlines()
-    assert lines[0].split("|")[1:-1] == [" kernel ", " shape ", " provider ", " µs ", " GB/s ", " TFLOP/s ",
-                                         " vs reference "]  # fmt: skip
+    assert lines[0].split("|")[1:-1] == [
+        " kernel ",
+        " shape ",
+        " provider ",
+        " µs ",
+        " GB/s ",
+        " TFLOP/s ",
+        " vs reference ",
+    ]
     cells = {}  # (kernel, shape, provider) -> the "vs reference" cell
     for line in lines[2:]:
         if line.startswith("| "):
@@ -77,8 +84,14 @@ def test_figures_and_results_files(bench, tmp_path):
     path = tmp_path / "roofline.png"
     common.plot_roofline(rows, 4.25e12, 7.9e14, str(path), fp8_rate=1.3e15)
     assert path.read_bytes().startswith(PNG)
-    common.plot_sweep([r for r in rows if r.kernel == "decode"], str(tmp_path / "sweep.png"), x="S_kv", panel="H",
-                      series="B", ceiling=4250)  # fmt: skip
+    common.plot_sweep(
+        [r for r in rows if r.kernel == "decode"],
+        str(tmp_path / "sweep.png"),
+        x="S_kv",
+        panel="H",
+        series="B",
+        ceiling=4250,
+    )
     common.plot_bars(rows, str(tmp_path / "bars.png"))
     assert (tmp_path / "sweep.png").read_bytes().startswith(PNG) and (tmp_path / "bars.png").read_bytes()[:8] == PNG
     env = {"gpu": "test card", "roofline": common.Roofline(4.25e12, 7.9e14, None)._asdict()}

@@ -49,8 +49,9 @@ def test_malformed_layout_is_rejected():
         cl.CacheLayout("bad", "x", 4, 4, (cl.Field("v", 1, 3, "e4m3", 3, "values", (0, 3)),), PER_TENSOR_RULE)
 
 
-@pytest.mark.parametrize(("layout", "data", "tail"), [(cl.FP8_DS_MLA_V4, 576, 8), (cl.MXFP8_DS_MLA_V41, 512, 16)],
-                         ids=["v4", "v41"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("layout", "data", "tail"), [(cl.FP8_DS_MLA_V4, 576, 8), (cl.MXFP8_DS_MLA_V41, 512, 16)], ids=["v4", "v41"]
+)
 def test_v4_and_v41_pages_put_scale_rows_after_all_data_rows(layout, data, tail):
     # vLLM fused_compress_quant_cache.py @1bd28daa: V4 values at page + off * 576, scales at page + P * 576 + off * 8
     # (_rope_quant_insert_kernel); V4.1 values at page + off * 512, scales at page + P * 512 + off * 16
@@ -140,8 +141,11 @@ def near_boundary_entries(draw, layout):
     t = draw(st.integers(1, 3))
     x = torch.randn(t, 512, generator=g, dtype=F64) * 2.0 ** draw(st.floats(-12, 6))
     group = layout.value_fields[0].group
-    for row, grp, k, n in draw(st.lists(st.tuples(st.integers(0, t - 1), st.integers(0, 6), st.integers(-20, 12),
-                                                  st.integers(0, 12)), max_size=4)):  # fmt: skip
+    for row, grp, k, n in draw(
+        st.lists(
+            st.tuples(st.integers(0, t - 1), st.integers(0, 6), st.integers(-20, 12), st.integers(0, 12)), max_size=4
+        )
+    ):
         edge = torch.tensor(448.0 * 2.0**k, dtype=torch.float32)
         a = edge
         for _ in range(n):

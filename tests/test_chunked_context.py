@@ -42,8 +42,9 @@ def full_attention(new, ctx, w, new_tokens):
         e = s + q
         kv = torch.cat([ckv, new["kv_c"][s:e]])[None]
         pe = torch.cat([cpe, new["k_pe"][s:e]])[None]
-        o, l = mla_mha(new["q_nope"][None, s:e], new["q_pe"][None, s:e], kv, pe, w["W_UK"], w["W_UV"],
-                       scale=SCALE, causal=True)  # fmt: skip
+        o, l = mla_mha(
+            new["q_nope"][None, s:e], new["q_pe"][None, s:e], kv, pe, w["W_UK"], w["W_UV"], scale=SCALE, causal=True
+        )
         outs.append(o[0])
         lses.append(l[0])
         s = e
@@ -235,8 +236,9 @@ def test_mixed_batch_equals_each_request_alone(problem):
     contexts, new_tokens = [r.context_len for r in reqs], [r.new_tokens for r in reqs]
     new, ctx, w = make_problem(seed, contexts, new_tokens)
     m = build_metadata(reqs, block_size=block_size)
-    res = mla_mixed_batch(**new, metadata=m, context=ctx, **w, scale=SCALE, workspace_size=workspace,
-                          decode_threshold=threshold)  # fmt: skip
+    res = mla_mixed_batch(
+        **new, metadata=m, context=ctx, **w, scale=SCALE, workspace_size=workspace, decode_threshold=threshold
+    )
     ref_out, ref_lse = full_attention(new, ctx, w, new_tokens)
     torch.testing.assert_close(res.out, ref_out, rtol=1e-11, atol=1e-11)
     torch.testing.assert_close(res.lse, ref_lse, rtol=1e-11, atol=1e-11)
@@ -265,8 +267,9 @@ def test_mixed_batch_with_output_projection_and_paged_gather():
 
     g = torch.Generator().manual_seed(1)
     W_O = randn(g, N * V, H)
-    res = mla_mixed_batch(**new, metadata=m, context=gather, **w, scale=SCALE, workspace_size=4, decode_threshold=2,
-                          W_O=W_O)  # fmt: skip
+    res = mla_mixed_batch(
+        **new, metadata=m, context=gather, **w, scale=SCALE, workspace_size=4, decode_threshold=2, W_O=W_O
+    )
     assert res.split == (2, 2, 3, 7)
     assert res.plan.max_context_chunk == 4 and res.plan.num_chunks == 3
     ref_out, _ = full_attention(new, ctx, w, new_tokens)
@@ -285,8 +288,9 @@ def test_mixed_batch_bad_input():
     with pytest.raises(ValueError, match="W_O"):
         mla_mixed_batch(**new, metadata=good, context=ctx, **w, scale=SCALE, workspace_size=8, W_O=torch.zeros(5, 2))
     with pytest.raises(ValueError, match="q_nope"):
-        mla_mixed_batch(**{**new, "q_nope": new["q_nope"][:2]}, metadata=good, context=ctx, **w, scale=SCALE,
-                        workspace_size=8)  # fmt: skip
+        mla_mixed_batch(
+            **{**new, "q_nope": new["q_nope"][:2]}, metadata=good, context=ctx, **w, scale=SCALE, workspace_size=8
+        )
     with pytest.raises(TypeError, match="metadata"):
         mla_mixed_batch(**new, metadata=None, context=ctx, **w, scale=SCALE, workspace_size=8)
 
@@ -326,7 +330,9 @@ def test_chunked_through_fp8_cache_is_within_the_quantization_bound(contexts, se
         return e[:, :lkv], e[:, lkv:]
 
     plan = plan_context_chunks(contexts, 4 * len(contexts), page)
-    out, lse = chunked_prefill_attention(**new, cu_seqlens_q=cu(new_tokens), context=gather, plan=plan, **w, scale=SCALE)
+    out, lse = chunked_prefill_attention(
+        **new, cu_seqlens_q=cu(new_tokens), context=gather, plan=plan, **w, scale=SCALE
+    )
     deq = [gather(b, 0, c) for b, c in enumerate(contexts)]
     ref_deq, _ = full_attention(new, deq, w, new_tokens)
     torch.testing.assert_close(out, ref_deq, rtol=1e-12, atol=1e-12)
@@ -339,14 +345,19 @@ def test_chunked_through_fp8_cache_is_within_the_quantization_bound(contexts, se
             d = error_bound(torch.cat([kv, pe], 1), FP8_DS_MLA_V32)  # [C, 576]
             dk_nope = torch.einsum("cl,lnp->cnp", d[:, :lkv], w["W_UK"].abs())
             dv = torch.einsum("cl,lnv->cnv", d[:, :lkv], w["W_UV"].abs())
-            ds = SCALE * (torch.einsum("tnp,cnp->tnc", new["q_nope"][s:e].abs(), dk_nope)
-                          + torch.einsum("tnr,cr->tnc", new["q_pe"][s:e].abs(), d[:, lkv:]))  # fmt: skip
+            ds = SCALE * (
+                torch.einsum("tnp,cnp->tnc", new["q_nope"][s:e].abs(), dk_nope)
+                + torch.einsum("tnr,cr->tnc", new["q_pe"][s:e].abs(), d[:, lkv:])
+            )
             delta = ds.amax(-1)  # [q, N]: the largest logit perturbation per row
-            v_all = torch.cat([torch.einsum("cl,lnv->cnv", kv, w["W_UV"]).abs() + dv,
-                               torch.einsum("tl,lnv->tnv", new["kv_c"][s:e], w["W_UV"]).abs()])  # fmt: skip
+            v_all = torch.cat(
+                [
+                    torch.einsum("cl,lnv->cnv", kv, w["W_UV"]).abs() + dv,
+                    torch.einsum("tl,lnv->tnv", new["kv_c"][s:e], w["W_UV"]).abs(),
+                ]
+            )
             bound = torch.expm1(2 * delta)[..., None] * v_all.amax(0) + dv.amax(0)  # [q, N, V]
             assert ((out[s:e] - exact[s:e]).abs() <= bound).all()
         else:
             torch.testing.assert_close(out[s:e], exact[s:e], rtol=1e-12, atol=1e-12)
         s = e
-

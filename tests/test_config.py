@@ -12,7 +12,7 @@ def test_deepseek_v3_dimensions_and_scale():
     assert (c.qk_head_dim, c.kv_entry_dim, c.v_head_dim) == (192, 576, 128)
     # deepseek_v2.py: scaling = qk_head_dim**-0.5 * mscale**2, mscale = 0.1 * mscale_all_dim * ln(factor) + 1
     assert c.softmax_scale == pytest.approx(192**-0.5 * (0.1 * math.log(40) + 1) ** 2)
-    assert MLAConfig.tiny(rope_scaling=None).softmax_scale == pytest.approx(MLAConfig.tiny().qk_head_dim**-0.5)
+    assert MLAConfig.tiny(rope_scaling=None).softmax_scale == pytest.approx(MLAConfig.tiny().qk_head_dim ** -0.5)
 
 
 def test_tensor_parallel():

@@ -1,7 +1,6 @@
 """The harness itself: the spec and torch backends pass, wrong backends fail with a reproducer, results stream."""
 
 import json
-import math
 
 import pytest
 import torch
@@ -55,8 +54,22 @@ def test_timeout_fails_the_case_and_the_run_goes_on():
 
 def test_cli_writes_report_and_reproducer_reruns_one_case(tmp_path, capsys):
     out = tmp_path / "rep"
-    assert main(["check", "--backend", "tests.test_mutants_dense:WrongScale", "--ops", "mla_decode",
-                 "--dtypes", "bfloat16", "--report", str(out)]) == 1  # fmt: skip
+    assert (
+        main(
+            [
+                "check",
+                "--backend",
+                "tests.test_mutants_dense:WrongScale",
+                "--ops",
+                "mla_decode",
+                "--dtypes",
+                "bfloat16",
+                "--report",
+                str(out),
+            ]
+        )
+        == 1
+    )
     text = capsys.readouterr().out
     assert "FAILED mla_decode[" in text and "rerun: mlaspec check" in text
     lines = (out / "results.jsonl").read_text().splitlines()
@@ -67,8 +80,20 @@ def test_cli_writes_report_and_reproducer_reruns_one_case(tmp_path, capsys):
     # the reproducer names exactly one case, and rerunning it fails again
     rerun = failing["repro"].split("--case ")[1].strip("'")
     assert case_by_id(rerun).id == failing["case_id"]
-    assert main(["check", "--backend", "tests.test_mutants_dense:WrongScale", "--case", rerun,
-                 "--report", str(tmp_path / "one")]) == 1  # fmt: skip
+    assert (
+        main(
+            [
+                "check",
+                "--backend",
+                "tests.test_mutants_dense:WrongScale",
+                "--case",
+                rerun,
+                "--report",
+                str(tmp_path / "one"),
+            ]
+        )
+        == 1
+    )
     # the report can be rebuilt from the JSON lines alone
     (out / "report.html").unlink()
     assert main(["report", str(out)]) == 0 and (out / "report.html").exists()

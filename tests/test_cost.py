@@ -17,7 +17,6 @@ from mlaspec.spec.cost import (
     FORMS,
     H200_BANDWIDTH,
     H200_PEAK_FLOPS,
-    FormCost,
     attention_pairs,
     crossover,
     mla_cost,
@@ -112,10 +111,13 @@ def test_mla_cost_flops_equal_torch_flop_counter(form, b, s_q, s_kv):
     c = MLAConfig.tiny()
     g = torch.Generator().manual_seed(0)
     shapes = dict(
-        q_nope=(b, s_q, c.num_heads, c.qk_nope_head_dim), q_pe=(b, s_q, c.num_heads, c.qk_rope_head_dim),
-        kv_c=(b, s_kv, c.kv_lora_rank), k_pe=(b, s_kv, c.qk_rope_head_dim),
-        W_UK=(c.kv_lora_rank, c.num_heads, c.qk_nope_head_dim), W_UV=(c.kv_lora_rank, c.num_heads, c.v_head_dim),
-    )  # fmt: skip
+        q_nope=(b, s_q, c.num_heads, c.qk_nope_head_dim),
+        q_pe=(b, s_q, c.num_heads, c.qk_rope_head_dim),
+        kv_c=(b, s_kv, c.kv_lora_rank),
+        k_pe=(b, s_kv, c.qk_rope_head_dim),
+        W_UK=(c.kv_lora_rank, c.num_heads, c.qk_nope_head_dim),
+        W_UV=(c.kv_lora_rank, c.num_heads, c.v_head_dim),
+    )
     t = {k: torch.randn(*v, generator=g, dtype=torch.float64) for k, v in shapes.items()}
     with FlopCounterMode(display=False) as counter:
         _run(form, t)

@@ -33,7 +33,7 @@ def inputs(draw):
     b, s_q, ctx = draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(0, 6))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     w = make_weights(c, seed=draw(st.integers(0, 100)))
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     n, p, r, lkv = c.num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
     s_kv = s_q + ctx
     return c, w, (mk(b, s_q, n, p), mk(b, s_q, n, r), mk(b, s_kv, lkv), mk(b, s_kv, r))
@@ -77,8 +77,9 @@ def test_varlen_batch_equals_each_request_alone():
         a = mla_mha(*q, p.kv_c[None], p.k_pe[None], w.W_UK, w.W_UV, scale=c.softmax_scale, causal=True)
         b = mla_absorbed(*q, p.kv_c[None], p.k_pe[None], w.W_UK, w.W_UV, scale=c.softmax_scale, causal=True)
         assert rel_err(b.out, a.out) < RTOL
-        full = mla_mha(p.q_nope[None], p.q_pe[None], p.kv_c[None], p.k_pe[None], w.W_UK, w.W_UV,
-                       scale=c.softmax_scale, causal=True)  # fmt: skip
+        full = mla_mha(
+            p.q_nope[None], p.q_pe[None], p.kv_c[None], p.k_pe[None], w.W_UK, w.W_UV, scale=c.softmax_scale, causal=True
+        )
         torch.testing.assert_close(a.out, full.out[:, ctx:], rtol=RTOL, atol=RTOL)
 
 

@@ -14,21 +14,22 @@ import sys
 import pytest
 
 if "mlaspec.impl.decode" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process", allow_module_level=True
+    )
 os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mlaspec.conformance.cases import curated_cases  # noqa: E402
-from mlaspec.conformance.ops.indexer import logits_bound  # noqa: E402
-from mlaspec.conformance.runner import run_case  # noqa: E402
-from mlaspec.impl.backend import TritonBackend as TritonWithIndexer  # noqa: E402
-from mlaspec.impl.indexer import indexer_logits, paged_indexer_logits, topk_indices  # noqa: E402
-from mlaspec.spec import indexer as spec  # noqa: E402
-from mlaspec.spec.topk import topk_agreement  # noqa: E402
+from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.ops.indexer import logits_bound
+from mlaspec.conformance.runner import run_case
+from mlaspec.impl.backend import TritonBackend as TritonWithIndexer
+from mlaspec.impl.indexer import indexer_logits, paged_indexer_logits, topk_indices
+from mlaspec.spec import indexer as spec
+from mlaspec.spec.topk import topk_agreement
 
 pytestmark = pytest.mark.interpreter
 OPS = ("indexer_logits", "paged_indexer_logits", "topk_indices")
@@ -61,8 +62,9 @@ def test_composed_backend_declares_the_ops():
 # -- ragged logits ---------------------------------------------------------------------------------------------------
 def _ragged(seed, m, n, h, d, *, starts_past_zero=True):
     g = torch.Generator().manual_seed(seed)
-    q = spec.quantize_indexer_q(torch.randn(m, h, d, generator=g, dtype=torch.float64) * 3,
-                                torch.randn(m, h, generator=g, dtype=torch.float64))  # fmt: skip
+    q = spec.quantize_indexer_q(
+        torch.randn(m, h, d, generator=g, dtype=torch.float64) * 3, torch.randn(m, h, generator=g, dtype=torch.float64)
+    )
     k_fp8, k_scale = spec.quantize_indexer_k(torch.randn(n, d, generator=g, dtype=torch.float64) * 2)
     ks = torch.randint(0, n // 2 if starts_past_zero else 1, (m,), generator=g)
     ke = torch.minimum(ks + torch.randint(0, n, (m,), generator=g), torch.tensor(n))
@@ -100,15 +102,25 @@ def test_indexer_logits_property(m, n, h, seed):
 
 def test_indexer_logits_rejects_float_q():
     with pytest.raises(TypeError, match="q"):
-        indexer_logits(torch.zeros(2, 4, 16), torch.zeros(3, 16).to(torch.float8_e4m3fn), torch.zeros(2, 4),
-                       torch.zeros(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))  # fmt: skip
+        indexer_logits(
+            torch.zeros(2, 4, 16),
+            torch.zeros(3, 16).to(torch.float8_e4m3fn),
+            torch.zeros(2, 4),
+            torch.zeros(2, dtype=torch.int32),
+            torch.ones(2, dtype=torch.int32),
+        )
 
 
 def test_indexer_logits_rejects_non_power_of_two_heads():
     with pytest.raises(ValueError, match="H"):
         f8 = torch.zeros(2, 3, 16).to(torch.float8_e4m3fn)
-        indexer_logits(f8, torch.zeros(3, 16).to(torch.float8_e4m3fn), torch.zeros(2, 3),
-                       torch.zeros(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))  # fmt: skip
+        indexer_logits(
+            f8,
+            torch.zeros(3, 16).to(torch.float8_e4m3fn),
+            torch.zeros(2, 3),
+            torch.zeros(2, dtype=torch.int32),
+            torch.ones(2, dtype=torch.int32),
+        )
 
 
 # -- paged logits ----------------------------------------------------------------------------------------------------
@@ -125,8 +137,10 @@ def _paged(seed, b, next_n, p, h, d, seq_lens, *, lens_2d):
     slots = torch.cat([table[i, torch.arange(s) // p].long() * p + torch.arange(s) % p for i, s in enumerate(seq_lens)])
     keys = torch.randn(slots.numel(), d, generator=g, dtype=torch.float64)
     cache = spec.write_indexer_k_cache(spec.IndexerCacheLayout(p, d).empty(nb), keys, slots)
-    qq = spec.quantize_indexer_q(torch.randn(b * next_n, h, d, generator=g, dtype=torch.float64) * 2,
-                                 torch.randn(b * next_n, h, generator=g, dtype=torch.float64))  # fmt: skip
+    qq = spec.quantize_indexer_q(
+        torch.randn(b * next_n, h, d, generator=g, dtype=torch.float64) * 2,
+        torch.randn(b * next_n, h, generator=g, dtype=torch.float64),
+    )
     lens = torch.tensor(seq_lens)
     ctx = spec.decode_context_lens_native(lens, next_n) if lens_2d else lens
     return qq.q_fp8.reshape(b, next_n, h, d), cache, table, ctx.int(), qq.weights.float()
@@ -134,7 +148,7 @@ def _paged(seed, b, next_n, p, h, d, seq_lens, *, lens_2d):
 
 @pytest.mark.parametrize("next_n,lens_2d", [(1, False), (2, True), (3, True), (4, False)])
 def test_paged_indexer_logits_mtp(next_n, lens_2d):
-    seq_lens = [37, next_n, 0, 70][: 4]
+    seq_lens = [37, next_n, 0, 70][:4]
     q, cache, table, ctx, w = _paged(next_n, 4, next_n, 16, 8, 32, seq_lens, lens_2d=lens_2d)
     width = max(seq_lens) + 5
     got = paged_indexer_logits(q, cache, table, ctx, w, max_context_len=width, block_n=16, tiles=2)
@@ -161,8 +175,13 @@ def test_paged_indexer_logits_default_width():
 def test_paged_indexer_logits_rejects_wrong_cache_width():
     q = torch.zeros(1, 1, 8, 16).to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="cache"):
-        paged_indexer_logits(q, torch.zeros(2, 16, 16, dtype=torch.uint8), torch.zeros(1, 1, dtype=torch.int32),
-                             torch.ones(1, dtype=torch.int32), torch.zeros(1, 8))  # fmt: skip
+        paged_indexer_logits(
+            q,
+            torch.zeros(2, 16, 16, dtype=torch.uint8),
+            torch.zeros(1, 1, dtype=torch.int32),
+            torch.ones(1, dtype=torch.int32),
+            torch.zeros(1, 8),
+        )
 
 
 # -- top-k -----------------------------------------------------------------------------------------------------------

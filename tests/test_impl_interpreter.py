@@ -17,25 +17,26 @@ import sys
 import pytest
 
 if "mlaspec.impl.decode" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process", allow_module_level=True
+    )
 os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mlaspec.conformance.cases import Case, curated_cases  # noqa: E402
-from mlaspec.conformance.ops.common import attention_bounds, unit_roundoff  # noqa: E402
-from mlaspec.conformance.runner import run_case  # noqa: E402
-from mlaspec.impl.backend import TritonBackend, interpreted  # noqa: E402
-from mlaspec.impl.decode import DecodeConfig, mla_decode_paged, num_splits_heuristic, page_cache  # noqa: E402
-from mlaspec.impl.merge import merge_attn_states  # noqa: E402
-from mlaspec.impl import selfcheck  # noqa: E402
-from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen, prefill_config, split_head_dim  # noqa: E402
-from mlaspec.spec import merge as spec_merge  # noqa: E402
-from mlaspec.spec.attention import attention_varlen  # noqa: E402
-from mlaspec.spec.forms import mqa_latent_attention  # noqa: E402
+from mlaspec.conformance.cases import Case, curated_cases
+from mlaspec.conformance.ops.common import attention_bounds, unit_roundoff
+from mlaspec.conformance.runner import run_case
+from mlaspec.impl import selfcheck
+from mlaspec.impl.backend import TritonBackend, interpreted
+from mlaspec.impl.decode import DecodeConfig, mla_decode_paged, num_splits_heuristic, page_cache
+from mlaspec.impl.merge import merge_attn_states
+from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen, prefill_config, split_head_dim
+from mlaspec.spec import merge as spec_merge
+from mlaspec.spec.attention import attention_varlen
+from mlaspec.spec.forms import mqa_latent_attention
 
 pytestmark = pytest.mark.interpreter
 SCALE = 192**-0.5
@@ -49,14 +50,17 @@ def assert_within(name, got, ref, bound):
     inf = torch.isinf(ref)
     assert torch.equal(torch.isinf(got), inf) and torch.equal(got[inf], ref[inf]), (
         f"{name}: inf positions differ: got {got[torch.isinf(got) | torch.isinf(ref)].tolist()}, "
-        f"spec {ref[torch.isinf(got) | torch.isinf(ref)].tolist()}")  # fmt: skip
+        f"spec {ref[torch.isinf(got) | torch.isinf(ref)].tolist()}"
+    )
     finite = torch.isfinite(ref)
     err = torch.where(finite, (got - ref).abs(), 0.0)
     ratio = err / torch.broadcast_to(bound, ref.shape).clamp_min(1e-300)
     worst = int(ratio.argmax())
-    assert ratio.max() <= 1, (f"{name}: error {err.flatten()[worst]:.3g} > bound "
-                              f"{torch.broadcast_to(bound, ref.shape).flatten()[worst]:.3g} at flat index {worst}: "
-                              f"got {got.flatten()[worst]:.6g}, spec {ref.flatten()[worst]:.6g}")  # fmt: skip
+    assert ratio.max() <= 1, (
+        f"{name}: error {err.flatten()[worst]:.3g} > bound "
+        f"{torch.broadcast_to(bound, ref.shape).flatten()[worst]:.3g} at flat index {worst}: "
+        f"got {got.flatten()[worst]:.6g}, spec {ref.flatten()[worst]:.6g}"
+    )
 
 
 def test_kernels_are_interpreted():
@@ -103,8 +107,7 @@ def _decode_reference(q, kv, seq_lens, causal, u):
 )
 def test_decode_matches_spec(dtype, B, S_q, H, seq_lens, causal, num_splits):
     q, kv, cache, block_table, lens = _decode_case(B, S_q, H, seq_lens, dtype, causal, seed=B * 100 + S_q * 10 + H)
-    out, lse = mla_decode_paged(q, cache, block_table, lens, d_v=512, scale=SCALE, causal=causal,
-                                num_splits=num_splits)  # fmt: skip
+    out, lse = mla_decode_paged(q, cache, block_table, lens, d_v=512, scale=SCALE, causal=causal, num_splits=num_splits)
     assert out.dtype == dtype and out.shape == (B, S_q, H, 512) and lse.shape == (B, H, S_q)
     ref_out, ref_lse, out_bound, lse_bound = _decode_reference(q, kv, seq_lens, causal, unit_roundoff(dtype))
     assert_within("out", out, ref_out, out_bound)
@@ -118,8 +121,9 @@ def test_decode_ignores_page_order_and_split_count():
     perm = torch.randperm(cache.shape[0], generator=torch.Generator().manual_seed(1))
     moved = torch.empty_like(cache)
     moved[perm] = cache
-    b = mla_decode_paged(q, moved, torch.where(block_table >= 0, perm[block_table.long()], -1).int(), lens,
-                         scale=SCALE, num_splits=2)  # fmt: skip
+    b = mla_decode_paged(
+        q, moved, torch.where(block_table >= 0, perm[block_table.long()], -1).int(), lens, scale=SCALE, num_splits=2
+    )
     assert torch.equal(a.out, b.out) and torch.equal(a.lse, b.lse)
     # one split instead of two: the same numbers up to fp32 reassociation and the final rounding
     c = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, num_splits=1)
@@ -164,8 +168,13 @@ def test_num_splits_heuristic_examples(batch, row_blocks, rows, seq, expected):
     assert num_splits_heuristic(batch, row_blocks, seq, 132, rows_per_block=rows) == expected
 
 
-@given(batch=st.integers(1, 256), row_blocks=st.integers(1, 4), rows=st.sampled_from([16, 32, 64]),
-       seq=st.integers(1, 1 << 17), sms=st.integers(1, 200))  # fmt: skip
+@given(
+    batch=st.integers(1, 256),
+    row_blocks=st.integers(1, 4),
+    rows=st.sampled_from([16, 32, 64]),
+    seq=st.integers(1, 1 << 17),
+    sms=st.integers(1, 200),
+)
 def test_num_splits_heuristic_fills_whole_waves(batch, row_blocks, rows, seq, sms):
     splits = num_splits_heuristic(batch, row_blocks, seq, sms, rows_per_block=rows)
     programs = batch * row_blocks * splits
@@ -202,15 +211,22 @@ def test_prefill_matches_spec(dtype, lens_q, lens_k, H_q, H_kv, D_qk, D_v, causa
         if qe == qs:
             continue
         r = (ref.out[None, qs:qe], ref.lse[None, :, qs:qe])
-        ob, lb = attention_bounds(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], scale=D_qk**-0.5, causal=causal,
-                                  ref=r, u=u)  # fmt: skip
+        ob, lb = attention_bounds(
+            q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], scale=D_qk**-0.5, causal=causal, ref=r, u=u
+        )
         assert_within(f"out[seq {b}]", out[None, qs:qe], r[0], ob)
         assert_within(f"lse[seq {b}]", lse[None, :, qs:qe], r[1], lb)
 
 
 def test_split_head_dim():
     assert [split_head_dim(d) for d in (192, 576, 128, 24, 200, 1)] == [
-        (128, 64), (512, 64), (128, 0), (32, 0), (256, 0), (16, 0)]  # fmt: skip
+        (128, 64),
+        (512, 64),
+        (128, 0),
+        (32, 0),
+        (256, 0),
+        (16, 0),
+    ]
 
 
 def test_prefill_errors_name_the_limit():
@@ -303,8 +319,11 @@ def test_prefill_config_and_out_are_checked():
 # float32 --generated 200 --seed 0`; S_kv = 1 makes the output v itself). The budget now carries γ_Lkv |kv_c|.|W|
 # (conformance.ops.common.projection_error); a float64 projection passed them all along.
 FP32_PROJECTION_CASES = [
-    ("chunked_prefill_attention", "hyp-1", dict(H_q=3, Lkv=4, P=2, R=2, V=9, block_size=1, contexts=[0], q_lens=[2],
-                                                workspace_size=1)),  # fmt: skip
+    (
+        "chunked_prefill_attention",
+        "hyp-1",
+        dict(H_q=3, Lkv=4, P=2, R=2, V=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1),
+    ),
     ("mla_prefill", "hyp-14", dict(B=1, H_q=4, Lkv=25, P=1, R=2, S_kv=1, S_q=1, V=14, causal=True)),
     ("mla_prefill", "hyp-14", dict(B=1, H_q=1, Lkv=25, P=1, R=2, S_kv=1, S_q=1, V=14, causal=True)),
     ("mla_prefill", "hyp-14", dict(B=1, H_q=1, Lkv=14, P=1, R=2, S_kv=1, S_q=1, V=14, causal=True)),
@@ -312,14 +331,15 @@ FP32_PROJECTION_CASES = [
 ]
 
 
-@pytest.mark.parametrize("op, name, params", FP32_PROJECTION_CASES, ids=[f"{o}-{n}-{i}" for i, (o, n, _)
-                                                                         in enumerate(FP32_PROJECTION_CASES)])
+@pytest.mark.parametrize(
+    "op, name, params", FP32_PROJECTION_CASES, ids=[f"{o}-{n}-{i}" for i, (o, n, _) in enumerate(FP32_PROJECTION_CASES)]
+)
 def test_fp32_up_projection_accumulation_is_budgeted(op, name, params):
     r = run_case(TritonBackend(), Case(op, name, "float32", params), backend_name="triton", timeout=None)
     assert r.verdict == "pass", f"{op}[{name}] {params}: {r.verdict}: {r.reason}"
 
 
-# -- selfcheck: seeded draws, and the reproducer printed before the case runs -------------------------------------------
+# -- selfcheck: seeded draws, and the reproducer printed before the case runs ----------------------------------------
 def test_selfcheck_draws_are_seeded():
     a, b = selfcheck._generated(3, ["float16"], seed=7), selfcheck._generated(3, ["float16"], seed=7)
     assert [(c.id, c.params) for c in a] == [(c.id, c.params) for c in b]
@@ -336,8 +356,13 @@ def test_selfcheck_prints_the_case_before_running_it(capsys):
 
 # -- merge_attn_states ------------------------------------------------------------------------------------------------
 @settings(max_examples=10, deadline=None)
-@given(T=st.integers(1, 5), H=st.integers(1, 3), D=st.sampled_from([1, 16, 40]), seed=st.integers(0, 99),
-       dtype=st.sampled_from([torch.float16, torch.float32, torch.bfloat16]))  # fmt: skip
+@given(
+    T=st.integers(1, 5),
+    H=st.integers(1, 3),
+    D=st.sampled_from([1, 16, 40]),
+    seed=st.integers(0, 99),
+    dtype=st.sampled_from([torch.float16, torch.float32, torch.bfloat16]),
+)
 def test_merge_matches_spec(T, H, D, seed, dtype):
     g = torch.Generator().manual_seed(seed)
     p_out, s_out = (torch.randn(T, H, D, generator=g).to(dtype) for _ in range(2))

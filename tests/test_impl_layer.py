@@ -16,24 +16,24 @@ import sys
 import pytest
 
 if "mlaspec.impl.decode" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process", allow_module_level=True
+    )
 os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
+import torch
 
-from mlaspec.conformance.cases import curated_cases  # noqa: E402
-from mlaspec.conformance.runner import run_case  # noqa: E402
-from mlaspec.impl.backend import TritonBackend  # noqa: E402
-from mlaspec.impl.backend_layer import LAYER_OPS  # noqa: E402
-from mlaspec.impl.decode import page_cache  # noqa: E402
-from mlaspec.impl.decode import mla_decode_paged  # noqa: E402
-from mlaspec.impl.layer import context_chunks, mla_mixed_batch_layer, split_decodes  # noqa: E402
-from mlaspec.impl.sparse import BlockTable, float_keys, fp8_keys, paged_decode, sparse_mla  # noqa: E402
-from mlaspec.spec import cache_layouts as cl  # noqa: E402
-from mlaspec.spec.batch import Request, build_metadata, split_decodes_and_prefills  # noqa: E402
-from mlaspec.spec.chunked_context import mla_mixed_batch, plan_context_chunks  # noqa: E402
-from mlaspec.spec.forms import mqa_latent_attention  # noqa: E402
+from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.runner import run_case
+from mlaspec.impl.backend import TritonBackend
+from mlaspec.impl.backend_layer import LAYER_OPS
+from mlaspec.impl.decode import mla_decode_paged, page_cache
+from mlaspec.impl.layer import context_chunks, mla_mixed_batch_layer, split_decodes
+from mlaspec.impl.sparse import BlockTable, float_keys, fp8_keys, paged_decode, sparse_mla
+from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec.batch import Request, build_metadata, split_decodes_and_prefills
+from mlaspec.spec.chunked_context import mla_mixed_batch, plan_context_chunks
+from mlaspec.spec.forms import mqa_latent_attention
 
 pytestmark = pytest.mark.interpreter
 
@@ -56,9 +56,13 @@ def test_bf16_is_skipped_in_the_interpreter_with_a_reason():
 @pytest.mark.parametrize("layout", [cl.FP8_PER_TENSOR, cl.FP8_DS_MLA_V32], ids=lambda x: x.name)
 @pytest.mark.parametrize(
     "lens, s_q, splits, causal, dtype",
-    [([37, 0, 70], 1, None, True, torch.float32), ([65, 16], 3, 3, True, torch.float16),
-     ([5, 40], 2, 1, False, torch.float32), ([2, 33], 3, 2, True, torch.float32)],
-)  # fmt: skip
+    [
+        ([37, 0, 70], 1, None, True, torch.float32),
+        ([65, 16], 3, 3, True, torch.float16),
+        ([5, 40], 2, 1, False, torch.float32),
+        ([2, 33], 3, 2, True, torch.float32),
+    ],
+)
 def test_fp8_decode_matches_spec_over_dequantized_pages(layout, lens, s_q, splits, causal, dtype):
     """The per-tensor cache through the dense split-KV kernel, FlashMLA's 656-byte token through the sparse kernel
     with every token named by the block table (impl.sparse.paged_decode)."""
@@ -77,8 +81,9 @@ def test_fp8_decode_matches_spec_over_dequantized_pages(layout, lens, s_q, split
         keys = fp8_keys(cache.reshape(-1, width), "fp8_v32", page_size=page)
         out, lse = paged_decode(q, keys, table, seq_lens, scale=192**-0.5, causal=causal, num_splits=splits)
     else:
-        out, lse = mla_decode_paged(q, cache, table, seq_lens, k_scale=k_scale, scale=192**-0.5, causal=causal,
-                                    num_splits=splits)  # fmt: skip
+        out, lse = mla_decode_paged(
+            q, cache, table, seq_lens, k_scale=k_scale, scale=192**-0.5, causal=causal, num_splits=splits
+        )
     deq = cl.dequantize(raw.reshape(-1, width), layout, scale=k_scale).entries.reshape(len(lens), s_max, 576)
     tol = 2e-3 if dtype == torch.float16 else 1e-5
     for b, n in enumerate(lens):
@@ -131,7 +136,7 @@ def test_split_and_chunk_plan_agree_with_the_spec():
 
 def _batch(requests, *, lkv=32, r=16, n=4, p=16, v=16, blk=16, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    rn = lambda *s, scale=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype)  # noqa: E731
+    rn = lambda *s, scale=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype)
     reqs = [Request(*q) for q in requests]
     pages = [-(-q.seq_len // blk) for q in reqs]
     nb = sum(pages) + 2
@@ -148,16 +153,27 @@ def _batch(requests, *, lkv=32, r=16, n=4, p=16, v=16, blk=16, seed=0, dtype=tor
         cache[table[b, pos // blk].long(), pos % blk] = rn(q.context_len, lkv + r)
     t = meta.num_actual_tokens
     w_uk, w_uv = rn(lkv, n, p, scale=lkv**-0.5), rn(lkv, n, v, scale=lkv**-0.5)
-    return dict(q_nope=rn(t, n, p, scale=2.0), q_pe=rn(t, n, r, scale=2.0), kv_c=rn(t, lkv), k_pe=rn(t, r),
-                metadata=meta, kv_cache=cache, W_UK=w_uk, W_UV=w_uv, scale=(p + r) ** -0.5)  # fmt: skip
+    return dict(
+        q_nope=rn(t, n, p, scale=2.0),
+        q_pe=rn(t, n, r, scale=2.0),
+        kv_c=rn(t, lkv),
+        k_pe=rn(t, r),
+        metadata=meta,
+        kv_cache=cache,
+        W_UK=w_uk,
+        W_UV=w_uv,
+        scale=(p + r) ** -0.5,
+    )
 
 
 @pytest.mark.parametrize(
     "requests, workspace, threshold",
-    [([[21, 2], [0, 1], [3, 0], [50, 7], [0, 5], [16, 3]], 32, 2),  # padding row, MTP, 4 chunks
-     ([[0, 0], [0, 0]], 16, 1),  # nothing but CUDA-graph padding
-     ([[0, 6], [33, 4]], 16, 1)],  # prefills only, one with context of 3 chunks
-)  # fmt: skip
+    [
+        ([[21, 2], [0, 1], [3, 0], [50, 7], [0, 5], [16, 3]], 32, 2),  # padding row, MTP, 4 chunks
+        ([[0, 0], [0, 0]], 16, 1),  # nothing but CUDA-graph padding
+        ([[0, 6], [33, 4]], 16, 1),
+    ],  # prefills only, one with context of 3 chunks
+)
 def test_layer_matches_spec_and_writes_the_cache(requests, workspace, threshold):
     kw = _batch(requests, seed=len(requests) + workspace)
     meta, cache = kw["metadata"], kw["kv_cache"]
@@ -168,14 +184,36 @@ def test_layer_matches_spec_and_writes_the_cache(requests, workspace, threshold)
         e = cache[meta.block_table[b, pos // blk].long(), pos % blk]
         return e[:, :lkv], e[:, lkv:]
 
-    ref = mla_mixed_batch(kw["q_nope"], kw["q_pe"], kw["kv_c"], kw["k_pe"], meta, gather, kw["W_UK"], kw["W_UV"],
-                          scale=kw["scale"], workspace_size=workspace, decode_threshold=threshold)  # fmt: skip
+    ref = mla_mixed_batch(
+        kw["q_nope"],
+        kw["q_pe"],
+        kw["kv_c"],
+        kw["k_pe"],
+        meta,
+        gather,
+        kw["W_UK"],
+        kw["W_UV"],
+        scale=kw["scale"],
+        workspace_size=workspace,
+        decode_threshold=threshold,
+    )
     written = cache.clone()
-    out, lse = mla_mixed_batch_layer(kw["q_nope"], kw["q_pe"], kw["kv_c"], kw["k_pe"], written,
-                                     query_start_loc=meta.query_start_loc, context_lens=meta.num_computed_tokens,
-                                     block_table=meta.block_table, slot_mapping=meta.slot_mapping, W_UK=kw["W_UK"],
-                                     W_UV=kw["W_UV"], scale=kw["scale"], workspace_size=workspace,
-                                     decode_threshold=threshold)  # fmt: skip
+    out, lse = mla_mixed_batch_layer(
+        kw["q_nope"],
+        kw["q_pe"],
+        kw["kv_c"],
+        kw["k_pe"],
+        written,
+        query_start_loc=meta.query_start_loc,
+        context_lens=meta.num_computed_tokens,
+        block_table=meta.block_table,
+        slot_mapping=meta.slot_mapping,
+        W_UK=kw["W_UK"],
+        W_UV=kw["W_UV"],
+        scale=kw["scale"],
+        workspace_size=workspace,
+        decode_threshold=threshold,
+    )
     torch.testing.assert_close(out.double(), ref.out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double(), ref.lse, atol=1e-5, rtol=1e-6)
     # the new tokens landed at their slots, nothing else changed (NaN stays NaN)
@@ -191,7 +229,18 @@ def test_layer_refuses_a_batch_not_reordered():
     kw = _batch([[0, 5], [9, 1]])
     meta = kw["metadata"]
     with pytest.raises(ValueError, match="reorder"):
-        mla_mixed_batch_layer(kw["q_nope"], kw["q_pe"], kw["kv_c"], kw["k_pe"], kw["kv_cache"],
-                              query_start_loc=meta.query_start_loc, context_lens=meta.num_computed_tokens,
-                              block_table=meta.block_table, slot_mapping=meta.slot_mapping, W_UK=kw["W_UK"],
-                              W_UV=kw["W_UV"], scale=kw["scale"], workspace_size=16)  # fmt: skip
+        mla_mixed_batch_layer(
+            kw["q_nope"],
+            kw["q_pe"],
+            kw["kv_c"],
+            kw["k_pe"],
+            kw["kv_cache"],
+            query_start_loc=meta.query_start_loc,
+            context_lens=meta.num_computed_tokens,
+            block_table=meta.block_table,
+            slot_mapping=meta.slot_mapping,
+            W_UK=kw["W_UK"],
+            W_UV=kw["W_UV"],
+            scale=kw["scale"],
+            workspace_size=16,
+        )

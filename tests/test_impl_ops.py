@@ -14,27 +14,29 @@ import sys
 import pytest
 
 if "mlaspec.impl.decode" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process", allow_module_level=True
+    )
 os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-from hypothesis import given, strategies as st  # noqa: E402
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from mlaspec.conformance.backend import missing_op_reason, skip_reason  # noqa: E402
-from mlaspec.conformance.cases import Case, curated_cases  # noqa: E402
-from mlaspec.conformance.ops import unit_roundoff  # noqa: E402
-from mlaspec.conformance.ops.dense import _absorbed_bounds  # noqa: E402
-from mlaspec.conformance.ops.serving import _chunked_bounds  # noqa: E402
-from mlaspec.conformance.runner import run_case  # noqa: E402
-from mlaspec.conformance.verdict import judge  # noqa: E402
-from mlaspec.impl.backend import TritonBackend  # noqa: E402
-from mlaspec.impl.backend_metadata import HOST_SIDE  # noqa: E402
-from mlaspec.impl.slot_mapping import slot_mapping_from_block_table  # noqa: E402
-from mlaspec.spec import paged_cache as spec_paged  # noqa: E402
-from mlaspec.spec.chunked_context import chunked_prefill_attention, plan_context_chunks  # noqa: E402
-from mlaspec.spec.config import MLAConfig, make_weights  # noqa: E402
-from mlaspec.spec.forms import mla_absorbed  # noqa: E402
+from mlaspec.conformance.backend import missing_op_reason, skip_reason
+from mlaspec.conformance.cases import Case, curated_cases
+from mlaspec.conformance.ops import unit_roundoff
+from mlaspec.conformance.ops.dense import _absorbed_bounds
+from mlaspec.conformance.ops.serving import _chunked_bounds
+from mlaspec.conformance.runner import run_case
+from mlaspec.conformance.verdict import judge
+from mlaspec.impl.backend import TritonBackend
+from mlaspec.impl.backend_metadata import HOST_SIDE
+from mlaspec.impl.slot_mapping import slot_mapping_from_block_table
+from mlaspec.spec import paged_cache as spec_paged
+from mlaspec.spec.chunked_context import chunked_prefill_attention, plan_context_chunks
+from mlaspec.spec.config import MLAConfig, make_weights
+from mlaspec.spec.forms import mla_absorbed
 
 pytestmark = pytest.mark.interpreter
 NEW_OPS = ("chunked_prefill_attention", "mla_absorbed", "slot_mapping_from_block_table")
@@ -64,8 +66,10 @@ def test_host_side_metadata_is_skipped_with_its_reason(op):
     for case in curated_cases(ops=(op,), dtypes=("float16",)):
         r = run_case(b, case, backend_name="triton")
         assert r.verdict == "skip"
-        assert r.reason == f"triton does not implement {op} (host-side batch metadata: vLLM builds it on the CPU; " \
-                           f"no Triton kernel to judge)"  # fmt: skip
+        assert (
+            r.reason == f"triton does not implement {op} (host-side batch metadata: vLLM builds it on the CPU; "
+            f"no Triton kernel to judge)"
+        )
 
 
 def test_missing_op_reason_without_a_note():
@@ -90,8 +94,14 @@ def _batches(draw):
     dtypes = draw(st.tuples(*[st.sampled_from([torch.int32, torch.int64])] * 3))
     table, qsl, pos = (t.to(d) for t, d in zip((table, qsl, pos), dtypes))
     pad = draw(st.integers(0, 5))
-    return dict(block_table=table, block_size=P, query_start_loc=qsl, positions=pos, num_blocks=num_blocks,
-                pad_to=pos.numel() + pad), draw(st.sampled_from([1, 2, 4, 1024]))  # fmt: skip
+    return dict(
+        block_table=table,
+        block_size=P,
+        query_start_loc=qsl,
+        positions=pos,
+        num_blocks=num_blocks,
+        pad_to=pos.numel() + pad,
+    ), draw(st.sampled_from([1, 2, 4, 1024]))
 
 
 @given(_batches())
@@ -114,28 +124,35 @@ def test_slot_mapping_reads_the_requests_own_row():
 
 
 def _slot_args(**over):
-    kw = dict(block_table=torch.tensor([[1, 2], [0, 3]], dtype=torch.int32), block_size=4,
-              query_start_loc=torch.tensor([0, 2, 3], dtype=torch.int32), positions=torch.tensor([5, 6, 4]),
-              num_blocks=4, pad_to=None)  # fmt: skip
+    kw = dict(
+        block_table=torch.tensor([[1, 2], [0, 3]], dtype=torch.int32),
+        block_size=4,
+        query_start_loc=torch.tensor([0, 2, 3], dtype=torch.int32),
+        positions=torch.tensor([5, 6, 4]),
+        num_blocks=4,
+        pad_to=None,
+    )
     kw.update(over)
     return kw
 
 
 @pytest.mark.parametrize(
     "over, exc, name",
-    [(dict(positions=torch.tensor([5.0, 6.0, 4.0])), TypeError, "positions"),
-     (dict(block_table=torch.tensor([1, 2, 0, 3], dtype=torch.int32)), ValueError, "block_table"),
-     (dict(block_size=0), ValueError, "block_size"),
-     (dict(block_size=4.0), TypeError, "block_size"),
-     (dict(query_start_loc=torch.tensor([0, 3], dtype=torch.int32)), ValueError, "query_start_loc"),
-     (dict(query_start_loc=torch.tensor([0, 2, 2], dtype=torch.int32)), ValueError, "query_start_loc"),
-     (dict(query_start_loc=torch.tensor([0, 4, 3], dtype=torch.int32)), ValueError, "query_start_loc"),
-     (dict(positions=torch.tensor([5, -1, 4])), ValueError, "positions"),
-     (dict(positions=torch.tensor([5, 8, 4])), ValueError, "positions"),  # logical block 2 of a 2-wide table
-     (dict(num_blocks=3), ValueError, "block_table"),  # request 1 at position 4 uses page 3
-     (dict(block_table=torch.tensor([[1, -1], [0, 3]], dtype=torch.int32)), ValueError, "block_table"),
-     (dict(pad_to=2), ValueError, "pad_to")],
-)  # fmt: skip
+    [
+        (dict(positions=torch.tensor([5.0, 6.0, 4.0])), TypeError, "positions"),
+        (dict(block_table=torch.tensor([1, 2, 0, 3], dtype=torch.int32)), ValueError, "block_table"),
+        (dict(block_size=0), ValueError, "block_size"),
+        (dict(block_size=4.0), TypeError, "block_size"),
+        (dict(query_start_loc=torch.tensor([0, 3], dtype=torch.int32)), ValueError, "query_start_loc"),
+        (dict(query_start_loc=torch.tensor([0, 2, 2], dtype=torch.int32)), ValueError, "query_start_loc"),
+        (dict(query_start_loc=torch.tensor([0, 4, 3], dtype=torch.int32)), ValueError, "query_start_loc"),
+        (dict(positions=torch.tensor([5, -1, 4])), ValueError, "positions"),
+        (dict(positions=torch.tensor([5, 8, 4])), ValueError, "positions"),  # logical block 2 of a 2-wide table
+        (dict(num_blocks=3), ValueError, "block_table"),  # request 1 at position 4 uses page 3
+        (dict(block_table=torch.tensor([[1, -1], [0, 3]], dtype=torch.int32)), ValueError, "block_table"),
+        (dict(pad_to=2), ValueError, "pad_to"),
+    ],
+)
 def test_slot_mapping_rejects_bad_input_by_name(over, exc, name):
     with pytest.raises(exc, match=name):
         slot_mapping_from_block_table(**_slot_args(**over))
@@ -155,13 +172,20 @@ def _weights(n, lkv, p, r, v, dtype, seed):
 def _chunked_inputs(ctx, q_lens, *, workspace, block, dtype, align=True, seed=0, n=2, lkv=16, p=16, r=8, v=16):
     g = torch.Generator().manual_seed(seed)
     cfg, w = _weights(n, lkv, p, r, v, dtype, seed)
-    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype)  # noqa: E731
+    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype)
     t = sum(q_lens)
-    return dict(q_nope=rnd(t, n, p, scale=2.0), q_pe=rnd(t, n, r, scale=2.0), kv_c=rnd(t, lkv), k_pe=rnd(t, r),
-                cu_seqlens_q=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32),
-                context=[(rnd(c, lkv), rnd(c, r)) for c in ctx],
-                plan=plan_context_chunks(ctx, workspace, block, align_to_block=align), W_UK=w.W_UK, W_UV=w.W_UV,
-                scale=cfg.softmax_scale)  # fmt: skip
+    return dict(
+        q_nope=rnd(t, n, p, scale=2.0),
+        q_pe=rnd(t, n, r, scale=2.0),
+        kv_c=rnd(t, lkv),
+        k_pe=rnd(t, r),
+        cu_seqlens_q=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32),
+        context=[(rnd(c, lkv), rnd(c, r)) for c in ctx],
+        plan=plan_context_chunks(ctx, workspace, block, align_to_block=align),
+        W_UK=w.W_UK,
+        W_UV=w.W_UV,
+        scale=cfg.softmax_scale,
+    )
 
 
 def _judge(kw, got, ref, bounds_fn, dtype):
@@ -170,12 +194,14 @@ def _judge(kw, got, ref, bounds_fn, dtype):
 
 @pytest.mark.parametrize(
     "ctx, q_lens, workspace, block, align, dtype",
-    [([13, 0, 7], [2, 3, 1], 8, 4, True, torch.float32),  # 2 prefills with context: W = 4, 4 chunks, one empty
-     ([13, 0, 7], [2, 3, 1], 8, 4, False, torch.float16),  # the same, chunks not page-aligned (W = 4 as well)
-     ([9, 5], [1, 4], 7, 2, False, torch.float32),  # W = 3: chunk starts off the page boundaries
-     ([30], [3], 64, 16, True, torch.float16),  # the whole context in one chunk
-     ([0, 0], [2, 5], 16, 4, True, torch.float32)],  # no context at all: only the causal part
-)  # fmt: skip
+    [
+        ([13, 0, 7], [2, 3, 1], 8, 4, True, torch.float32),  # 2 prefills with context: W = 4, 4 chunks, one empty
+        ([13, 0, 7], [2, 3, 1], 8, 4, False, torch.float16),  # the same, chunks not page-aligned (W = 4 as well)
+        ([9, 5], [1, 4], 7, 2, False, torch.float32),  # W = 3: chunk starts off the page boundaries
+        ([30], [3], 64, 16, True, torch.float16),  # the whole context in one chunk
+        ([0, 0], [2, 5], 16, 4, True, torch.float32),
+    ],  # no context at all: only the causal part
+)
 def test_chunked_prefill_attention_matches_spec(ctx, q_lens, workspace, block, align, dtype):
     kw = _chunked_inputs(ctx, q_lens, workspace=workspace, block=block, dtype=dtype, align=align, seed=len(ctx))
     ref = tuple(chunked_prefill_attention(**kw))
@@ -189,8 +215,9 @@ def test_chunked_prefill_attention_matches_spec(ctx, q_lens, workspace, block, a
 def test_chunked_prefill_attention_takes_a_gather_callable():
     kw = _chunked_inputs([11, 6], [2, 2], workspace=8, block=4, dtype=torch.float32)
     ctx = kw["context"]
-    got = TritonBackend().chunked_prefill_attention(**{**kw, "context": lambda b, s, n: tuple(t[s : s + n]
-                                                                                             for t in ctx[b])})
+    got = TritonBackend().chunked_prefill_attention(
+        **{**kw, "context": lambda b, s, n: tuple(t[s : s + n] for t in ctx[b])}
+    )
     ref = TritonBackend().chunked_prefill_attention(**kw)
     assert all(torch.equal(a, b) for a, b in zip(got, ref))
 
@@ -205,14 +232,18 @@ def test_chunked_prefill_attention_rejects_bad_input_by_name():
     with pytest.raises(ValueError, match="context"):
         b.chunked_prefill_attention(**{**kw, "context": kw["context"][:1]})
     with pytest.raises(ValueError, match=r"context\[1\]"):
-        b.chunked_prefill_attention(**{**kw, "context": [kw["context"][0], (kw["context"][1][0][:2],
-                                                                             kw["context"][1][1][:2])]})
+        b.chunked_prefill_attention(
+            **{**kw, "context": [kw["context"][0], (kw["context"][1][0][:2], kw["context"][1][1][:2])]}
+        )
 
 
 def test_chunked_prefill_unsupported_head_dims_are_named():
-    case = Case("chunked_prefill_attention", "wide", "float16", dict(H_q=2, Lkv=32, P=256, R=64, V=16,
-                                                                     contexts=[4], q_lens=[1], block_size=4,
-                                                                     workspace_size=8))  # fmt: skip
+    case = Case(
+        "chunked_prefill_attention",
+        "wide",
+        "float16",
+        dict(H_q=2, Lkv=32, P=256, R=64, V=16, contexts=[4], q_lens=[1], block_size=4, workspace_size=8),
+    )
     assert "256" in TritonBackend().unsupported(case)
 
 
@@ -220,20 +251,30 @@ def test_chunked_prefill_unsupported_head_dims_are_named():
 def _absorbed_inputs(b, s_q, s_kv, n, lkv, p, r, v, *, causal, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     cfg, w = _weights(n, lkv, p, r, v, dtype, seed)
-    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype)  # noqa: E731
-    return dict(q_nope=rnd(b, s_q, n, p, scale=2.0), q_pe=rnd(b, s_q, n, r, scale=2.0), kv_c=rnd(b, s_kv, lkv),
-                k_pe=rnd(b, s_kv, r), W_UK=w.W_UK, W_UV=w.W_UV, scale=cfg.softmax_scale, causal=causal)  # fmt: skip
+    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype)
+    return dict(
+        q_nope=rnd(b, s_q, n, p, scale=2.0),
+        q_pe=rnd(b, s_q, n, r, scale=2.0),
+        kv_c=rnd(b, s_kv, lkv),
+        k_pe=rnd(b, s_kv, r),
+        W_UK=w.W_UK,
+        W_UV=w.W_UV,
+        scale=cfg.softmax_scale,
+        causal=causal,
+    )
 
 
 @pytest.mark.parametrize(
     "b, s_q, s_kv, n, lkv, p, r, v, causal, dtype",
-    [(2, 2, 37, 4, 32, 16, 16, 16, True, torch.float32),  # the paged decode kernel (Lkv, R powers of two), MTP 2
-     (1, 3, 70, 2, 64, 8, 16, 8, True, torch.float16),  # decode kernel, two pages, MTP 3
-     (2, 1, 9, 3, 32, 16, 16, 24, False, torch.float16),  # decode kernel, not causal, V > P
-     (1, 3, 2, 2, 32, 16, 16, 16, True, torch.float32),  # more queries than keys: the first row sees nothing
-     (2, 2, 11, 4, 24, 16, 8, 16, True, torch.float32),  # R = 8: the varlen kernel as MQA
-     (1, 1, 13, 16, 64, 16, 8, 16, True, torch.float16)],  # N = V = 16 (the curated n-equals-v), varlen
-)  # fmt: skip
+    [
+        (2, 2, 37, 4, 32, 16, 16, 16, True, torch.float32),  # the paged decode kernel (Lkv, R powers of two), MTP 2
+        (1, 3, 70, 2, 64, 8, 16, 8, True, torch.float16),  # decode kernel, two pages, MTP 3
+        (2, 1, 9, 3, 32, 16, 16, 24, False, torch.float16),  # decode kernel, not causal, V > P
+        (1, 3, 2, 2, 32, 16, 16, 16, True, torch.float32),  # more queries than keys: the first row sees nothing
+        (2, 2, 11, 4, 24, 16, 8, 16, True, torch.float32),  # R = 8: the varlen kernel as MQA
+        (1, 1, 13, 16, 64, 16, 8, 16, True, torch.float16),
+    ],  # N = V = 16 (the curated n-equals-v), varlen
+)
 def test_mla_absorbed_matches_spec(b, s_q, s_kv, n, lkv, p, r, v, causal, dtype):
     kw = _absorbed_inputs(b, s_q, s_kv, n, lkv, p, r, v, causal=causal, dtype=dtype, seed=s_kv)
     ref = tuple(mla_absorbed(**kw))
@@ -276,4 +317,3 @@ def test_mla_absorbed_unsupported_widths_are_named():
     assert b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=200, R=8))) is None  # varlen
     reason = b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=512, R=8)))
     assert "Lkv=512, R=8" in reason and "decode" in reason and "varlen" in reason
-

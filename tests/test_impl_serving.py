@@ -23,25 +23,30 @@ import sys
 import pytest
 
 if "mlaspec.impl.decode" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process", allow_module_level=True
+    )
 os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mlaspec.conformance.backends.torch_serving import TorchServing  # noqa: E402
-from mlaspec.conformance.cases import curated_cases  # noqa: E402
-from mlaspec.conformance.runner import run_case  # noqa: E402
-from mlaspec.impl import cache as kc  # noqa: E402
-from mlaspec.impl.backend import TritonBackend as TritonWithServing  # noqa: E402
-from mlaspec.spec import cache_layouts as cl  # noqa: E402
-from mlaspec.spec import paged_cache as spec  # noqa: E402
+from mlaspec.conformance.backends.torch_serving import TorchServing
+from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.runner import run_case
+from mlaspec.impl import cache as kc
+from mlaspec.impl.backend import TritonBackend as TritonWithServing
+from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec import paged_cache as spec
 
 pytestmark = pytest.mark.interpreter
-_LAYOUT = {"fp8": "fp8_e4m3_per_tensor", "fp8_e4m3": "fp8_e4m3_per_tensor", "fp8_e5m2": "fp8_e5m2_per_tensor",
-           "fp8_ds_mla": "fp8_ds_mla_v32"}  # fmt: skip
+_LAYOUT = {
+    "fp8": "fp8_e4m3_per_tensor",
+    "fp8_e4m3": "fp8_e4m3_per_tensor",
+    "fp8_e5m2": "fp8_e5m2_per_tensor",
+    "fp8_ds_mla": "fp8_ds_mla_v32",
+}
 OPS = ("concat_and_cache_mla", "gather_cache", "quantize", "dequantize", "write_pages", "read_tokens")
 
 
@@ -71,8 +76,9 @@ def _entries(seed, t, dtype):
     return x.to(dtype)
 
 
-@pytest.mark.parametrize("kind,scale", [("auto", None), ("fp8", 0.09375), ("fp8_e4m3", 0.3), ("fp8_e5m2", 0.5),
-                                        ("fp8_ds_mla", None)])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind,scale", [("auto", None), ("fp8", 0.09375), ("fp8_e4m3", 0.3), ("fp8_e5m2", 0.5), ("fp8_ds_mla", None)]
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_concat_and_cache_bytes_equal_the_spec(kind, scale, dtype):
     t, p, nb = 11, 8, 3
@@ -106,8 +112,9 @@ def test_concat_and_cache_rejects_bad_kind_and_missing_scale():
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         kc.concat_and_cache_mla(x[:, :512], x[:, 512:], torch.zeros(1, 4, 576), torch.zeros(2), kv_cache_dtype="x")
     with pytest.raises(ValueError, match="scale"):
-        kc.concat_and_cache_mla(x[:, :512], x[:, 512:], torch.zeros(1, 4, 576, dtype=torch.uint8),
-                                torch.arange(2), kv_cache_dtype="fp8")  # fmt: skip
+        kc.concat_and_cache_mla(
+            x[:, :512], x[:, 512:], torch.zeros(1, 4, 576, dtype=torch.uint8), torch.arange(2), kv_cache_dtype="fp8"
+        )
 
 
 @settings(max_examples=6)
@@ -141,8 +148,12 @@ def _e8m0_problem(draw):
     x = torch.randn(t, lay.entry_dim, generator=g, dtype=torch.float64)
     x *= torch.exp2(torch.randint(-8, 9, (t, 1), generator=g).double())
     group = lay.value_fields[0].group
-    for row, kind, k in draw(st.lists(st.tuples(st.integers(0, t - 1), st.sampled_from(["zero", "tiny", "boundary"]),
-                                                st.integers(-12, 10)), max_size=3)):  # fmt: skip
+    for row, kind, k in draw(
+        st.lists(
+            st.tuples(st.integers(0, t - 1), st.sampled_from(["zero", "tiny", "boundary"]), st.integers(-12, 10)),
+            max_size=3,
+        )
+    ):
         cols = slice(k % 7 * group, (k % 7 + 1) * group)
         if kind == "zero":
             x[row, cols] = 0.0
@@ -190,8 +201,14 @@ def test_e8m0_scale_bytes_at_every_power_of_two_boundary(layout):
     lay = cl.LAYOUTS[layout]
     f = lay.value_fields[0]
     edge = torch.tensor([448.0 * 2.0**k for k in range(-30, 31)], dtype=torch.float32)
-    probes = torch.cat([edge, torch.nextafter(edge, edge * 2), torch.nextafter(edge, edge * 0),
-                        torch.tensor([0.0, 1e-4, 1.0001e-4, 9.999e-5, 2.0**-126, 3e38])])  # fmt: skip
+    probes = torch.cat(
+        [
+            edge,
+            torch.nextafter(edge, edge * 2),
+            torch.nextafter(edge, edge * 0),
+            torch.tensor([0.0, 1e-4, 1.0001e-4, 9.999e-5, 2.0**-126, 3e38]),
+        ]
+    )
     per_row = (f.elements[1] - f.elements[0]) // f.group
     t = -(-probes.numel() // per_row)
     x = torch.zeros(t, lay.entry_dim)
@@ -245,12 +262,20 @@ def test_v41_pages_are_split_as_vllm_writes_them():
 def test_plan_reads_the_layouts():
     v4, v41, v32 = kc.plan("fp8_ds_mla_v4"), kc.plan(cl.MXFP8_DS_MLA_V41), kc.plan("fp8_ds_mla_v32")
     assert (v4["D_A"], v4["D_B"], v4["GROUP"], v4["G"], v4["S_OFF"], v4["B_OFF"], v4["PAD_OFF"]) == (
-        448, 64, 64, 7, 576, 448, 583)
+        448,
+        64,
+        64,
+        7,
+        576,
+        448,
+        583,
+    )
     assert (v41["D_A"], v41["D_B"], v41["GROUP"], v41["G"], v41["S_OFF"], v41["PAD"]) == (512, 0, 32, 16, 512, 0)
     assert (v4["E_FLOOR"], v4["MQ_EXP"], v4["MQ_MANT"]) == (-22, 8, 0x600000)  # 1e-4 / 448 -> 2^-22; 448 = 1.75 2^8
     assert (v32["SCALES"], v32["B_KIND"], kc.plan("fp8_e5m2_per_tensor")["B_KIND"]) == (1, 2, 1)
-    odd = cl.CacheLayout("bf16-only", "x", 64, 128, (cl.Field("v", 0, 128, "bf16", 64, "", (0, 64)),),
-                         cl.ScaleRule("per_tensor"))  # fmt: skip
+    odd = cl.CacheLayout(
+        "bf16-only", "x", 64, 128, (cl.Field("v", 0, 128, "bf16", 64, "", (0, 64)),), cl.ScaleRule("per_tensor")
+    )
     with pytest.raises(ValueError, match="bf16-only"):
         kc.plan(odd)
 
@@ -258,37 +283,79 @@ def test_plan_reads_the_layouts():
 _X = torch.zeros(2, 512)
 
 
-@pytest.mark.parametrize("call,error,name", [
-    (lambda: kc.quantize_records(_X.double(), "fp8_ds_mla_v4"), TypeError, "entries"),
-    (lambda: kc.quantize_records(_X[:, :500], "fp8_ds_mla_v4"), ValueError, "entries"),
-    (lambda: kc.quantize_records(_X[0], "mxfp8_ds_mla_v41"), ValueError, "entries"),
-    (lambda: kc.quantize_records(_X, "fp8_ds_mla_v5"), ValueError, "layout"),
-    (lambda: kc.quantize_records(_X, 584), TypeError, "layout"),
-    (lambda: kc.quantize_records(_X, "fp8_ds_mla_v4", scale=0.5), ValueError, "scale"),
-    (lambda: kc.quantize_records(torch.zeros(2, 576), "fp8_e4m3_per_tensor"), ValueError, "scale"),
-    (lambda: kc.quantize_records(torch.zeros(2, 576), "fp8_e4m3_per_tensor", scale=-1.0), ValueError, "scale"),
-    (lambda: kc.quantize_records(torch.zeros(2, 576), "fp8_e4m3_per_tensor", scale="1"), TypeError, "scale"),
-    (lambda: kc.dequantize_records(torch.zeros(2, 584, dtype=torch.int8), "fp8_ds_mla_v4"), TypeError, "raw"),
-    (lambda: kc.dequantize_records(torch.zeros(2, 528, dtype=torch.uint8), "fp8_ds_mla_v4"), ValueError, "raw"),
-    (lambda: kc.write_pages(torch.zeros(2, 584 * 4, dtype=torch.uint8), _X, torch.arange(2), "fp8_ds_mla_v4", 4),
-     ValueError, "pages"),
-    (lambda: kc.write_pages(torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.tensor([0, 8]),  # 4 * 528 -> 2560
-                            "mxfp8_ds_mla_v41", 4), ValueError, "slot_mapping"),
-    (lambda: kc.write_pages(torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.tensor([3, 3]),
-                            "mxfp8_ds_mla_v41", 4), ValueError, "slot_mapping"),
-    (lambda: kc.write_pages(torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.tensor([0.0, 1.0]),
-                            "mxfp8_ds_mla_v41", 4), TypeError, "slot_mapping"),
-    (lambda: kc.write_pages(torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.arange(3), "mxfp8_ds_mla_v41", 4),
-     ValueError, "slot_mapping"),
-    (lambda: kc.write_pages(torch.zeros(2, 528, dtype=torch.uint8), _X, torch.arange(2), "mxfp8_ds_mla_v41", 0),
-     ValueError, "block_size"),
-    (lambda: kc.write_pages(torch.zeros(2, 528, dtype=torch.uint8), _X, torch.arange(2), "mxfp8_ds_mla_v41", 1.0),
-     TypeError, "block_size"),
-    (lambda: kc.read_tokens(torch.zeros(1, 1152, dtype=torch.uint8), "fp8_ds_mla_v4", 1, torch.tensor([1])),
-     ValueError, "slots"),
-    (lambda: kc.read_tokens(torch.zeros(1, 584, dtype=torch.uint8), "fp8_ds_mla_v4", 1, torch.tensor([0])),
-     ValueError, "pages"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call,error,name",
+    [
+        (lambda: kc.quantize_records(_X.double(), "fp8_ds_mla_v4"), TypeError, "entries"),
+        (lambda: kc.quantize_records(_X[:, :500], "fp8_ds_mla_v4"), ValueError, "entries"),
+        (lambda: kc.quantize_records(_X[0], "mxfp8_ds_mla_v41"), ValueError, "entries"),
+        (lambda: kc.quantize_records(_X, "fp8_ds_mla_v5"), ValueError, "layout"),
+        (lambda: kc.quantize_records(_X, 584), TypeError, "layout"),
+        (lambda: kc.quantize_records(_X, "fp8_ds_mla_v4", scale=0.5), ValueError, "scale"),
+        (lambda: kc.quantize_records(torch.zeros(2, 576), "fp8_e4m3_per_tensor"), ValueError, "scale"),
+        (lambda: kc.quantize_records(torch.zeros(2, 576), "fp8_e4m3_per_tensor", scale=-1.0), ValueError, "scale"),
+        (lambda: kc.quantize_records(torch.zeros(2, 576), "fp8_e4m3_per_tensor", scale="1"), TypeError, "scale"),
+        (lambda: kc.dequantize_records(torch.zeros(2, 584, dtype=torch.int8), "fp8_ds_mla_v4"), TypeError, "raw"),
+        (lambda: kc.dequantize_records(torch.zeros(2, 528, dtype=torch.uint8), "fp8_ds_mla_v4"), ValueError, "raw"),
+        (
+            lambda: kc.write_pages(torch.zeros(2, 584 * 4, dtype=torch.uint8), _X, torch.arange(2), "fp8_ds_mla_v4", 4),
+            ValueError,
+            "pages",
+        ),
+        (
+            lambda: kc.write_pages(
+                torch.zeros(2, 2560, dtype=torch.uint8),
+                _X,
+                torch.tensor([0, 8]),  # 4 * 528 -> 2560
+                "mxfp8_ds_mla_v41",
+                4,
+            ),
+            ValueError,
+            "slot_mapping",
+        ),
+        (
+            lambda: kc.write_pages(
+                torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.tensor([3, 3]), "mxfp8_ds_mla_v41", 4
+            ),
+            ValueError,
+            "slot_mapping",
+        ),
+        (
+            lambda: kc.write_pages(
+                torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.tensor([0.0, 1.0]), "mxfp8_ds_mla_v41", 4
+            ),
+            TypeError,
+            "slot_mapping",
+        ),
+        (
+            lambda: kc.write_pages(torch.zeros(2, 2560, dtype=torch.uint8), _X, torch.arange(3), "mxfp8_ds_mla_v41", 4),
+            ValueError,
+            "slot_mapping",
+        ),
+        (
+            lambda: kc.write_pages(torch.zeros(2, 528, dtype=torch.uint8), _X, torch.arange(2), "mxfp8_ds_mla_v41", 0),
+            ValueError,
+            "block_size",
+        ),
+        (
+            lambda: kc.write_pages(
+                torch.zeros(2, 528, dtype=torch.uint8), _X, torch.arange(2), "mxfp8_ds_mla_v41", 1.0
+            ),
+            TypeError,
+            "block_size",
+        ),
+        (
+            lambda: kc.read_tokens(torch.zeros(1, 1152, dtype=torch.uint8), "fp8_ds_mla_v4", 1, torch.tensor([1])),
+            ValueError,
+            "slots",
+        ),
+        (
+            lambda: kc.read_tokens(torch.zeros(1, 584, dtype=torch.uint8), "fp8_ds_mla_v4", 1, torch.tensor([0])),
+            ValueError,
+            "pages",
+        ),
+    ],
+)
 def test_bad_arguments_are_named(call, error, name):
     with pytest.raises(error, match=name):
         call()
@@ -315,8 +382,9 @@ def _gather_problem(seed, p, lens, starts, dtype, entry=None):
     return cache, table, cu, torch.tensor(starts, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("p,lens,starts", [(16, [5, 0, 21, 9], [3, 7, 16, 40]), (4, [1], [0]),
-                                           (8, [0, 0], [5, 1]), (16, [40, 3], [15, 31])])  # fmt: skip
+@pytest.mark.parametrize(
+    "p,lens,starts", [(16, [5, 0, 21, 9], [3, 7, 16, 40]), (4, [1], [0]), (8, [0, 0], [5, 1]), (16, [40, 3], [15, 31])]
+)
 @pytest.mark.parametrize("entry", [torch.float16, torch.bfloat16, "656"])
 def test_gather_cache_bit_for_bit(p, lens, starts, entry):
     cache, table, cu, st_ = _gather_problem(len(lens) * p, p, lens, starts, entry, entry if entry == "656" else None)
@@ -329,8 +397,9 @@ def test_gather_cache_bit_for_bit(p, lens, starts, entry):
 def test_gather_cache_aligned_kernel_and_no_starts():
     cache, table, cu, st_ = _gather_problem(5, 8, [7, 16, 3], [0, 8, 16], torch.float16)
     got = kc.gather_cache(cache, table, cu, 3, st_, kernel="gather_and_maybe_dequant_cache")
-    assert torch.equal(_u8(got), _u8(spec.gather_cache(cache, table, cu, 3, st_,
-                                                       kernel="gather_and_maybe_dequant_cache").entries))  # fmt: skip
+    assert torch.equal(
+        _u8(got), _u8(spec.gather_cache(cache, table, cu, 3, st_, kernel="gather_and_maybe_dequant_cache").entries)
+    )
     got = kc.gather_cache(cache, table, cu)
     assert torch.equal(_u8(got), _u8(spec.gather_cache(cache, table, cu).entries))
     with pytest.raises(ValueError, match="seq_starts"):

@@ -16,28 +16,29 @@ import sys
 import pytest
 
 if "mlaspec.impl.decode" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "mlaspec.impl was imported compiled (without TRITON_INTERPRET=1) in this process", allow_module_level=True
+    )
 os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
+import torch
 
-from mlaspec.conformance.cases import curated_cases  # noqa: E402
-from mlaspec.conformance.ops.common import unit_roundoff  # noqa: E402
-from mlaspec.conformance.ops.sparse import gather_keys, sparse_bounds  # noqa: E402
-from mlaspec.conformance.runner import run_case  # noqa: E402
-from mlaspec.impl.backend import TritonBackend  # noqa: E402
-from mlaspec.impl.backend_sparse import SPARSE_OPS, TritonSparse  # noqa: E402
-from mlaspec.impl.sparse import (  # noqa: E402
+from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.ops.common import unit_roundoff
+from mlaspec.conformance.ops.sparse import gather_keys, sparse_bounds
+from mlaspec.conformance.runner import run_case
+from mlaspec.impl.backend import TritonBackend
+from mlaspec.impl.backend_sparse import SPARSE_OPS
+from mlaspec.impl.sparse import (
     SparseConfig,
+    decode_splits,
     float_keys,
     quantize_keys,
     sparse_mla,
-    decode_splits,
     sparse_mla_decode,
 )
-from mlaspec.spec import cache_layouts as cl  # noqa: E402
-from mlaspec.spec.sparse import global_slot_indices, sparse_attention, sparse_decode, valid_slots  # noqa: E402
+from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec.sparse import global_slot_indices, sparse_attention, sparse_decode, valid_slots
 
 pytestmark = pytest.mark.interpreter
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -51,23 +52,35 @@ def assert_within(name, got, ref, bound):
     inf = torch.isinf(ref)
     assert torch.equal(torch.isinf(got), inf) and torch.equal(got[inf], ref[inf]), (
         f"{name}: inf positions differ: got {got[torch.isinf(got) | inf].tolist()}, "
-        f"spec {ref[torch.isinf(got) | inf].tolist()}")  # fmt: skip
+        f"spec {ref[torch.isinf(got) | inf].tolist()}"
+    )
     err = torch.where(torch.isfinite(ref), (got - ref).abs(), 0.0)
     bound = torch.broadcast_to(bound, ref.shape)
     ratio = err / bound.clamp_min(1e-300)
     worst = int(ratio.argmax())
-    assert ratio.max() <= 1, (f"{name}: error {err.flatten()[worst]:.3g} > bound {bound.flatten()[worst]:.3g} at "
-                              f"{worst}: got {got.flatten()[worst]:.6g}, spec {ref.flatten()[worst]:.6g}")  # fmt: skip
+    assert ratio.max() <= 1, (
+        f"{name}: error {err.flatten()[worst]:.3g} > bound {bound.flatten()[worst]:.3g} at "
+        f"{worst}: got {got.flatten()[worst]:.6g}, spec {ref.flatten()[worst]:.6g}"
+    )
 
 
 def _check(q, kv, idx, res, *, scale, d_v, topk_length=None, sink=None, max_logits=True):
     """``res`` (the kernel's out / lse / max_logits over rows ``kv [S, H_kv, D]``) against the spec and its budget."""
-    spec = sparse_attention(q.double(), kv.double(), idx, scale=scale, d_v=d_v, topk_length=topk_length,
-                            attn_sink=sink)  # fmt: skip
+    spec = sparse_attention(q.double(), kv.double(), idx, scale=scale, d_v=d_v, topk_length=topk_length, attn_sink=sink)
     valid = valid_slots(idx, kv.shape[0], topk_length)
     keys = gather_keys(kv, idx, valid)
-    out_b, lse_b, ml_b = sparse_bounds(q, keys, valid, scale=scale, d_v=d_v, attn_sink=sink, out=spec.out,
-                                       lse=spec.lse, max_logits=spec.max_logits, u=unit_roundoff(q.dtype))  # fmt: skip
+    out_b, lse_b, ml_b = sparse_bounds(
+        q,
+        keys,
+        valid,
+        scale=scale,
+        d_v=d_v,
+        attn_sink=sink,
+        out=spec.out,
+        lse=spec.lse,
+        max_logits=spec.max_logits,
+        u=unit_roundoff(q.dtype),
+    )
     assert_within("out", res.out, spec.out, out_b)
     assert_within("lse", res.lse, spec.lse, lse_b)
     if max_logits:
@@ -124,8 +137,17 @@ def test_splits_merge_to_the_same_result_and_padding_equals_shorter_length():
     cfg = SparseConfig(16, 16, 4, 1)
     scale = 0.2
     for splits in (2, 5):
-        res = sparse_mla(q, float_keys(kv), idx, scale=scale, d_v=d_v, topk_length=lengths, attn_sink=sink,
-                         num_splits=splits, config=cfg)  # fmt: skip
+        res = sparse_mla(
+            q,
+            float_keys(kv),
+            idx,
+            scale=scale,
+            d_v=d_v,
+            topk_length=lengths,
+            attn_sink=sink,
+            num_splits=splits,
+            config=cfg,
+        )
         _check(q, kv, idx, res, scale=scale, d_v=d_v, topk_length=lengths, sink=sink)
     padded = torch.where(torch.arange(k)[None, None, :] < lengths[:, None, None], idx, -1)
     a = sparse_mla(q, float_keys(kv), idx, scale=scale, d_v=d_v, topk_length=lengths, config=cfg)
@@ -174,8 +196,9 @@ def _decode_check(q, cache, slots, lengths, out, lse, *, extra=None, sink=None):
     kw = {}
     if extra is not None:
         kw = dict(extra_kv_cache=extra[0].double(), extra_indices=extra[1], extra_topk_length=extra[2])
-    spec = sparse_decode(q.double(), cache.double(), slots, softmax_scale=0.1, head_dim_v=512, topk_length=lengths,
-                         attn_sink=sink, **kw)  # fmt: skip
+    spec = sparse_decode(
+        q.double(), cache.double(), slots, softmax_scale=0.1, head_dim_v=512, topk_length=lengths, attn_sink=sink, **kw
+    )
     rows = cache.reshape(-1, 1, d)
     idx = slots.reshape(b * s_q, 1, -1)
     valid = (idx >= 0) & (torch.arange(idx.shape[-1]) < lengths.repeat_interleave(s_q)[:, None, None])
@@ -185,10 +208,17 @@ def _decode_check(q, cache, slots, lengths, out, lse, *, extra=None, sink=None):
         e_valid = (e_idx >= 0) & (torch.arange(e_idx.shape[-1]) < extra[2].repeat_interleave(s_q)[:, None, None])
         keys = torch.cat([keys, gather_keys(extra[0].reshape(-1, 1, d), e_idx, e_valid)], 1)
         valid = torch.cat([valid, e_valid], -1)
-    out_b, lse_b, _ = sparse_bounds(q.reshape(b * s_q, h_q, d), keys, valid, scale=0.1, d_v=512, attn_sink=sink,
-                                    out=spec.out.reshape(b * s_q, h_q, -1),
-                                    lse=spec.lse.transpose(1, 2).reshape(b * s_q, h_q),
-                                    u=unit_roundoff(q.dtype))  # fmt: skip
+    out_b, lse_b, _ = sparse_bounds(
+        q.reshape(b * s_q, h_q, d),
+        keys,
+        valid,
+        scale=0.1,
+        d_v=512,
+        attn_sink=sink,
+        out=spec.out.reshape(b * s_q, h_q, -1),
+        lse=spec.lse.transpose(1, 2).reshape(b * s_q, h_q),
+        u=unit_roundoff(q.dtype),
+    )
     assert_within("out", out, spec.out, out_b.reshape(spec.out.shape))
     assert_within("lse", lse, spec.lse, lse_b.reshape(b, s_q, h_q).transpose(1, 2))
 
@@ -201,8 +231,7 @@ def test_decode_fp8_v32_cache_dequantized_in_kernel(dtype):
     assert keys is not None and keys.fmt == "fp8_v32"
     sink = torch.tensor([1.0, math.inf, -2.0, 0.0, -math.inf])
     for splits in (1, 3):
-        out, lse = sparse_mla_decode(q, keys, slots, scale=0.1, topk_length=lengths, attn_sink=sink,
-                                     num_splits=splits)  # fmt: skip
+        out, lse = sparse_mla_decode(q, keys, slots, scale=0.1, topk_length=lengths, attn_sink=sink, num_splits=splits)
         _decode_check(q, cache, slots, lengths, out, lse, sink=sink)
         assert torch.isposinf(lse[2]).all() and torch.equal(out[2], torch.zeros_like(out[2]))
 
@@ -221,8 +250,17 @@ def test_decode_fp8_v4_with_extra_cache():
     extra = extra.view(-1, 512).masked_fill(~used[:, None], math.nan).view(4, 16, 512)
     keys, ekeys = quantize_keys(cache.view(-1, 512), 16), quantize_keys(extra.view(-1, 512), 16)
     assert keys.fmt == ekeys.fmt == "fp8_v4"
-    out, lse = sparse_mla_decode(q, keys, slots, scale=0.1, topk_length=lengths, extra=ekeys, extra_indices=e_idx,
-                                 extra_topk_length=e_len, num_splits=2)  # fmt: skip
+    out, lse = sparse_mla_decode(
+        q,
+        keys,
+        slots,
+        scale=0.1,
+        topk_length=lengths,
+        extra=ekeys,
+        extra_indices=e_idx,
+        extra_topk_length=e_len,
+        num_splits=2,
+    )
     _decode_check(q, cache, slots, lengths, out, lse, extra=(extra, e_idx, e_len))
 
 
@@ -234,8 +272,14 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="d_v"):
         sparse_mla(q, kv, torch.zeros(2, 1, 4, dtype=torch.int32), scale=1.0, d_v=24)
     with pytest.raises(ValueError, match="topk_length"):
-        sparse_mla(q, kv, torch.zeros(2, 1, 4, dtype=torch.int32), scale=1.0, d_v=32,
-                   topk_length=torch.zeros(3, dtype=torch.int32))  # fmt: skip
+        sparse_mla(
+            q,
+            kv,
+            torch.zeros(2, 1, 4, dtype=torch.int32),
+            scale=1.0,
+            d_v=32,
+            topk_length=torch.zeros(3, dtype=torch.int32),
+        )
     with pytest.raises(ValueError, match="attn_sink"):
         sparse_mla(q, kv, torch.zeros(2, 1, 4, dtype=torch.int32), scale=1.0, d_v=32, attn_sink=torch.zeros(3))
 

@@ -1,4 +1,4 @@
-"""merge_attn_states: the worked example, merging over any split equals attention over all keys, and vLLM's inf rules."""
+"""merge_attn_states: the worked example, merging over any split equals attention over all keys, vLLM's inf rules."""
 
 import math
 
@@ -30,7 +30,7 @@ def split_problem(draw):
 
 
 def test_worked_example():
-    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    t = lambda x: torch.tensor(x, dtype=torch.float64)
     out, lse = merge_attn_states(t([[[2.0]]]), t([[1.0]]), t([[[5.0]]]), t([[0.0]]))
     e = math.e
     assert out.item() == pytest.approx((e * 2 + 5) / (e + 1))

@@ -164,8 +164,9 @@ class Tf32UpProjection(TorchBackend):
     due. fp16 and bf16 inputs are exact in TF32, so only fp32 cases can tell; the chunked prefill goes through it."""
 
     def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
-        return super().mla_prefill(q_nope, q_pe, _tf32(kv_c), k_pe, _tf32(W_UK), _tf32(W_UV), scale=scale,
-                                   causal=causal)  # fmt: skip
+        return super().mla_prefill(
+            q_nope, q_pe, _tf32(kv_c), k_pe, _tf32(W_UK), _tf32(W_UV), scale=scale, causal=causal
+        )
 
 
 class Tf32Absorbed(TorchBackend):
@@ -173,8 +174,9 @@ class Tf32Absorbed(TorchBackend):
 
     def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
         ql_nope = torch.einsum("bsnp,lnp->bsnl", _tf32(q_nope), _tf32(W_UK)).to(q_nope.dtype)
-        o_lat, lse = self.mla_decode(torch.cat([ql_nope, q_pe], -1), torch.cat([kv_c, k_pe], -1),
-                                     d_v=kv_c.shape[-1], scale=scale, causal=causal)  # fmt: skip
+        o_lat, lse = self.mla_decode(
+            torch.cat([ql_nope, q_pe], -1), torch.cat([kv_c, k_pe], -1), d_v=kv_c.shape[-1], scale=scale, causal=causal
+        )
         return torch.einsum("bsnl,lnv->bsnv", _tf32(o_lat), _tf32(W_UV)).to(q_nope.dtype), lse
 
 
@@ -182,13 +184,29 @@ class UpProjection1e3Off(TorchBackend):
     """``k_nope`` and ``v`` 1e-3 relative too large (a weight scale folded in slightly wrong)."""
 
     def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
-        return super().mla_prefill(q_nope, q_pe, kv_c, k_pe, W_UK * (1 + 1e-3), W_UV * (1 + 1e-3), scale=scale,
-                                   causal=causal)  # fmt: skip
+        return super().mla_prefill(
+            q_nope, q_pe, kv_c, k_pe, W_UK * (1 + 1e-3), W_UV * (1 + 1e-3), scale=scale, causal=causal
+        )
 
 
-MUTANTS = [WrongScale, ScaleFromAbsorbedWidth, Log2Lse, TopLeftCausal, MtpCausalIgnored, DroppedRope, RopeAsValue,
-           TransposedWUV, AbsorbedCausalDropped, WrongGqaHeadMapping, EmptyRowNaN, MaxInsteadOfLse, MergeWithoutInfGuard,
-           MergeSwappedWeights, Raises, LseTransposed]  # fmt: skip
+MUTANTS = [
+    WrongScale,
+    ScaleFromAbsorbedWidth,
+    Log2Lse,
+    TopLeftCausal,
+    MtpCausalIgnored,
+    DroppedRope,
+    RopeAsValue,
+    TransposedWUV,
+    AbsorbedCausalDropped,
+    WrongGqaHeadMapping,
+    EmptyRowNaN,
+    MaxInsteadOfLse,
+    MergeWithoutInfGuard,
+    MergeSwappedWeights,
+    Raises,
+    LseTransposed,
+]
 
 
 def _overridden_ops(cls):
@@ -213,23 +231,31 @@ def test_unmutated_torch_backend_passes_the_same_cases():
 
 # -- the fp32 up-projection budget: γ_Lkv |kv_c|.|W| of fp32 accumulation, and no more -------------------------------
 # The reported reproducer (fp32 accumulation of k_nope / v, at error/bound 1.2 before the budget carried it).
-HYP_1 = Case("chunked_prefill_attention", "hyp-1", "float32",
-             dict(H_q=3, Lkv=4, P=2, R=2, V=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1))
-FP32_PROJECTION_CASES = [*curated_cases(dtypes=("float32",), ops=("mla_prefill", "chunked_prefill_attention",
-                                                                  "mla_absorbed")), HYP_1]  # fmt: skip
+HYP_1 = Case(
+    "chunked_prefill_attention",
+    "hyp-1",
+    "float32",
+    dict(H_q=3, Lkv=4, P=2, R=2, V=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1),
+)
+FP32_PROJECTION_CASES = [
+    *curated_cases(dtypes=("float32",), ops=("mla_prefill", "chunked_prefill_attention", "mla_absorbed")),
+    HYP_1,
+]
 
 
 @pytest.mark.parametrize(
     "mutant, case_id",
-    [(Tf32UpProjection, "mla_prefill[tiny-noncausal-float32]"),
-     (Tf32UpProjection, "chunked_prefill_attention[v3-workspace-chunks-no-context-float32]"),
-     (Tf32UpProjection, "chunked_prefill_attention[first-chunks-only-float32]"),
-     (Tf32UpProjection, HYP_1.id),
-     (Tf32Absorbed, "mla_absorbed[n-equals-v-float32]"),
-     (UpProjection1e3Off, "mla_prefill[tiny-noncausal-float32]"),
-     (UpProjection1e3Off, "chunked_prefill_attention[v3-workspace-chunks-no-context-float32]"),
-     (UpProjection1e3Off, "chunked_prefill_attention[first-chunks-only-float32]"),
-     (UpProjection1e3Off, HYP_1.id)],  # fmt: skip
+    [
+        (Tf32UpProjection, "mla_prefill[tiny-noncausal-float32]"),
+        (Tf32UpProjection, "chunked_prefill_attention[v3-workspace-chunks-no-context-float32]"),
+        (Tf32UpProjection, "chunked_prefill_attention[first-chunks-only-float32]"),
+        (Tf32UpProjection, HYP_1.id),
+        (Tf32Absorbed, "mla_absorbed[n-equals-v-float32]"),
+        (UpProjection1e3Off, "mla_prefill[tiny-noncausal-float32]"),
+        (UpProjection1e3Off, "chunked_prefill_attention[v3-workspace-chunks-no-context-float32]"),
+        (UpProjection1e3Off, "chunked_prefill_attention[first-chunks-only-float32]"),
+        (UpProjection1e3Off, HYP_1.id),
+    ],
     ids=lambda x: x.__name__ if isinstance(x, type) else x,
 )
 def test_fp32_projection_mutant_fails(mutant, case_id):

@@ -72,19 +72,20 @@ class PaddingSlotWritten(TorchBackend):
 
     def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
         total = kv_cache.shape[0] * kv_cache.shape[1]
-        return super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping % total,
-                                            kv_cache_dtype=kv_cache_dtype, scale=scale)  # fmt: skip
+        return super().concat_and_cache_mla(
+            kv_c, k_pe, kv_cache, slot_mapping % total, kv_cache_dtype=kv_cache_dtype, scale=scale
+        )
 
 
 class ChunkBoundaryOffByOne(TorchBackend):
     """Context chunk boundary off by one: a full chunk ends at start + W - 1, so its last context token is dropped."""
 
-    def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *,
-                                  scale):  # fmt: skip
+    def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *, scale):
         full = plan.seq_lens == plan.max_context_chunk
         plan = dataclasses.replace(plan, seq_lens=plan.seq_lens - full.long())
-        return super().chunked_prefill_attention(q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV,
-                                                 scale=scale)  # fmt: skip
+        return super().chunked_prefill_attention(
+            q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, scale=scale
+        )
 
 
 class MergeWithoutInfGuard(TorchBackend):
@@ -94,8 +95,10 @@ class MergeWithoutInfGuard(TorchBackend):
     def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
         m = torch.maximum(prefix_lse, suffix_lse).float()
         p_w, s_w = torch.exp(prefix_lse - m), torch.exp(suffix_lse - m)
-        out = prefix_output.float() * (p_w / (p_w + s_w)).T[..., None] + \
-            suffix_output.float() * (s_w / (p_w + s_w)).T[..., None]  # fmt: skip
+        out = (
+            prefix_output.float() * (p_w / (p_w + s_w)).T[..., None]
+            + suffix_output.float() * (s_w / (p_w + s_w)).T[..., None]
+        )
         return out.to(prefix_output.dtype), torch.log(p_w + s_w) + m
 
 
@@ -125,8 +128,9 @@ class SlotFromWrongRequest(TorchBackend):
 class GatherIgnoresSeqStarts(TorchBackend):
     """Context gather ignores seq_starts: every chunk is read from the start of the request's context."""
 
-    def gather_cache(self, kv_cache, block_table, cu_seq_lens, batch_size=None, seq_starts=None, *,
-                     kernel="cp_gather_cache"):  # fmt: skip
+    def gather_cache(
+        self, kv_cache, block_table, cu_seq_lens, batch_size=None, seq_starts=None, *, kernel="cp_gather_cache"
+    ):
         return super().gather_cache(kv_cache, block_table, cu_seq_lens, batch_size, None, kernel=kernel)
 
 
@@ -136,8 +140,9 @@ class PerTensorScaleMultiplied(TorchBackend):
     def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
         if scale is not None:
             scale = 1.0 / float(scale)
-        return super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype=kv_cache_dtype,
-                                            scale=scale)  # fmt: skip
+        return super().concat_and_cache_mla(
+            kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype=kv_cache_dtype, scale=scale
+        )
 
 
 class ContextFirstChunkOnly(TorchBackend):
@@ -147,9 +152,14 @@ class ContextFirstChunkOnly(TorchBackend):
     def _context_plan(self, context_lens, workspace_size, block_size):
         plan = super()._context_plan(context_lens, workspace_size, block_size)
         n = min(plan.num_chunks, 1)
-        return dataclasses.replace(plan, starts=plan.starts[:n], seq_lens=plan.seq_lens[:n],
-                                   cu_seq_lens=plan.cu_seq_lens[:n], seq_tot=plan.seq_tot[:n],
-                                   max_seq_lens=plan.max_seq_lens[:n])  # fmt: skip
+        return dataclasses.replace(
+            plan,
+            starts=plan.starts[:n],
+            seq_lens=plan.seq_lens[:n],
+            cu_seq_lens=plan.cu_seq_lens[:n],
+            seq_tot=plan.seq_tot[:n],
+            max_seq_lens=plan.max_seq_lens[:n],
+        )
 
 
 class DecodesComputeFormWrongScale(TorchBackend):
@@ -183,7 +193,7 @@ class DecodesComputeFormWrongScale(TorchBackend):
         (DecodesComputeFormWrongScale, "mla_mixed_batch[v3-tp8-mixed-mtp2-chunked-bfloat16]"),
         (DecodesComputeFormWrongScale, "mla_mixed_batch[v3-tp1-decodes-only-mtp2-bfloat16]"),
     ],
-)  # fmt: skip
+)
 def test_mutant_fails_its_case(mutant, case_id):
     assert mutant.__doc__, "each mutant names its bug class"
     r = run_case(mutant(), case_by_id(case_id), backend_name="mutant")
@@ -194,17 +204,39 @@ def test_mutant_fails_its_case(mutant, case_id):
 def test_mutants_pass_the_cases_their_bug_does_not_touch():
     # the bugs are specific: a per-tensor scale bug leaves the bf16 cache alone, a 2-region reorder bug the
     # 4-region reorder, an -inf guard bug a batch where no request lacks context
-    assert run_case(PerTensorScaleMultiplied(), case_by_id("concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
-                    backend_name="m").verdict == "pass"  # fmt: skip
+    assert (
+        run_case(
+            PerTensorScaleMultiplied(),
+            case_by_id("concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
+            backend_name="m",
+        ).verdict
+        == "pass"
+    )
     four = case_by_id("reorder_batch_to_split_decodes_and_prefills[mtp4-mixed-4-regions-bfloat16]")
     assert run_case(ReorderStopsOneSwapEarly(), four, backend_name="m").verdict == "pass"
-    assert run_case(MergeWithoutInfGuard(), case_by_id("chunked_prefill_attention[first-chunks-only-bfloat16]"),
-                    backend_name="m").verdict == "pass"  # fmt: skip
+    assert (
+        run_case(
+            MergeWithoutInfGuard(),
+            case_by_id("chunked_prefill_attention[first-chunks-only-bfloat16]"),
+            backend_name="m",
+        ).verdict
+        == "pass"
+    )
     # a decode-path bug leaves a batch of prefills alone, a chunk-loop bug a batch of decodes
-    assert run_case(DecodesComputeFormWrongScale(), case_by_id("mla_mixed_batch[prefills-only-long-context-bfloat16]"),
-                    backend_name="m").verdict == "pass"  # fmt: skip
-    assert run_case(ContextFirstChunkOnly(), case_by_id("mla_mixed_batch[v3-tp1-decodes-only-mtp2-bfloat16]"),
-                    backend_name="m").verdict == "pass"  # fmt: skip
+    assert (
+        run_case(
+            DecodesComputeFormWrongScale(),
+            case_by_id("mla_mixed_batch[prefills-only-long-context-bfloat16]"),
+            backend_name="m",
+        ).verdict
+        == "pass"
+    )
+    assert (
+        run_case(
+            ContextFirstChunkOnly(), case_by_id("mla_mixed_batch[v3-tp1-decodes-only-mtp2-bfloat16]"), backend_name="m"
+        ).verdict
+        == "pass"
+    )
 
 
 def test_nan_in_a_written_slot_is_caught():

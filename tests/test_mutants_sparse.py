@@ -20,8 +20,14 @@ from mlaspec.conformance.ops import OPS
 from mlaspec.conformance.runner import run_case
 from mlaspec.spec.sparse import sparse_prefill
 
-SPARSE_OPS = ("sparse_prefill", "sparse_decode", "v4_attention", "indexer_logits", "paged_indexer_logits",
-              "topk_indices")  # fmt: skip
+SPARSE_OPS = (
+    "sparse_prefill",
+    "sparse_decode",
+    "v4_attention",
+    "indexer_logits",
+    "paged_indexer_logits",
+    "topk_indices",
+)
 
 
 def _cases(op, dtypes=("bfloat16",)):
@@ -153,8 +159,9 @@ class LastQuerySeesAll(TorchBackend):
     def paged_indexer_logits(self, q, cache, block_table, context_lens, weights, *, max_context_len=None):
         if context_lens.dim() == 2:
             context_lens = context_lens[:, -1:].expand(-1, context_lens.shape[1]).contiguous()
-        return super().paged_indexer_logits(q, cache, block_table, context_lens, weights,
-                                            max_context_len=max_context_len)  # fmt: skip
+        return super().paged_indexer_logits(
+            q, cache, block_table, context_lens, weights, max_context_len=max_context_len
+        )
 
 
 # -- top-k -----------------------------------------------------------------------------------------------------------
@@ -203,13 +210,22 @@ class TopkSkipsThresholdBin(TorchBackend):
 
 
 MUTANTS = [
-    (NegOneAsIndexZero, "sparse_prefill"), (NegOneWrapsToLast, "sparse_decode"),
-    (TopkLengthIgnored, "sparse_prefill"), (SinkInLse, "sparse_prefill"), (SinkWrongSign, "sparse_decode"),
-    (EmptyLseNegInf, "sparse_prefill"), (EmptyLseNaN, "sparse_decode"), (TopkLengthPerQuery, "sparse_decode"),
-    (WindowOffByOne, "v4_attention"), (ScaleOfCompressedColumn, "indexer_logits"),
-    (CompressedColumns, "indexer_logits"), (LastQuerySeesAll, "paged_indexer_logits"),
-    (TopkPadsWithZero, "topk_indices"), (TopkDuplicatesTie, "topk_indices"), (TopkSkipsThresholdBin, "topk_indices"),
-]  # fmt: skip
+    (NegOneAsIndexZero, "sparse_prefill"),
+    (NegOneWrapsToLast, "sparse_decode"),
+    (TopkLengthIgnored, "sparse_prefill"),
+    (SinkInLse, "sparse_prefill"),
+    (SinkWrongSign, "sparse_decode"),
+    (EmptyLseNegInf, "sparse_prefill"),
+    (EmptyLseNaN, "sparse_decode"),
+    (TopkLengthPerQuery, "sparse_decode"),
+    (WindowOffByOne, "v4_attention"),
+    (ScaleOfCompressedColumn, "indexer_logits"),
+    (CompressedColumns, "indexer_logits"),
+    (LastQuerySeesAll, "paged_indexer_logits"),
+    (TopkPadsWithZero, "topk_indices"),
+    (TopkDuplicatesTie, "topk_indices"),
+    (TopkSkipsThresholdBin, "topk_indices"),
+]
 
 
 @pytest.mark.parametrize("mutant, op", MUTANTS, ids=[m.__name__ for m, _ in MUTANTS])
@@ -264,8 +280,24 @@ def test_topk_accepts_any_tie_choice():
 # Found by hypothesis (dev profile): a sink ~7.7 above a one-key row's LSE scales it by f ~ 5e-4, so the fp16 output
 # lies below 2^-14 where rounding costs up to 2^-25 absolute; the torch and Triton backends return the correctly
 # rounded spec there and failed a budget that had only the relative u.
-HYP_164 = Case("sparse_prefill", "hyp-164", "float16", {"S_q": 2, "S_kv": 3, "H_q": 2, "H_kv": 1, "D_qk": 576,
-               "D_v": 512, "K": 1, "invalid": 0.0, "topk_length": False, "empty": 0, "sink": "finite"})  # fmt: skip
+HYP_164 = Case(
+    "sparse_prefill",
+    "hyp-164",
+    "float16",
+    {
+        "S_q": 2,
+        "S_kv": 3,
+        "H_q": 2,
+        "H_kv": 1,
+        "D_qk": 576,
+        "D_v": 512,
+        "K": 1,
+        "invalid": 0.0,
+        "topk_length": False,
+        "empty": 0,
+        "sink": "finite",
+    },
+)
 
 
 class RoundedSpec(TorchBackend):

@@ -212,8 +212,13 @@ def test_bad_gather_metadata_raises():
     with pytest.raises(ValueError, match="seq_starts"):
         gather_cache(cache, table, torch.tensor([0, 1, 2]), seq_starts=torch.tensor([-1, 0]))
     with pytest.raises(ValueError, match="seq_starts"):
-        gather_cache(cache, table, torch.tensor([0, 1, 2]), seq_starts=torch.tensor([1, 0]),
-                     kernel="gather_and_maybe_dequant_cache")
+        gather_cache(
+            cache,
+            table,
+            torch.tensor([0, 1, 2]),
+            seq_starts=torch.tensor([1, 0]),
+            kernel="gather_and_maybe_dequant_cache",
+        )
 
 
 def test_bad_slot_mapping_metadata_raises():

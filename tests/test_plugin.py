@@ -29,7 +29,7 @@ REGISTERED = any(ep.name == "mlaspec" for ep in entry_points(group="pytest11"))
 PLUGIN = [] if REGISTERED else ["-p", "mlaspec.conformance.plugin"]
 SUITE = [*PLUGIN, "-p", "no:cacheprovider", "--pyargs", "mlaspec.conformance"]
 
-MUTANTS = '''
+MUTANTS = """
 import math
 
 from mlaspec.conformance.backends.torch_eager import TorchBackend
@@ -47,7 +47,7 @@ class DecodeOnly(TorchBackend):
 
     def unsupported(self, case):
         return "needs 64 query heads" if case.params["H_q"] < 64 else None
-'''
+"""
 
 
 @pytest.fixture
@@ -71,8 +71,20 @@ def test_spec_backend_passes_the_same_cases_as_the_cli(suite, monkeypatch):
 
 
 def test_mutant_fails_with_reproducers_junit_and_report(suite, pytester):
-    result = suite("--mla-backend", "mutants:Log2Lse", "-m", "attention", "--mla-dtypes", "bfloat16",
-                   "--mla-examples", "4", "--mla-report", "rep", "--junitxml", "rep/junit.xml")  # fmt: skip
+    result = suite(
+        "--mla-backend",
+        "mutants:Log2Lse",
+        "-m",
+        "attention",
+        "--mla-dtypes",
+        "bfloat16",
+        "--mla-examples",
+        "4",
+        "--mla-report",
+        "rep",
+        "--junitxml",
+        "rep/junit.xml",
+    )
     n = len(curated_cases(dtypes=("bfloat16",), ops=("attention",)))
     outcomes = result.parseoutcomes()
     failed = outcomes["failed"]
@@ -101,8 +113,7 @@ def test_mutant_fails_with_reproducers_junit_and_report(suite, pytester):
 
 
 def test_unsupported_cases_skip_with_the_backends_reason(suite):
-    result = suite("--mla-backend", "mutants:DecodeOnly", "-m", "mla_decode or attention", "-rs",
-                   "--mla-examples", "3")  # fmt: skip
+    result = suite("--mla-backend", "mutants:DecodeOnly", "-m", "mla_decode or attention", "-rs", "--mla-examples", "3")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0
     out = result.stdout.str()
@@ -134,9 +145,21 @@ def test_sharded_run_merges_worker_results(pytester, monkeypatch):
     pytest.importorskip("xdist")
     monkeypatch.delenv("MLASPEC_BACKEND", raising=False)
     ops = ("attention", "merge_attn_states")
-    result = pytester.runpytest_subprocess(*SUITE, "-n", "2", "--mla-backend", "spec", "-m", " or ".join(ops),
-                                           "--mla-dtypes", "bfloat16", "--mla-examples", "2", "--mla-report",
-                                           "rep")  # fmt: skip
+    result = pytester.runpytest_subprocess(
+        *SUITE,
+        "-n",
+        "2",
+        "--mla-backend",
+        "spec",
+        "-m",
+        " or ".join(ops),
+        "--mla-dtypes",
+        "bfloat16",
+        "--mla-examples",
+        "2",
+        "--mla-report",
+        "rep",
+    )
     curated = curated_cases(dtypes=("bfloat16",), ops=ops)
     result.assert_outcomes(passed=len(curated) + len(ops))
     rep = pytester.path / "rep"
@@ -164,8 +187,12 @@ def test_worker_device():
 
 
 @settings(max_examples=10)
-@given(case=case_strategy("attention") | case_strategy("mla_prefill") | case_strategy("merge_attn_states")
-       | case_strategy("mla_decode"))  # fmt: skip
+@given(
+    case=case_strategy("attention")
+    | case_strategy("mla_prefill")
+    | case_strategy("merge_attn_states")
+    | case_strategy("mla_decode")
+)
 def test_generated_cases_pass_on_the_torch_backend(case):
     """The strategies draw only cases the spec accepts, and whose derived budgets a correct backend meets."""
     r = run_case(TorchBackend(), case, backend_name="torch")

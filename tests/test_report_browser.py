@@ -22,8 +22,16 @@ from mlaspec.conformance.report import load_results, write_html
 from mlaspec.conformance.runner import run_cases
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install chromium)")
 
@@ -40,9 +48,13 @@ class DevTools:
             os.dup2(a, 3)
             os.dup2(b, 4)
 
-        self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-pipe",
-                                      "about:blank"], pass_fds=(3, 4), preexec_fn=on_fds_3_and_4,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-pipe", "about:blank"],
+            pass_fds=(3, 4),
+            preexec_fn=on_fds_3_and_4,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(cmd_r)
         os.close(res_w)
         self._buf, self._id, self.events, self.session = b"", 0, [], None
@@ -125,7 +137,7 @@ class DevTools:
     def close(self) -> None:
         try:
             self.send("Browser.close", timeout=5.0)
-        except Exception:  # noqa: BLE001 - a browser already gone is closed
+        except Exception:  # a browser already gone is closed
             pass
         try:
             self.proc.wait(timeout=10)
@@ -144,8 +156,10 @@ def browser(tmp_path):
 
 
 IMAGES = "Array.from(document.images).map(i => ({complete: i.complete, width: i.naturalWidth}))"
-SECTIONS = ("Array.from(document.querySelectorAll('section')).map(s => ({id: s.id, visible: s.offsetHeight > 0, "
-            "repro: (s.querySelector('code.repro') || {}).textContent || ''}))")  # fmt: skip
+SECTIONS = (
+    "Array.from(document.querySelectorAll('section')).map(s => ({id: s.id, visible: s.offsetHeight > 0, "
+    "repro: (s.querySelector('code.repro') || {}).textContent || ''}))"
+)
 
 
 class WrongScale(TorchBackend):
@@ -178,8 +192,10 @@ def test_report_of_a_wrong_backend_renders(tmp_path, browser):
 def test_the_checks_catch_a_broken_page(tmp_path, browser):
     """The same checks on a page with a script error and an image that does not decode: both are seen."""
     page = tmp_path / "broken.html"
-    page.write_text('<!doctype html><html><body><img src="data:image/png;base64,AAAA">'
-                    "<script>console.error('boom'); undefined_function();</script></body></html>")  # fmt: skip
+    page.write_text(
+        '<!doctype html><html><body><img src="data:image/png;base64,AAAA">'
+        "<script>console.error('boom'); undefined_function();</script></body></html>"
+    )
     browser.open(page.as_uri())
     errors = browser.console_errors()
     assert any("boom" in e for e in errors) and any("undefined_function" in e for e in errors)

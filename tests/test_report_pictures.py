@@ -80,8 +80,7 @@ def test_a_single_query_row_gets_no_mask_picture(tmp_path):
 
 
 def test_results_written_before_figures_existed_still_load_and_render(tmp_path):
-    [r] = run_cases(TopLeftCausal(), [case_by_id("attention[mqa-extend-bfloat16]")], backend_name="m",
-                    out_dir=tmp_path)  # fmt: skip
+    [r] = run_cases(TopLeftCausal(), [case_by_id("attention[mqa-extend-bfloat16]")], backend_name="m", out_dir=tmp_path)
     old = r.to_json()
     del old["figures"]
     (tmp_path / "results.jsonl").write_text(json.dumps(old) + "\n")
@@ -164,8 +163,12 @@ def test_new_generated_ops_are_listed():
 
 
 @settings(max_examples=12)
-@given(case=case_strategy("sparse_prefill") | case_strategy("chunked_prefill_attention")
-       | case_strategy("topk_indices") | case_strategy("concat_and_cache_mla"))  # fmt: skip
+@given(
+    case=case_strategy("sparse_prefill")
+    | case_strategy("chunked_prefill_attention")
+    | case_strategy("topk_indices")
+    | case_strategy("concat_and_cache_mla")
+)
 def test_generated_cases_of_the_new_ops_pass_on_the_torch_backend(case):
     """The strategies draw only cases the spec accepts and a correct backend meets."""
     r = run_case(TorchBackend(), case, backend_name="torch")

@@ -47,8 +47,9 @@ def test_gptj_rotates_adjacent_pairs():
 def test_dot_product_depends_only_on_relative_position(config, style, m, n, shift):
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, config.qk_rope_head_dim, generator=g, dtype=torch.float64)
-    dot = lambda a, b: (  # noqa: E731
-        apply_rope(q[None], torch.tensor([a]), config, style=style) @ apply_rope(k[None], torch.tensor([b]), config, style=style).T  # noqa: E501
+    dot = lambda a, b: (
+        apply_rope(q[None], torch.tensor([a]), config, style=style)
+        @ apply_rope(k[None], torch.tensor([b]), config, style=style).T
     ).item()
     assert dot(m, n) == pytest.approx(dot(m + shift, n + shift), rel=1e-9, abs=1e-9)
 

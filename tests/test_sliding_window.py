@@ -25,8 +25,8 @@ from mlaspec.spec.sliding_window import (
 )
 from mlaspec.spec.sparse import global_slot_indices, sparse_attention, sparse_decode, sparse_prefill
 
-
 # ---------------------------------------------------------------- window semantics
+
 
 def test_window_mask_example():
     assert window_mask(4, 4, 2).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
@@ -52,8 +52,9 @@ def test_windowed_sparse_attention_equals_dense_with_window_mask(s_q, extra, w, 
     s_kv = s_q + extra
     q = torch.randn(s_q, 2, 6, generator=g, dtype=torch.float64)
     kv = torch.randn(s_kv, 1, 6, generator=g, dtype=torch.float64)
-    sw = swa_indices_and_lens(torch.tensor([0, s_q]), torch.tensor([s_kv]), torch.arange(s_kv)[None],
-                              window=w, block_size=1)
+    sw = swa_indices_and_lens(
+        torch.tensor([0, s_q]), torch.tensor([s_kv]), torch.arange(s_kv)[None], window=w, block_size=1
+    )
     sp = sparse_attention(q, kv, sw.indices, scale=0.4, d_v=4, topk_length=sw.lens)
     d = attention(q[None], kv[None], kv[None, ..., :4], scale=0.4, mask=window_mask(s_q, s_kv, w)[None])
     torch.testing.assert_close(sp.out, d.out[0], rtol=1e-12, atol=1e-12)
@@ -61,6 +62,7 @@ def test_windowed_sparse_attention_equals_dense_with_window_mask(s_q, extra, w, 
 
 
 # ---------------------------------------------------------------- decode metadata
+
 
 def test_swa_indices_worked_example_with_mtp():
     """Request 0 decodes 1 token at pos 5; request 1 is an MTP decode of 2 tokens at pos 2, 3. W = 3, P = 2."""
@@ -73,8 +75,12 @@ def test_swa_indices_worked_example_with_mtp():
     assert r.indices[:, 0].tolist() == [[1, 4, 5], [2, 3, 6], [3, 6, 7]]
 
 
-@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 9)), min_size=1, max_size=3), st.integers(1, 6),
-       st.sampled_from([1, 2, 4]), st.integers(0, 2**16))
+@given(
+    st.lists(st.tuples(st.integers(1, 3), st.integers(0, 9)), min_size=1, max_size=3),
+    st.integers(1, 6),
+    st.sampled_from([1, 2, 4]),
+    st.integers(0, 2**16),
+)
 def test_decode_indices_are_exactly_the_window_positions(reqs, w, p_sz, seed):
     g = torch.Generator().manual_seed(seed)
     q_lens = torch.tensor([q for q, _ in reqs])
@@ -107,11 +113,18 @@ def test_swa_indices_rejects_bad_input():
     with pytest.raises(ValueError, match="query_start_loc"):
         swa_indices_and_lens(torch.tensor([1, 2]), torch.tensor([3]), bt, window=2, block_size=2)
     with pytest.raises(ValueError, match="is_valid_token"):
-        swa_indices_and_lens(torch.tensor([0, 1]), torch.tensor([3]), bt, window=2, block_size=2,
-                             is_valid_token=torch.ones(2, dtype=torch.bool))
+        swa_indices_and_lens(
+            torch.tensor([0, 1]),
+            torch.tensor([3]),
+            bt,
+            window=2,
+            block_size=2,
+            is_valid_token=torch.ones(2, dtype=torch.bool),
+        )
 
 
 # ---------------------------------------------------------------- prefill metadata
+
 
 def test_prefill_gather_lens_example():
     assert prefill_gather_lens(torch.tensor([10, 3, 100]), torch.tensor([3, 3, 1]), 4).tolist() == [6, 3, 4]
@@ -134,6 +147,7 @@ def test_prefill_gather_lens_rejects_bad_input():
 
 
 # ---------------------------------------------------------------- layer kinds and compressed entries
+
 
 def test_layer_kinds():
     assert [layer_kind(r) for r in (0, 1, 4, 128)] == ["swaonly", "swaonly", "c4a", "c128a"]
@@ -174,6 +188,7 @@ def test_c128a_topk_indices_example():
 
 
 # ---------------------------------------------------------------- end to end: three paths, one definition
+
 
 @st.composite
 def v4_batches(draw):
@@ -224,12 +239,22 @@ def test_v4_prefill_path_equals_definition(case):
     ci = combine_topk_swa_indices(tk, qsl, seq_lens, gl, window=w, compress_ratio=r, topk=topk, M=m, N=n_c)
     assert ci.indices.shape[1] % 128 == 0
     ws = prefill_workspace(raw, comp, gl, M=m, N=n_c)  # NaN in every unused slot
-    res = sparse_prefill(q, ws.reshape(-1, 1, ws.shape[-1]), ci.indices[:, None], 0.3, d_v=6, attn_sink=sink,
-                         topk_length=ci.lens)
+    res = sparse_prefill(
+        q, ws.reshape(-1, 1, ws.shape[-1]), ci.indices[:, None], 0.3, d_v=6, attn_sink=sink, topk_length=ci.lens
+    )
     for b in range(len(reqs)):
         s, e = int(qsl[b]), int(qsl[b + 1])
-        out, lse = v4_attention(q[s:e], raw[b], window=w, scale=0.3, compressed_kv=None if r == 1 else comp[b],
-                                compress_ratio=r, topk_indices=None if r == 1 else tk[s:e], attn_sink=sink, d_v=6)
+        out, lse = v4_attention(
+            q[s:e],
+            raw[b],
+            window=w,
+            scale=0.3,
+            compressed_kv=None if r == 1 else comp[b],
+            compress_ratio=r,
+            topk_indices=None if r == 1 else tk[s:e],
+            attn_sink=sink,
+            d_v=6,
+        )
         torch.testing.assert_close(res.out[s:e], out, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(res.lse[s:e], lse, rtol=1e-12, atol=1e-12)
 
@@ -260,14 +285,24 @@ def test_v4_decode_path_equals_definition(case):
             for i in range(c.shape[0]):
                 ccache[cbt[b, i // pc], i % pc] = c[i]
         gi = global_slot_indices(tk, req, cbt, pc)
-        extra = dict(extra_kv_cache=ccache, extra_indices=gi[:, None],
-                     extra_topk_length=(gi >= 0).sum(1).to(torch.int32))
-    res = sparse_decode(q[:, None], swa_cache, sw.indices, softmax_scale=0.3, head_dim_v=6, topk_length=sw.lens,
-                        **extra)
+        extra = dict(
+            extra_kv_cache=ccache, extra_indices=gi[:, None], extra_topk_length=(gi >= 0).sum(1).to(torch.int32)
+        )
+    res = sparse_decode(
+        q[:, None], swa_cache, sw.indices, softmax_scale=0.3, head_dim_v=6, topk_length=sw.lens, **extra
+    )
     for b in range(len(reqs)):
         s, e = int(qsl[b]), int(qsl[b + 1])
-        out, lse = v4_attention(q[s:e], raw[b], window=w, scale=0.3, compressed_kv=None if r == 1 else comp[b],
-                                compress_ratio=r, topk_indices=None if r == 1 else tk[s:e], d_v=6)
+        out, lse = v4_attention(
+            q[s:e],
+            raw[b],
+            window=w,
+            scale=0.3,
+            compressed_kv=None if r == 1 else comp[b],
+            compress_ratio=r,
+            topk_indices=None if r == 1 else tk[s:e],
+            d_v=6,
+        )
         torch.testing.assert_close(res.out[s:e, 0], out, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(res.lse[s:e, :, 0], lse, rtol=1e-12, atol=1e-12)
 
@@ -277,8 +312,9 @@ def test_combine_worked_example():
     gl = prefill_gather_lens(torch.tensor([10]), torch.tensor([3]), 3)
     assert gl.tolist() == [5]  # raw positions 5..9 live at workspace slots N + 0 .. N + 4
     tk = torch.tensor([[1, 0], [1, 0], [0, 1]], dtype=torch.int32)
-    ci = combine_topk_swa_indices(tk, torch.tensor([0, 3]), torch.tensor([10]), gl, window=3, compress_ratio=4,
-                                  topk=2, M=10, N=3)
+    ci = combine_topk_swa_indices(
+        tk, torch.tensor([0, 3]), torch.tensor([10]), gl, window=3, compress_ratio=4, topk=2, M=10, N=3
+    )
     # pos 7: 2 visible entries -> [1, 0]; window 5, 6, 7 -> 3 + (0, 1, 2)
     assert ci.lens.tolist() == [5, 5, 5]
     assert ci.indices[:, :5].tolist() == [[1, 0, 3, 4, 5], [1, 0, 4, 5, 6], [0, 1, 5, 6, 7]]
@@ -286,9 +322,17 @@ def test_combine_worked_example():
 
 
 def test_combine_rejects_bad_input():
-    args = dict(topk_indices=torch.zeros(1, 2, dtype=torch.int32), query_start_loc=torch.tensor([0, 1]),
-                seq_lens=torch.tensor([8]), gather_lens=torch.tensor([3]), window=3, compress_ratio=4, topk=2,
-                M=10, N=3)
+    args = dict(
+        topk_indices=torch.zeros(1, 2, dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 1]),
+        seq_lens=torch.tensor([8]),
+        gather_lens=torch.tensor([3]),
+        window=3,
+        compress_ratio=4,
+        topk=2,
+        M=10,
+        N=3,
+    )
     combine_topk_swa_indices(**args)
     for change, match in [
         (dict(M=5), "M"),
@@ -307,11 +351,27 @@ def test_combine_rejects_bad_input():
 def test_v4_attention_rejects_future_or_repeated_compressed_entries():
     q, raw, comp = torch.randn(2, 1, 4), torch.randn(8, 4), torch.randn(2, 4)
     with pytest.raises(ValueError, match="topk_indices"):  # pos 6 sees only entry 0 ((6 + 1) // 4 = 1)
-        v4_attention(q, raw, window=2, scale=1.0, compressed_kv=comp, compress_ratio=4,
-                     topk_indices=torch.tensor([[1], [0]]), d_v=4)
+        v4_attention(
+            q,
+            raw,
+            window=2,
+            scale=1.0,
+            compressed_kv=comp,
+            compress_ratio=4,
+            topk_indices=torch.tensor([[1], [0]]),
+            d_v=4,
+        )
     with pytest.raises(ValueError, match="repeat"):
-        v4_attention(q[1:], raw, window=2, scale=1.0, compressed_kv=comp, compress_ratio=4,
-                     topk_indices=torch.tensor([[0, 0]]), d_v=4)
+        v4_attention(
+            q[1:],
+            raw,
+            window=2,
+            scale=1.0,
+            compressed_kv=comp,
+            compress_ratio=4,
+            topk_indices=torch.tensor([[0, 0]]),
+            d_v=4,
+        )
     with pytest.raises(ValueError, match="compressed_kv"):
         v4_attention(q, raw, window=2, scale=1.0, compress_ratio=128, d_v=4)
     with pytest.raises(ValueError, match="window"):
@@ -320,26 +380,32 @@ def test_v4_attention_rejects_future_or_repeated_compressed_entries():
 
 # ---------------------------------------------------------------- chunk plan
 
+
 def test_chunk_plan_fixed_and_area():
     seq, ql = torch.tensor([10, 3, 40, 5, 6]), torch.tensor([3, 3, 40, 5, 6])
     fixed = prefill_chunk_plan(seq, ql, window=4, compress_ratio=4, chunk_size=2)
     assert [(c.start, c.end) for c in fixed] == [(0, 2), (2, 4), (4, 5)]
     assert fixed[0] == PrefillChunk(0, 2, 2, 2 + 6)  # compressed 10 // 4 = 2; gather max(6, 3)
     # budget = 1 * (ceil(64/4) + 4 + 40) = 60: request 2 is (10 + 40) wide, so it gets a chunk of its own
-    area = prefill_chunk_plan(seq, ql, window=4, compress_ratio=4, chunk_size=1, max_model_len=64,
-                              max_num_batched_tokens=40)
+    area = prefill_chunk_plan(
+        seq, ql, window=4, compress_ratio=4, chunk_size=1, max_model_len=64, max_num_batched_tokens=40
+    )
     assert [(c.start, c.end) for c in area] == [(0, 2), (2, 3), (3, 5)]
     for c in area:
         assert (c.end - c.start) * c.width <= 60 or c.end - c.start == 1
 
 
-@given(st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30)), min_size=1, max_size=8),
-       st.sampled_from([1, 4, 128]), st.integers(1, 4))
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30)), min_size=1, max_size=8),
+    st.sampled_from([1, 4, 128]),
+    st.integers(1, 4),
+)
 def test_chunk_plan_covers_requests_in_order_within_budget(reqs, r, chunk):
     ql = torch.tensor([q for q, _ in reqs])
     seq = ql + torch.tensor([c for _, c in reqs])
-    plan = prefill_chunk_plan(seq, ql, window=5, compress_ratio=r, chunk_size=chunk, max_model_len=64,
-                              max_num_batched_tokens=30)
+    plan = prefill_chunk_plan(
+        seq, ql, window=5, compress_ratio=r, chunk_size=chunk, max_model_len=64, max_num_batched_tokens=30
+    )
     assert plan[0].start == 0 and plan[-1].end == len(reqs)
     assert all(a.end == b.start for a, b in zip(plan, plan[1:]))
     budget = chunk * ((0 if r == 1 else -(-64 // r)) + 5 + 30)

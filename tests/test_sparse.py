@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mlaspec.spec.attention import attention
@@ -177,8 +177,9 @@ def test_extra_kv_equals_one_concatenated_cache(p, seed):
         main[torch.arange(main.shape[-1])[None, None, :].expand_as(main) >= tl[:, None, None]] = -1
     shifted = torch.where(e_idx >= 0, e_idx + s_kv, -1)
     shifted[torch.arange(3)[None, None, :].expand_as(shifted) >= e_tl[:, None, None]] = -1
-    b = sparse_attention(**{**p, "topk_length": None, "kv": torch.cat([p["kv"], extra]),
-                            "indices": torch.cat([main, shifted], dim=-1)})
+    b = sparse_attention(
+        **{**p, "topk_length": None, "kv": torch.cat([p["kv"], extra]), "indices": torch.cat([main, shifted], dim=-1)}
+    )
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
 
@@ -216,8 +217,14 @@ def test_decode_view_over_paged_cache_equals_contiguous(b, s_q, seed, with_lengt
     res = sparse_decode(q, cache, slots, softmax_scale=0.4, head_dim_v=4, topk_length=tl)
     assert res.out.shape == (b, s_q, h_q, 4) and res.lse.shape == (b, h_q, s_q)
     for r in range(b):
-        ref = sparse_attention(q[r], kv[r][:, None], local.reshape(b, s_q, 1, k)[r], scale=0.4, d_v=4,
-                               topk_length=None if tl is None else tl[r].repeat(s_q))
+        ref = sparse_attention(
+            q[r],
+            kv[r][:, None],
+            local.reshape(b, s_q, 1, k)[r],
+            scale=0.4,
+            d_v=4,
+            topk_length=None if tl is None else tl[r].repeat(s_q),
+        )
         torch.testing.assert_close(res.out[r], ref.out, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(res.lse[r], ref.lse.T, rtol=1e-12, atol=1e-12)
 
@@ -266,8 +273,13 @@ def test_indices_to_mask_and_valid_slots():
     ],
 )
 def test_sparse_attention_rejects_bad_input(change, match):
-    args = dict(q=torch.randn(2, 2, 8), kv=torch.randn(5, 1, 8), indices=torch.zeros(2, 1, 3, dtype=torch.int32),
-                scale=0.5, d_v=8)
+    args = dict(
+        q=torch.randn(2, 2, 8),
+        kv=torch.randn(5, 1, 8),
+        indices=torch.zeros(2, 1, 3, dtype=torch.int32),
+        scale=0.5,
+        d_v=8,
+    )
     args.update(change)
     with pytest.raises((ValueError, TypeError), match=match):
         sparse_attention(**args)
@@ -286,11 +298,13 @@ def test_sparse_decode_rejects_out_of_range_slot_but_not_past_topk_length():
     with pytest.raises(ValueError, match="indices"):
         sparse_decode(q, cache, torch.tensor([[[0, -2]]], dtype=torch.int32))
     # garbage past topk_length is allowed (never read), as FlashMLA's MODEL1 path guarantees
-    sparse_decode(q, cache, torch.tensor([[[0, 2**31 - 1]]], dtype=torch.int32), topk_length=torch.tensor([1]),
-                  head_dim_v=8)
+    sparse_decode(
+        q, cache, torch.tensor([[[0, 2**31 - 1]]], dtype=torch.int32), topk_length=torch.tensor([1]), head_dim_v=8
+    )
     with pytest.raises(ValueError, match="extra_indices"):
-        sparse_decode(q, cache, torch.tensor([[[0]]]), head_dim_v=8, extra_kv_cache=cache,
-                      extra_indices=torch.tensor([[[9]]]))
+        sparse_decode(
+            q, cache, torch.tensor([[[0]]]), head_dim_v=8, extra_kv_cache=cache, extra_indices=torch.tensor([[[9]]])
+        )
     with pytest.raises(ValueError, match="kv_cache"):
         sparse_decode(q, torch.randn(2, 4, 2, 8), torch.tensor([[[0]]]))
 

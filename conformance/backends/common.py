@@ -25,9 +25,9 @@ __all__ = [
     "importable",
     "ln_to_log2",
     "log2_to_ln",
-    "page_kv",
     "pad_heads",
     "pad_last",
+    "page_kv",
     "require_cuda",
     "round_up",
 ]
@@ -42,7 +42,7 @@ def import_first(*names: str, what: str, hint: str = VENDOR_HINT) -> ModuleType:
     for name in names:
         try:
             return importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - a broken extension raises OSError/RuntimeError, not only ImportError
+        except Exception as exc:  # a broken extension raises OSError/RuntimeError, not only ImportError
             errors.append(f"{name}: {type(exc).__name__}: {exc}".splitlines()[0])
     raise ImportError(f"{what} not installed ({hint}); tried " + "; ".join(errors))
 
@@ -52,7 +52,7 @@ def importable(name: str) -> bool:
     try:
         importlib.import_module(name)
         return True
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 

@@ -38,8 +38,9 @@ __all__ = ["DeepGEMMBackend", "absolute_from_kernel", "expand_context_lens", "ma
 FP8 = (torch.float8_e4m3fn,)
 
 
-def absolute_from_kernel(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, num_keys: int,
-                         compressed: bool) -> torch.Tensor:  # fmt: skip
+def absolute_from_kernel(
+    logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, num_keys: int, compressed: bool
+) -> torch.Tensor:
     """The kernel's ``[M, W]`` logits as the spec's absolute ``[M, N]`` float32, ``-inf`` outside ``[ks, ke)``."""
     ks, ke = ks.to("cpu", torch.int64), ke.to("cpu", torch.int64)
     if compressed:

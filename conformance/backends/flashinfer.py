@@ -80,8 +80,20 @@ class FlashInferBackend:
             self._workspace = torch.empty(128 * 1024 * 1024, dtype=torch.int8, device=dev)
         wrapper = BatchMLAPagedAttentionWrapper(self._workspace, backend=self.backend)
         qo_indptr = (torch.arange(b + 1, dtype=torch.int32) * s_q).to(dev)
-        wrapper.plan(qo_indptr, indptr.to(dev), indices.to(dev), paged.seqlens, h, d_v, d - d_v, self.page,
-                     causal, scale, q.dtype, kv.dtype)  # fmt: skip
+        wrapper.plan(
+            qo_indptr,
+            indptr.to(dev),
+            indices.to(dev),
+            paged.seqlens,
+            h,
+            d_v,
+            d - d_v,
+            self.page,
+            causal,
+            scale,
+            q.dtype,
+            kv.dtype,
+        )
         qf = q.to(dev).reshape(b * s_q, h, d)
         ckv = paged.cache[..., :d_v].contiguous()
         kpe = paged.cache[..., d_v:].contiguous()

@@ -45,7 +45,7 @@ import torch
 
 from mlaspec.spec import cache_layouts as cl
 
-from .common import case_param, cuda_capability, import_first, page_kv, pad_heads, pad_last, require_cuda, round_up
+from .common import case_param, cuda_capability, import_first, pad_heads, pad_last, page_kv, require_cuda, round_up
 
 __all__ = ["FlashMLABackend", "quantize_sparse_cache", "v4_indices"]
 
@@ -131,8 +131,10 @@ class FlashMLABackend:
                 return "FlashMLA dense decode needs batch size > 0"
             return None
         if case.op == "sparse_decode" and not case.params.get("fp8_cache"):
-            return ("FlashMLA sparse decode reads only fp8 caches (656 B V3.2 / 584 B V4); this case's cache is not "
-                    "declared fp8-representable (case param fp8_cache=True: entries from dequantize(quantize(...)))")
+            return (
+                "FlashMLA sparse decode reads only fp8 caches (656 B V3.2 / 584 B V4); this case's cache is not "
+                "declared fp8-representable (case param fp8_cache=True: entries from dequantize(quantize(...)))"
+            )
         # sparse kernels
         if case.dtype != "bfloat16":
             return f"FlashMLA sparse kernels take bf16 q only, case dtype is {case.dtype}"
@@ -158,12 +160,14 @@ class FlashMLABackend:
         fm = self.fm
         if hasattr(fm, "FlashMLASchedMeta"):  # FlashMLA >= 2026: metadata built on the first call
             meta, _ = fm.get_mla_metadata()
-            out, lse = fm.flash_mla_with_kvcache(q, cache, paged.block_table, paged.seqlens, d_v, meta, None,
-                                                 softmax_scale=scale, causal=causal)  # fmt: skip
+            out, lse = fm.flash_mla_with_kvcache(
+                q, cache, paged.block_table, paged.seqlens, d_v, meta, None, softmax_scale=scale, causal=causal
+            )
         else:  # the 2025 interface: explicit tile-scheduler metadata
             meta, splits = fm.get_mla_metadata(paged.seqlens, s_q * h, 1)
-            out, lse = fm.flash_mla_with_kvcache(q, cache, paged.block_table, paged.seqlens, d_v, meta, splits,
-                                                 softmax_scale=scale, causal=causal)  # fmt: skip
+            out, lse = fm.flash_mla_with_kvcache(
+                q, cache, paged.block_table, paged.seqlens, d_v, meta, splits, softmax_scale=scale, causal=causal
+            )
         return out, lse  # [B, S_q, H, D_v], [B, H, S_q] natural log
 
     # -- dense decode over vLLM's per-tensor fp8 cache -----------------------------------------------------------
@@ -176,11 +180,15 @@ class FlashMLABackend:
         if not self.sm90:
             return "FlashMLA dense fp8 decode is SM90 only ('Dense FP8 MLA is only supported on SM90')"
         if case.params.get("layout") != "fp8_e4m3_per_tensor":
-            return (f"FlashMLA's dense fp8 kernel reads vLLM's per-tensor e4m3 cache (576 B/token), not "
-                    f"{case.params.get('layout')} (the 656-byte fp8_ds_mla cache goes to the sparse kernels only)")
+            return (
+                f"FlashMLA's dense fp8 kernel reads vLLM's per-tensor e4m3 cache (576 B/token), not "
+                f"{case.params.get('layout')} (the 656-byte fp8_ds_mla cache goes to the sparse kernels only)"
+            )
         if case.dtype != "bfloat16":
-            return (f"FlashMLA's dense fp8 kernel writes bf16 only (run_mha_fwd_splitkv_mla<float_e4m3_t, bfloat16_t, "
-                    f"576>), case dtype is {case.dtype}")  # fmt: skip
+            return (
+                f"FlashMLA's dense fp8 kernel writes bf16 only (run_mha_fwd_splitkv_mla<float_e4m3_t, bfloat16_t, "
+                f"576>), case dtype is {case.dtype}"
+            )
         try:
             self._fp8_ext()
         except ImportError as exc:
@@ -198,13 +206,26 @@ class FlashMLABackend:
         descale_q = torch.tensor([q_scale], dtype=torch.float32, device=dev)
         descale_k = torch.tensor([k_scale], dtype=torch.float32, device=dev)
         meta, splits = ext.get_mla_decoding_metadata_dense_fp8(paged.seqlens, s_q * h, 1)
-        out, lse = ext.fwd_kvcache_mla_fp8(q8, cache, d_v, paged.seqlens, paged.block_table, scale, causal, meta,
-                                           splits, descale_q, descale_k)[:2]  # fmt: skip
+        out, lse = ext.fwd_kvcache_mla_fp8(
+            q8, cache, d_v, paged.seqlens, paged.block_table, scale, causal, meta, splits, descale_q, descale_k
+        )[:2]
         return out, lse  # [B, S_q, H, D_v] bf16, [B, H, S_q] natural log
 
     # -- sparse decode -------------------------------------------------------------------------------------------
-    def sparse_decode(self, q, kv_cache, indices, *, softmax_scale=None, head_dim_v=512, topk_length=None,
-                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_length=None):  # fmt: skip
+    def sparse_decode(
+        self,
+        q,
+        kv_cache,
+        indices,
+        *,
+        softmax_scale=None,
+        head_dim_v=512,
+        topk_length=None,
+        attn_sink=None,
+        extra_kv_cache=None,
+        extra_indices=None,
+        extra_topk_length=None,
+    ):
         dev = self.device
         b, s_q, h, d = q.shape
         if d == 576 and topk_length is not None and bool((topk_length == indices.shape[-1]).all()):
@@ -245,13 +266,25 @@ class FlashMLABackend:
         idx = pad_last(indices.to(torch.int32), 128, -1).to(dev).contiguous()
         sink = None if attn_sink is None else pad_heads(attn_sink.to(dev, torch.float32), h_pad, 0).contiguous()
         lengths = None if topk_length is None else topk_length.to(dev, torch.int32).contiguous()
-        out, max_logits, lse = self.fm.flash_mla_sparse_fwd(qp, kv.to(dev, torch.bfloat16).contiguous(), idx,
-                                                            sm_scale, d_v, sink, lengths)[:3]  # fmt: skip
+        out, max_logits, lse = self.fm.flash_mla_sparse_fwd(
+            qp, kv.to(dev, torch.bfloat16).contiguous(), idx, sm_scale, d_v, sink, lengths
+        )[:3]
         return out[:, :h], max_logits[:, :h], lse[:, :h]
 
     # -- one V4 layer through the sparse prefill kernel ----------------------------------------------------------
-    def v4_attention(self, q, raw_kv, *, window, scale, compressed_kv=None, compress_ratio=1, topk_indices=None,
-                     attn_sink=None, d_v=512):  # fmt: skip
+    def v4_attention(
+        self,
+        q,
+        raw_kv,
+        *,
+        window,
+        scale,
+        compressed_kv=None,
+        compress_ratio=1,
+        topk_indices=None,
+        attn_sink=None,
+        d_v=512,
+    ):
         s_q, s_kv = q.shape[0], raw_kv.shape[0]
         num_c = 0 if compressed_kv is None or compress_ratio == 1 else compressed_kv.shape[0]
         rows = raw_kv if num_c == 0 else torch.cat([compressed_kv, raw_kv])
@@ -260,8 +293,9 @@ class FlashMLABackend:
         return out, lse
 
 
-def v4_indices(s_q: int, s_kv: int, window: int, compress_ratio: int, topk_indices,
-               num_compressed: int) -> torch.Tensor:  # fmt: skip
+def v4_indices(
+    s_q: int, s_kv: int, window: int, compress_ratio: int, topk_indices, num_compressed: int
+) -> torch.Tensor:
     """The ``[S_q, 1, K_c + W]`` int32 rows into ``cat(compressed_kv, raw_kv)`` one V4 layer reads (``-1`` padded):
     query ``i`` at ``p = S_kv - S_q + i`` takes ``topk_indices[i, :min((p + 1) // r, K_c)]`` and the raw window
     ``(p - W, p]`` shifted by ``C`` -- how vLLM's V4 path feeds FlashMLA (window as one index list, compressed

@@ -62,8 +62,9 @@ class TorchBackend(TorchServing, TorchSparse, TorchFP8):
     def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
         dtype = q_nope.dtype
         ql_nope = torch.einsum("bsnp,lnp->bsnl", q_nope.float(), W_UK.float()).to(dtype)  # as vLLM's bmm with W_UK_T
-        o_lat, lse = self.mla_decode(torch.cat([ql_nope, q_pe], -1), torch.cat([kv_c, k_pe], -1),
-                                     d_v=kv_c.shape[-1], scale=scale, causal=causal)  # fmt: skip
+        o_lat, lse = self.mla_decode(
+            torch.cat([ql_nope, q_pe], -1), torch.cat([kv_c, k_pe], -1), d_v=kv_c.shape[-1], scale=scale, causal=causal
+        )
         out = torch.einsum("bsnl,lnv->bsnv", o_lat.float(), W_UV.to(o_lat.device).float())
         return out.to(dtype), lse
 
@@ -74,7 +75,7 @@ class TorchBackend(TorchServing, TorchSparse, TorchFP8):
         m = m.masked_fill(empty, 0.0)
         p_w, s_w = torch.exp(p_lse - m), torch.exp(s_lse - m)
         total = p_w + s_w
-        out = (prefix_output.float() * (p_w / total).T[..., None] + suffix_output.float() * (s_w / total).T[..., None])
+        out = prefix_output.float() * (p_w / total).T[..., None] + suffix_output.float() * (s_w / total).T[..., None]
         out = torch.where(empty.T[..., None], prefix_output.float(), out)
         lse = torch.where(empty, -math.inf, torch.log(total) + m)
         return out.to(prefix_output.dtype), lse

@@ -68,7 +68,10 @@ class TorchSDPABackend:
             if min(dims) < 16:
                 return f"FlexAttention on CUDA needs head dims >= 16 (torch's Triton template), got {dims}"
             if case.op == "mla_decode" and case_param(case, "H_q", default=16) > 64:
-                return "FlexAttention on CUDA runs out of shared memory at D_qk 576 with more than 64 query heads per KV head"
+                return (
+                    "FlexAttention on CUDA runs out of shared memory at D_qk 576 with more than 64 query heads "
+                    "per KV head"
+                )
         return None
 
     # -- the two ops ---------------------------------------------------------------------------------------------
@@ -98,8 +101,9 @@ class TorchSDPABackend:
             block_mask = fa.create_block_mask(bottom_right, None, None, s_q, s_kv, device=self.device)
         gqa = q.shape[1] != k.shape[1]
         if hasattr(fa, "AuxRequest"):
-            out, aux = self._flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
-                                  return_aux=fa.AuxRequest(lse=True))  # fmt: skip
+            out, aux = self._flex(
+                q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_aux=fa.AuxRequest(lse=True)
+            )
             return out, aux.lse
         return self._flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_lse=True)
 

@@ -26,8 +26,12 @@ from mlaspec.spec.chunked_context import ChunkPlan
 
 _FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
-_CACHE_DTYPES = {"fp8": "fp8_e4m3_per_tensor", "fp8_e4m3": "fp8_e4m3_per_tensor",
-                 "fp8_e5m2": "fp8_e5m2_per_tensor", "fp8_ds_mla": "fp8_ds_mla_v32"}  # fmt: skip
+_CACHE_DTYPES = {
+    "fp8": "fp8_e4m3_per_tensor",
+    "fp8_e4m3": "fp8_e4m3_per_tensor",
+    "fp8_e5m2": "fp8_e5m2_per_tensor",
+    "fp8_ds_mla": "fp8_ds_mla_v32",
+}
 
 
 class ReorderResult(NamedTuple):
@@ -162,8 +166,9 @@ class TorchServing:
             flat[s[keep]] = self._encode(x, LAYOUTS[_CACHE_DTYPES[kv_cache_dtype]], scale)
         return (new,)
 
-    def gather_cache(self, kv_cache, block_table, cu_seq_lens, batch_size=None, seq_starts=None, *,
-                     kernel="cp_gather_cache"):  # fmt: skip
+    def gather_cache(
+        self, kv_cache, block_table, cu_seq_lens, batch_size=None, seq_starts=None, *, kernel="cp_gather_cache"
+    ):
         p = kv_cache.shape[1]
         cu = cu_seq_lens.long()
         b = block_table.shape[0] if batch_size is None else batch_size
@@ -181,8 +186,9 @@ class TorchServing:
             rows.append(kv_cache[pages, offsets])
         return (torch.cat(rows) if rows else kv_cache.new_empty(0, *kv_cache.shape[2:]),)
 
-    def slot_mapping_from_block_table(self, block_table, block_size, query_start_loc, positions, *,
-                                      num_blocks=None, pad_to=None):  # fmt: skip
+    def slot_mapping_from_block_table(
+        self, block_table, block_size, query_start_loc, positions, *, num_blocks=None, pad_to=None
+    ):
         t = positions.numel()
         req = self._token_requests(query_start_loc, t)
         pos = positions.long()
@@ -213,8 +219,7 @@ class TorchServing:
         return torch.where(valid[:, None], raw, 0).to(torch.uint8), valid
 
     # -- chunked prefill ------------------------------------------------------------------------------------
-    def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *,
-                                  scale):  # fmt: skip
+    def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *, scale):
         dtype, dev = q_nope.dtype, getattr(self, "device", q_nope.device)
         q_nope, q_pe, kv_c, k_pe, W_UK, W_UV = (x.to(dev) for x in (q_nope, q_pe, kv_c, k_pe, W_UK, W_UV))
         cu = cu_seqlens_q.long()
@@ -239,15 +244,16 @@ class TorchServing:
             for i in range(plan.num_chunks):  # the workspace: this request's rows of chunk i
                 length = int(plan.seq_lens[i, b])
                 if length == 0:
-                    part = (torch.zeros(qe - qs, n_heads, v_dim, dtype=dtype, device=dev),
-                            torch.full((n_heads, qe - qs), -math.inf, dtype=torch.float32, device=dev))  # fmt: skip
+                    part = (
+                        torch.zeros(qe - qs, n_heads, v_dim, dtype=dtype, device=dev),
+                        torch.full((n_heads, qe - qs), -math.inf, dtype=torch.float32, device=dev),
+                    )
                 else:
                     ckv, cpe = rows(b, int(plan.starts[i, b]), length)
                     o, l = self.mla_prefill(qn, qp, ckv[None], cpe[None], W_UK, W_UV, scale=scale, causal=False)
                     part = (o[0], l[0])
                 run = part if run is None else self.merge_attn_states(run[0], run[1], part[0], part[1])
-            o, l = self.mla_prefill(qn, qp, kv_c[None, qs:qe], k_pe[None, qs:qe], W_UK, W_UV, scale=scale,
-                                    causal=True)  # fmt: skip
+            o, l = self.mla_prefill(qn, qp, kv_c[None, qs:qe], k_pe[None, qs:qe], W_UK, W_UV, scale=scale, causal=True)
             o, l = o[0], l[0]
             if run is not None:
                 o, l = self.merge_attn_states(run[0], run[1], o, l)
@@ -265,11 +271,21 @@ class TorchServing:
         starts = (torch.arange(n)[:, None] * width).expand(n, b).clone()
         seq_lens = (torch.minimum(ctx[None, :], starts + width) - starts).clamp(min=0)
         cu = torch.cat([torch.zeros(n, 1, dtype=torch.int64), torch.cumsum(seq_lens, 1)], 1)
-        return ChunkPlan(ctx, workspace_size, block_size, width, starts, seq_lens, cu,
-                         tuple(cu[:, -1].tolist()), tuple(seq_lens.amax(1).tolist()) if b else (0,) * n)  # fmt: skip
+        return ChunkPlan(
+            ctx,
+            workspace_size,
+            block_size,
+            width,
+            starts,
+            seq_lens,
+            cu,
+            tuple(cu[:, -1].tolist()),
+            tuple(seq_lens.amax(1).tolist()) if b else (0,) * n,
+        )
 
-    def mla_mixed_batch(self, q_nope, q_pe, kv_c, k_pe, metadata, kv_cache, W_UK, W_UV, *, scale, workspace_size,
-                        decode_threshold=1):  # fmt: skip
+    def mla_mixed_batch(
+        self, q_nope, q_pe, kv_c, k_pe, metadata, kv_cache, W_UK, W_UV, *, scale, workspace_size, decode_threshold=1
+    ):
         """As a serving layer: write the new tokens into the cache, decodes through :meth:`mla_absorbed` over the
         cache, prefills through :meth:`chunked_prefill_attention` with the context read from the cache."""
         dev = getattr(self, "device", q_nope.device)
@@ -295,14 +311,24 @@ class TorchServing:
             if qe == qs:
                 continue
             skv, spe = read(b, 0, int(ctx[b]) + qe - qs)
-            o, l = self.mla_absorbed(q_nope[None, qs:qe], q_pe[None, qs:qe], skv[None], spe[None], W_UK, W_UV,
-                                     scale=scale, causal=True)  # fmt: skip
+            o, l = self.mla_absorbed(
+                q_nope[None, qs:qe], q_pe[None, qs:qe], skv[None], spe[None], W_UK, W_UV, scale=scale, causal=True
+            )
             out[qs:qe], lse[:, qs:qe] = o[0], l[0]
         if d < metadata.num_reqs:  # prefills: context chunk by chunk from the cache, new tokens as given
             plan = self._context_plan(ctx[d:], workspace_size, p)
-            o, l = self.chunked_prefill_attention(q_nope[d_tok:], q_pe[d_tok:], kv_c[d_tok:], k_pe[d_tok:],
-                                                  qsl[d:] - d_tok, lambda b, s, n: read(b + d, s, n), plan, W_UK,
-                                                  W_UV, scale=scale)  # fmt: skip
+            o, l = self.chunked_prefill_attention(
+                q_nope[d_tok:],
+                q_pe[d_tok:],
+                kv_c[d_tok:],
+                k_pe[d_tok:],
+                qsl[d:] - d_tok,
+                lambda b, s, n: read(b + d, s, n),
+                plan,
+                W_UK,
+                W_UV,
+                scale=scale,
+            )
             out[d_tok:], lse[:, d_tok:] = o, l
         return out, lse
 
@@ -325,15 +351,19 @@ class TorchServing:
         prefilling = [r.context_len == 0 if r.prompt_len is None else r.context_len < r.prompt_len for r in requests]
         return MetadataResult(qsl, seq, ctx, block_table.long(), slots, torch.tensor(prefilling, dtype=torch.bool))
 
-    def split_decodes_and_prefills(self, metadata, decode_threshold=1, require_uniform=False,
-                                   treat_short_extends_as_decodes=True):  # fmt: skip
+    def split_decodes_and_prefills(
+        self, metadata, decode_threshold=1, require_uniform=False, treat_short_extends_as_decodes=True
+    ):
         qsl = metadata.query_start_loc.long()
         q = qsl[1:] - qsl[:-1]
         b, t = q.numel(), int(qsl[-1])
         if b == 0:
             return 0, 0, 0, 0
-        if int(q.max()) <= decode_threshold and (not require_uniform or decode_threshold <= 1) \
-                and treat_short_extends_as_decodes:  # fmt: skip
+        if (
+            int(q.max()) <= decode_threshold
+            and (not require_uniform or decode_threshold <= 1)
+            and treat_short_extends_as_decodes
+        ):
             return b, 0, t, 0
         if int(q[0]) > decode_threshold:
             return 0, b, 0, t

@@ -63,8 +63,20 @@ class TorchSparse:
             valid &= torch.arange(idx.shape[-1])[None, None, :] < lengths.repeat_interleave(s_q)[:, None, None]
         return rows, idx, valid
 
-    def sparse_decode(self, q, kv_cache, indices, *, softmax_scale=None, head_dim_v=512, topk_length=None,
-                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_length=None):  # fmt: skip
+    def sparse_decode(
+        self,
+        q,
+        kv_cache,
+        indices,
+        *,
+        softmax_scale=None,
+        head_dim_v=512,
+        topk_length=None,
+        attn_sink=None,
+        extra_kv_cache=None,
+        extra_indices=None,
+        extra_topk_length=None,
+    ):
         b, s_q, h_q, d = q.shape
         scale = d**-0.5 if softmax_scale is None else softmax_scale
         rows, idx, valid = self._paged_rows(kv_cache, indices, topk_length, s_q)
@@ -73,12 +85,24 @@ class TorchSparse:
             idx = torch.cat([idx, torch.where(e_valid, e_idx + rows.shape[0], -1)], -1)
             valid = torch.cat([valid, e_valid], -1)
             rows = torch.cat([rows, e_rows])
-        out, lse, _ = self._sparse_rows(q.reshape(b * s_q, h_q, d), rows, idx, valid, scale=scale, d_v=head_dim_v,
-                                        attn_sink=attn_sink)  # fmt: skip
+        out, lse, _ = self._sparse_rows(
+            q.reshape(b * s_q, h_q, d), rows, idx, valid, scale=scale, d_v=head_dim_v, attn_sink=attn_sink
+        )
         return out.reshape(b, s_q, h_q, -1), lse.reshape(b, s_q, h_q).transpose(1, 2)
 
-    def v4_attention(self, q, raw_kv, *, window, scale, compressed_kv=None, compress_ratio=1, topk_indices=None,
-                     attn_sink=None, d_v=512):  # fmt: skip
+    def v4_attention(
+        self,
+        q,
+        raw_kv,
+        *,
+        window,
+        scale,
+        compressed_kv=None,
+        compress_ratio=1,
+        topk_indices=None,
+        attn_sink=None,
+        d_v=512,
+    ):
         s_q, s_kv = q.shape[0], raw_kv.shape[0]
         pos = torch.arange(s_q)[:, None] + (s_kv - s_q)  # the queries are the request's last positions
         j = torch.arange(window)[None, :]
@@ -91,8 +115,9 @@ class TorchSparse:
             rows = torch.cat([compressed_kv, raw_kv])
             idx = torch.cat([topk_indices.long(), win + compressed_kv.shape[0]], -1)
             valid = torch.cat([c_valid, win_valid], -1)
-        out, lse, _ = self._sparse_rows(q, rows[:, None], idx[:, None], valid[:, None], scale=scale, d_v=d_v,
-                                        attn_sink=attn_sink)  # fmt: skip
+        out, lse, _ = self._sparse_rows(
+            q, rows[:, None], idx[:, None], valid[:, None], scale=scale, d_v=d_v, attn_sink=attn_sink
+        )
         return out, lse
 
     # -- indexer ---------------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ from mlaspec.spec.batch import Request, request_region
 
 from .common import importable, page_kv
 
-__all__ = ["VLLMBackend", "load_vllm_file", "load_vllm_utils", "find_vllm_source", "to_vllm_metadata"]
+__all__ = ["VLLMBackend", "find_vllm_source", "load_vllm_file", "load_vllm_utils", "to_vllm_metadata"]
 
 OPS_DIR = "vllm/v1/attention/ops"
 FILES = ("triton_merge_attn_states.py", "triton_decode_attention.py")
@@ -78,8 +78,13 @@ UTILS = "vllm/v1/attention/backends/utils.py"
 BACKEND = "vllm/v1/attention/backend.py"  # defines CommonAttentionMetadata
 SOURCES = (*(f"{OPS_DIR}/{f}" for f in FILES), UTILS, BACKEND)
 KERNEL_OPS = frozenset({"merge_attn_states", "mla_decode"})
-METADATA_OPS = frozenset({"split_decodes_and_prefills", "reorder_batch_to_split_decodes_and_prefills",
-                          "make_local_attention_virtual_batches"})  # fmt: skip
+METADATA_OPS = frozenset(
+    {
+        "split_decodes_and_prefills",
+        "reorder_batch_to_split_decodes_and_prefills",
+        "make_local_attention_virtual_batches",
+    }
+)
 _MIN_WORK_PER_SPLIT = 512  # vllm/v1/attention/backends/mla/triton_mla.py
 _SPLIT_OCCUPANCY_MULTIPLIER = 2
 
@@ -125,8 +130,9 @@ def _stand_ins() -> dict[str, types.ModuleType]:
         is_cuda=lambda: True,
         is_xpu=lambda: False,
         fp8_dtype=lambda: torch.float8_e4m3fn,
-        is_device_capability_family=lambda family: torch.cuda.is_available()
-        and torch.cuda.get_device_capability()[0] * 10 == family,
+        is_device_capability_family=lambda family: (
+            torch.cuda.is_available() and torch.cuda.get_device_capability()[0] * 10 == family
+        ),
     )
     platforms = types.ModuleType("vllm.platforms")
     platforms.current_platform = platform
@@ -345,7 +351,7 @@ class VLLMBackend:
         try:  # an installed vLLM first
             self.utils = importlib.import_module("vllm.v1.attention.backends.utils")
             where.append("metadata helpers from installed vllm")
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.utils = None
         root = None
         try:
@@ -358,7 +364,7 @@ class VLLMBackend:
                     raise ImportError(source_error)
                 self.utils = load_vllm_utils(root)
                 where.append(f"metadata helpers from {root}/{UTILS}")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.metadata_reason = f"vLLM's metadata helpers not loaded: {type(exc).__name__}: {exc}"
         if self.kernel_reason is None:
             self.kernel_reason = self._load_kernels(root, where)
@@ -378,7 +384,7 @@ class VLLMBackend:
             self.decode_mod = importlib.import_module("vllm.v1.attention.ops.triton_decode_attention")
             where.append("Triton kernels from installed vllm")
             return None
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         if root is None or not all((root / OPS_DIR / f).exists() for f in FILES):
             return f"vllm's Triton files ({OPS_DIR}/{', '.join(FILES)}) not found"
@@ -393,8 +399,10 @@ class VLLMBackend:
         if case.op in METADATA_OPS and self.metadata_reason:
             return self.metadata_reason
         if case.op == "reorder_batch_to_split_decodes_and_prefills" and case.params.get("regions", 4) != 4:
-            return ("vLLM 0.33's reorder has four regions (decode / short extend / long extend / prefill); "
-                    "regions=2 is the seed's version")  # fmt: skip
+            return (
+                "vLLM 0.33's reorder has four regions (decode / short extend / long extend / prefill); "
+                "regions=2 is the seed's version"
+            )
         return None
 
     # -- Triton kernels ------------------------------------------------------------------------------------------
@@ -428,18 +436,32 @@ class VLLMBackend:
         cache = paged.cache.unsqueeze(2)  # [N, P, 1, 576]
         one = torch.tensor(1.0, dtype=torch.float32, device=dev)
         self.decode_mod.decode_attention_fwd(
-            qf, cache, cache[..., :d_v], o, lse, block_table, seq_lens, attn_logits, splits, scale, self.page,
-            k_scale=one, v_scale=one, is_mla=True,
-        )  # fmt: skip
+            qf,
+            cache,
+            cache[..., :d_v],
+            o,
+            lse,
+            block_table,
+            seq_lens,
+            attn_logits,
+            splits,
+            scale,
+            self.page,
+            k_scale=one,
+            v_scale=one,
+            is_mla=True,
+        )
         out = o.reshape(b, s_q, h, d_v)
         return out, lse.reshape(b, s_q, h).transpose(1, 2)
 
     # -- batch metadata (CPU) ------------------------------------------------------------------------------------
-    def split_decodes_and_prefills(self, metadata, decode_threshold=1, require_uniform=False,
-                                   treat_short_extends_as_decodes=True):  # fmt: skip
+    def split_decodes_and_prefills(
+        self, metadata, decode_threshold=1, require_uniform=False, treat_short_extends_as_decodes=True
+    ):
         cam = to_vllm_metadata(self.utils, metadata)
-        got = self.utils.split_decodes_and_prefills(cam, decode_threshold, require_uniform,
-                                                    treat_short_extends_as_decodes)  # fmt: skip
+        got = self.utils.split_decodes_and_prefills(
+            cam, decode_threshold, require_uniform, treat_short_extends_as_decodes
+        )
         return tuple(int(x) for x in got)
 
     def reorder_batch_to_split_decodes_and_prefills(self, requests, decode_threshold=1, *, regions=4):

@@ -45,6 +45,6 @@ from .indexer import OPS as _INDEXER
 from .serving import OPS as _SERVING
 from .sparse import OPS as _SPARSE
 
-__all__ = ["Op", "OPS", "DTYPES", "EPS32", "unit_roundoff"]
+__all__ = ["DTYPES", "EPS32", "OPS", "Op", "unit_roundoff"]
 
 OPS: dict[str, Op] = {op.name: op for op in [*_DENSE, *_FP8_DECODE, *_SERVING, *_INDEXER, *_SPARSE]}

@@ -114,8 +114,6 @@ def attention_bounds(q, k, v, *, scale, causal, mask=None, ref, u, extra_logit_e
     return out_bound, lse_bound
 
 
-
-
 # -- pictures of failing cases --------------------------------------------------------------------------------------
 def _cpu64(t: object) -> torch.Tensor | None:
     return t.detach().to("cpu", torch.float64) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else None
@@ -157,12 +155,16 @@ def prefix_lse_match(logits: torch.Tensor, lse: torch.Tensor, bound: torch.Tenso
     LSE", not proof of which keys were read.
     """
     b, h, s_q, s_kv = logits.shape
-    prefix = torch.cat([torch.full((b, h, s_q, 1), -math.inf, dtype=torch.float64),
-                        torch.logcumsumexp(logits, -1)], -1)  # [B, H, S_q, S_kv + 1]  # fmt: skip
+    prefix = torch.cat(
+        [torch.full((b, h, s_q, 1), -math.inf, dtype=torch.float64), torch.logcumsumexp(logits, -1)], -1
+    )  # [B, H, S_q, S_kv + 1]
     g = lse.detach().to("cpu", torch.float64)[..., None]
     empty_got = torch.isinf(g) & ~torch.isnan(g)  # ±inf: an empty row
-    dist = torch.where(torch.isinf(prefix), torch.where(empty_got, 0.0, math.inf),
-                       torch.where(empty_got | torch.isnan(g), math.inf, (g - prefix).abs()))  # fmt: skip
+    dist = torch.where(
+        torch.isinf(prefix),
+        torch.where(empty_got, 0.0, math.inf),
+        torch.where(empty_got | torch.isnan(g), math.inf, (g - prefix).abs()),
+    )
     dist = (dist / bound.to(torch.float64).clamp_min(1e-300)[..., None]).amax((0, 1))  # [S_q, S_kv + 1]
     nearest = dist.argmin(-1)
     own = dist.gather(1, spec_lengths.long()[:, None])[:, 0] <= 1.0

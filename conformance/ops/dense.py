@@ -12,15 +12,32 @@ from mlaspec.spec.forms import absorb_query, mla_absorbed, mla_mha, mqa_latent_a
 from mlaspec.spec.merge import merge_attn_states
 
 from ..cases import Case
-from .common import (DTYPES, EPS32, Op, abs_logits_max, attention_bounds, logit_error, prefix_lse_match,
-                     projection_error, randn, unit_roundoff, worst_rows)  # fmt: skip
+from .common import (
+    DTYPES,
+    EPS32,
+    Op,
+    abs_logits_max,
+    attention_bounds,
+    logit_error,
+    prefix_lse_match,
+    projection_error,
+    randn,
+    unit_roundoff,
+    worst_rows,
+)
+
 
 # -- attention ----------------------------------------------------------------------------------------------------
 def _attention_inputs(c: Case) -> dict:
     p, r = c.params, randn(c)
     b, s_q, s_kv, h_q, h_kv, d, dv = (p[k] for k in ("B", "S_q", "S_kv", "H_q", "H_kv", "D_qk", "D_v"))
-    return dict(q=r(b, s_q, h_q, d, scale=2.0), k=r(b, s_kv, h_kv, d), v=r(b, s_kv, h_kv, dv),
-                scale=p.get("scale", d**-0.5), causal=p["causal"])  # fmt: skip
+    return dict(
+        q=r(b, s_q, h_q, d, scale=2.0),
+        k=r(b, s_kv, h_kv, d),
+        v=r(b, s_kv, h_kv, dv),
+        scale=p.get("scale", d**-0.5),
+        causal=p["causal"],
+    )
 
 
 def _attention_bounds_op(kw, ref, u):
@@ -31,8 +48,9 @@ def _attention_bounds_op(kw, ref, u):
 def _decode_inputs(c: Case) -> dict:
     p, r = c.params, randn(c)
     b, s_q, s_kv, h, d, dv = (p[k] for k in ("B", "S_q", "S_kv", "H_q", "D_qk", "D_v"))
-    return dict(q=r(b, s_q, h, d, scale=3.0), kv=r(b, s_kv, d), d_v=dv,
-                scale=p.get("scale", 192**-0.5), causal=p["causal"])  # fmt: skip
+    return dict(
+        q=r(b, s_q, h, d, scale=3.0), kv=r(b, s_kv, d), d_v=dv, scale=p.get("scale", 192**-0.5), causal=p["causal"]
+    )
 
 
 def _decode_bounds(kw, ref, u):
@@ -43,14 +61,21 @@ def _decode_bounds(kw, ref, u):
 # -- mla_prefill: the compute-friendly form ----------------------------------------------------------------------
 def _prefill_inputs(c: Case) -> dict:
     p, r = c.params, randn(c)
-    cfg = MLAConfig.tiny(num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"],
-                         qk_rope_head_dim=p["R"], v_head_dim=p["V"])  # fmt: skip
+    cfg = MLAConfig.tiny(
+        num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"], qk_rope_head_dim=p["R"], v_head_dim=p["V"]
+    )
     w = make_weights(cfg, seed=c.seed, dtype=DTYPES[c.dtype])
     b, s_q, s_kv = p["B"], p["S_q"], p["S_kv"]
-    return dict(q_nope=r(b, s_q, cfg.num_heads, cfg.qk_nope_head_dim, scale=2.0),
-                q_pe=r(b, s_q, cfg.num_heads, cfg.qk_rope_head_dim, scale=2.0),
-                kv_c=r(b, s_kv, cfg.kv_lora_rank), k_pe=r(b, s_kv, cfg.qk_rope_head_dim),
-                W_UK=w.W_UK, W_UV=w.W_UV, scale=cfg.softmax_scale, causal=p["causal"])  # fmt: skip
+    return dict(
+        q_nope=r(b, s_q, cfg.num_heads, cfg.qk_nope_head_dim, scale=2.0),
+        q_pe=r(b, s_q, cfg.num_heads, cfg.qk_rope_head_dim, scale=2.0),
+        kv_c=r(b, s_kv, cfg.kv_lora_rank),
+        k_pe=r(b, s_kv, cfg.qk_rope_head_dim),
+        W_UK=w.W_UK,
+        W_UV=w.W_UV,
+        scale=cfg.softmax_scale,
+        causal=p["causal"],
+    )
 
 
 def _prefill_bounds(kw, ref, u):
@@ -67,11 +92,20 @@ def _prefill_bounds(kw, ref, u):
     q = torch.cat([kw["q_nope"].double(), kw["q_pe"].double()], -1)
     k = torch.cat([k_nope, kw["k_pe"].double()[:, :, None].expand(-1, -1, n, -1)], -1)
     rounding = u / 2 * abs_logits_max(q, k, kw["scale"])  # k_nope rounded to the case dtype, in the logits
-    accumulation = abs_logits_max(q[..., : k_nope.shape[-1]], projection_error("bsl,lnp->bsnp", kv_c, wuk, u),
-                                  kw["scale"])  # fmt: skip
-    out_b, lse_b = attention_bounds(q, k, v, scale=kw["scale"], causal=kw["causal"], ref=ref, u=1.5 * u,
-                                     extra_logit_err=rounding + accumulation,
-                                     v_err=projection_error("bsl,lnv->bsnv", kv_c, wuv, u))  # fmt: skip
+    accumulation = abs_logits_max(
+        q[..., : k_nope.shape[-1]], projection_error("bsl,lnp->bsnp", kv_c, wuk, u), kw["scale"]
+    )
+    out_b, lse_b = attention_bounds(
+        q,
+        k,
+        v,
+        scale=kw["scale"],
+        causal=kw["causal"],
+        ref=ref,
+        u=1.5 * u,
+        extra_logit_err=rounding + accumulation,
+        v_err=projection_error("bsl,lnv->bsnv", kv_c, wuv, u),
+    )
     return out_b, lse_b
 
 
@@ -91,8 +125,9 @@ def _absorbed_bounds(kw, ref, u):
     lkv = kw["kv_c"].shape[-1]
     ql_rss = torch.einsum("bqhd,bkd->bhqk", q[..., :lkv] ** 2, kv[:, :, 0, :lkv] ** 2).sqrt()  # [B, N, S_q, S_kv]
     ql_err = 4 * u / 2 * kw["scale"] * (ql_rss.amax(-1) if ql_rss.shape[-1] else ql_rss.sum(-1))
-    ql_acc = abs_logits_max(projection_error("bsnp,lnp->bsnl", kw["q_nope"].double(), wuk, u), kv[..., :lkv],
-                            kw["scale"])  # fmt: skip
+    ql_acc = abs_logits_max(
+        projection_error("bsnp,lnp->bsnl", kw["q_nope"].double(), wuk, u), kv[..., :lkv], kw["scale"]
+    )
     ds = logit_error(q, kv, kw["scale"]) + ql_err + ql_acc  # [B, N, S_q]
     o_lat = attention(q, kv, kv[..., :lkv], scale=kw["scale"], causal=kw["causal"]).out
     m_lat = attention(q, kv, kv[..., :lkv].abs(), scale=kw["scale"], causal=kw["causal"]).out
@@ -170,9 +205,13 @@ def _mask_picture(logits, bounds):
         causal = bool(kw["causal"])
         spec = causal_mask(s_q, s_kv) if causal else torch.ones(s_q, s_kv, dtype=torch.bool)
         g_out, g_lse = got if isinstance(got, (tuple, list)) and len(got) == 2 else (None, None)
-        moved = (lambda t, d: t.movedim(d, 0) if isinstance(t, torch.Tensor) else t)  # noqa: E731 - rows first
-        rows = worst_rows([("out", moved(g_out, 1), out_ref.movedim(1, 0), moved(ratios.get("out"), 1)),
-                           ("lse", moved(g_lse, 2), lse_ref.movedim(2, 0), moved(ratios.get("lse"), 2))])  # fmt: skip
+        moved = lambda t, d: t.movedim(d, 0) if isinstance(t, torch.Tensor) else t  # noqa: E731 - rows first
+        rows = worst_rows(
+            [
+                ("out", moved(g_out, 1), out_ref.movedim(1, 0), moved(ratios.get("out"), 1)),
+                ("lse", moved(g_lse, 2), lse_ref.movedim(2, 0), moved(ratios.get("lse"), 2)),
+            ]
+        )
         masks = {"spec: bottom-right causal" if causal else "spec: no mask (non-causal)": spec}
         unexplained = {}
         if isinstance(g_lse, torch.Tensor) and tuple(g_lse.shape) == tuple(lse_ref.shape):
@@ -188,18 +227,43 @@ def _mask_picture(logits, bounds):
 
 
 OPS = [
-        Op("attention", _attention_inputs, attention, _attention_bounds_op,
-           picture=_mask_picture(_attention_logits, _attention_bounds_op),
-           doc="Attention with natural-log LSE, bottom-right causal (spec.attention.attention)"),
-        Op("mla_decode", _decode_inputs, mqa_latent_attention, _decode_bounds,
-           picture=_mask_picture(_decode_logits, _decode_bounds),
-           doc="Absorbed-form MQA over 576-wide entries, v = first 512 (spec.forms.mqa_latent_attention)"),
-        Op("mla_prefill", _prefill_inputs, mla_mha, _prefill_bounds,
-           picture=_mask_picture(_prefill_logits, _prefill_bounds),
-           doc="Compute-friendly form: up-project, MHA with qk 192 / v 128 (spec.forms.mla_mha)"),
-        Op("mla_absorbed", _prefill_inputs, mla_absorbed, _absorbed_bounds,
-           picture=_mask_picture(_absorbed_logits, _absorbed_bounds),
-           doc="The whole decode form: absorb W_UK into q, MQA over the 576-wide entries, W_UV (spec.forms.mla_absorbed)"),
-        Op("merge_attn_states", _merge_inputs, merge_attn_states, _merge_bounds,
-           doc="Two-way LSE merge with vLLM's ±inf rules (spec.merge.merge_attn_states)"),
-]  # fmt: skip
+    Op(
+        "attention",
+        _attention_inputs,
+        attention,
+        _attention_bounds_op,
+        picture=_mask_picture(_attention_logits, _attention_bounds_op),
+        doc="Attention with natural-log LSE, bottom-right causal (spec.attention.attention)",
+    ),
+    Op(
+        "mla_decode",
+        _decode_inputs,
+        mqa_latent_attention,
+        _decode_bounds,
+        picture=_mask_picture(_decode_logits, _decode_bounds),
+        doc="Absorbed-form MQA over 576-wide entries, v = first 512 (spec.forms.mqa_latent_attention)",
+    ),
+    Op(
+        "mla_prefill",
+        _prefill_inputs,
+        mla_mha,
+        _prefill_bounds,
+        picture=_mask_picture(_prefill_logits, _prefill_bounds),
+        doc="Compute-friendly form: up-project, MHA with qk 192 / v 128 (spec.forms.mla_mha)",
+    ),
+    Op(
+        "mla_absorbed",
+        _prefill_inputs,
+        mla_absorbed,
+        _absorbed_bounds,
+        picture=_mask_picture(_absorbed_logits, _absorbed_bounds),
+        doc="The whole decode form: absorb W_UK into q, MQA over the 576-wide entries, W_UV (spec.forms.mla_absorbed)",
+    ),
+    Op(
+        "merge_attn_states",
+        _merge_inputs,
+        merge_attn_states,
+        _merge_bounds,
+        doc="Two-way LSE merge with vLLM's ±inf rules (spec.merge.merge_attn_states)",
+    ),
+]

@@ -74,8 +74,16 @@ def _inputs(c: Case) -> dict:
     pow2 = {"pow2_scales": True} if layout is cl.FP8_DS_MLA_V32 else {}
     raw = cl.quantize(x, layout, scale=k_scale, **pow2).raw.reshape(b, s_kv, layout.token_bytes)
     q = fp8_query(torch.randn(b, s_q, h, d, generator=g, dtype=torch.float64) * 3.0, p["q_scale"], DTYPES[c.dtype])
-    return dict(q=q, kv_cache=raw, layout=layout.name, k_scale=k_scale, q_scale=p["q_scale"], d_v=dv,
-                scale=p.get("scale", 192**-0.5), causal=p["causal"])  # fmt: skip
+    return dict(
+        q=q,
+        kv_cache=raw,
+        layout=layout.name,
+        k_scale=k_scale,
+        q_scale=p["q_scale"],
+        d_v=dv,
+        scale=p.get("scale", 192**-0.5),
+        causal=p["causal"],
+    )
 
 
 def dequantized_entries(kv_cache: torch.Tensor, layout: str, k_scale: float | None) -> torch.Tensor:
@@ -107,7 +115,12 @@ def _bounds(kw, ref, u):
 
 
 OPS = [
-    Op("mla_decode_fp8", _inputs, mla_decode_fp8_reference, _bounds,
-       doc="Absorbed-form MQA over an fp8 KV cache (per-tensor e4m3 576 B, or 656 B fp8_ds_mla), judged against "
-           "spec attention over the dequantized cache; P may be e4m3 (spec.forms.mqa_latent_attention)"),
-]  # fmt: skip
+    Op(
+        "mla_decode_fp8",
+        _inputs,
+        mla_decode_fp8_reference,
+        _bounds,
+        doc="Absorbed-form MQA over an fp8 KV cache (per-tensor e4m3 576 B, or 656 B fp8_ds_mla), judged against "
+        "spec attention over the dequantized cache; P may be e4m3 (spec.forms.mqa_latent_attention)",
+    ),
+]

@@ -138,17 +138,21 @@ def _paged_inputs(c: Case) -> dict:
         at += k
     pos = [torch.arange(int(s)) for s in seq_lens]
     slots = torch.cat([table[b, x // block] * block + x % block for b, x in enumerate(pos)])
-    cache = write_indexer_k_cache(IndexerCacheLayout(block, d).empty(num_blocks), _keys(c, slots.numel(), d, g),
-                                  slots)  # fmt: skip
+    cache = write_indexer_k_cache(IndexerCacheLayout(block, d).empty(num_blocks), _keys(c, slots.numel(), d, g), slots)
     q, w = _queries(c, b_ * next_n, h, d, g)
     if p.get("lens_2d", next_n > 1):
         context_lens = decode_context_lens_native(seq_lens, next_n)
     else:
         context_lens = seq_lens
     longest = int(seq_lens.max())
-    return dict(q=q.reshape(b_, next_n, h, d), cache=cache, block_table=table.to(torch.int32),
-                context_lens=context_lens.to(torch.int32), weights=w,
-                max_context_len=longest + p.get("extra_cols", 3))  # fmt: skip
+    return dict(
+        q=q.reshape(b_, next_n, h, d),
+        cache=cache,
+        block_table=table.to(torch.int32),
+        context_lens=context_lens.to(torch.int32),
+        weights=w,
+        max_context_len=longest + p.get("extra_cols", 3),
+    )
 
 
 def _paged_bounds(kw, ref, u):
@@ -192,8 +196,13 @@ def _topk_inputs(c: Case) -> dict:
             logits[row, order[k]] = logits[row, order[k - 1]]
     garbage = torch.where(torch.rand(m, n, generator=g) < 0.5, math.inf, 1e30).to(torch.float64)
     logits = torch.where(inside, logits, garbage)  # uninitialised columns: never read
-    return dict(logits=logits.to(torch.float32), k=k, row_starts=None if starts is None else starts.to(torch.int32),
-                row_ends=ends.to(torch.int32), relative=p["mode"] == "prefill")  # fmt: skip
+    return dict(
+        logits=logits.to(torch.float32),
+        k=k,
+        row_starts=None if starts is None else starts.to(torch.int32),
+        row_ends=ends.to(torch.int32),
+        relative=p["mode"] == "prefill",
+    )
 
 
 def _topk_reference(logits, k, *, row_starts=None, row_ends=None, relative=False) -> tuple:
@@ -210,14 +219,21 @@ def _topk_compare(kw, got, ref):
         return "error", f"indices: shape {list(got.shape)}, spec {list(ref[0].shape)}", [], {}, {}
     if got.dtype.is_floating_point or got.dtype == torch.bool:
         return "error", f"indices: dtype {got.dtype} is not an integer type", [], {}, {}
-    a = topk_agreement(got.detach().cpu(), kw["logits"].to(torch.float64), kw["k"], row_starts=kw["row_starts"],
-                       row_ends=kw["row_ends"], relative=kw["relative"])  # fmt: skip
+    a = topk_agreement(
+        got.detach().cpu(),
+        kw["logits"].to(torch.float64),
+        kw["k"],
+        row_starts=kw["row_starts"],
+        row_ends=kw["row_ends"],
+        relative=kw["relative"],
+    )
     metrics = [Metric("indices", "bad_rows", float(len(a.bad_rows)), 0.0)]
     if a.ok:
         return "pass", "", metrics, {}, {}
     row = a.worst_row
-    worst = {"indices": dict(index=[row], got=str(got[row].tolist()[:8]), spec=str(ref[0][row].tolist()[:8]),
-                             bound=0.0)}  # fmt: skip
+    worst = {
+        "indices": dict(index=[row], got=str(got[row].tolist()[:8]), spec=str(ref[0][row].tolist()[:8]), bound=0.0)
+    }
     reason = f"indices: {len(a.bad_rows)} of {got.shape[0]} rows are not a valid top-k; {a.reason}"
     return "fail", reason, metrics, worst, {}
 
@@ -243,10 +259,15 @@ def _logits_picture(kw, got, ref, ratios, *, title=""):
     r = ratios.get("logits")
     rows = worst_rows([("logits", g, ref[0], None if r is None else r[..., 0])])
     failing = [int(i) for i in torch.nonzero(~(rows <= 1.0)).flatten()]
-    fig = draw_indexer_comparison(ref[0], g.detach().cpu().double(), _top(ref[0], PICTURE_K), _top(g, PICTURE_K),
-                                  failing_rows=failing, titles=(f"spec logits, top-{PICTURE_K} circled",
-                                                                f"backend logits, top-{PICTURE_K} circled"),
-                                  title=title)  # fmt: skip
+    fig = draw_indexer_comparison(
+        ref[0],
+        g.detach().cpu().double(),
+        _top(ref[0], PICTURE_K),
+        _top(g, PICTURE_K),
+        failing_rows=failing,
+        titles=(f"spec logits, top-{PICTURE_K} circled", f"backend logits, top-{PICTURE_K} circled"),
+        title=title,
+    )
     return {"logits": fig}
 
 
@@ -263,29 +284,57 @@ def _topk_picture(kw, got, ref, ratios, *, title=""):
     lo = torch.zeros(m, dtype=torch.int64) if kw["row_starts"] is None else kw["row_starts"].long()
     cols = torch.arange(n)[None, :]
     shown = torch.where((cols >= lo[:, None]) & (cols < kw["row_ends"].long()[:, None]), logits, -math.inf)
-    a = topk_agreement(g.detach().cpu(), logits, kw["k"], row_starts=kw["row_starts"], row_ends=kw["row_ends"],
-                       relative=kw["relative"])  # fmt: skip
+    a = topk_agreement(
+        g.detach().cpu(), logits, kw["k"], row_starts=kw["row_starts"], row_ends=kw["row_ends"], relative=kw["relative"]
+    )
     starts = kw["row_starts"] if kw["relative"] else None
-    fig = draw_indexer_comparison(shown, shown, ref[0], g.detach().cpu().long(), row_starts=starts,
-                                  failing_rows=list(a.bad_rows),
-                                  titles=(f"spec top-{kw['k']} (one valid choice)", f"backend top-{kw['k']}"),
-                                  title=title)  # fmt: skip
+    fig = draw_indexer_comparison(
+        shown,
+        shown,
+        ref[0],
+        g.detach().cpu().long(),
+        row_starts=starts,
+        failing_rows=list(a.bad_rows),
+        titles=(f"spec top-{kw['k']} (one valid choice)", f"backend top-{kw['k']}"),
+        title=title,
+    )
     return {"topk": fig}
 
 
 OPS = [
-    Op("indexer_logits", _indexer_inputs, _indexer_reference, None, outputs=("logits",),
-       compare=judged(("logits",), _indexer_bounds, _LOGITS_MAP), picture=_logits_picture,
-       doc="Lightning-indexer logits over a ragged fp8 K buffer, absolute columns, -inf outside [ks, ke) "
-           "(spec.indexer.indexer_logits)"),
-    Op("paged_indexer_logits", _paged_inputs, _paged_reference, None, outputs=("logits",),
-       compare=judged(("logits",), _paged_bounds, _LOGITS_MAP), picture=_logits_picture,
-       doc="Decode indexer logits read from the paged fp8 cache (values then scales per block), MTP context "
-           "lengths (spec.indexer.paged_indexer_logits)"),
-    Op("topk_indices", _topk_inputs, _topk_reference, None, outputs=("indices",), compare=_topk_compare,
-       picture=_topk_picture,
-       doc="Top-k per row with -1 padding; any choice among tied logits passes (spec.topk.topk_indices, "
-           "judged by spec.topk.topk_agreement)"),
-]  # fmt: skip
+    Op(
+        "indexer_logits",
+        _indexer_inputs,
+        _indexer_reference,
+        None,
+        outputs=("logits",),
+        compare=judged(("logits",), _indexer_bounds, _LOGITS_MAP),
+        picture=_logits_picture,
+        doc="Lightning-indexer logits over a ragged fp8 K buffer, absolute columns, -inf outside [ks, ke) "
+        "(spec.indexer.indexer_logits)",
+    ),
+    Op(
+        "paged_indexer_logits",
+        _paged_inputs,
+        _paged_reference,
+        None,
+        outputs=("logits",),
+        compare=judged(("logits",), _paged_bounds, _LOGITS_MAP),
+        picture=_logits_picture,
+        doc="Decode indexer logits read from the paged fp8 cache (values then scales per block), MTP context "
+        "lengths (spec.indexer.paged_indexer_logits)",
+    ),
+    Op(
+        "topk_indices",
+        _topk_inputs,
+        _topk_reference,
+        None,
+        outputs=("indices",),
+        compare=_topk_compare,
+        picture=_topk_picture,
+        doc="Top-k per row with -1 padding; any choice among tied logits passes (spec.topk.topk_indices, "
+        "judged by spec.topk.topk_agreement)",
+    ),
+]
 
 __all__ = ["OPS", "logits_bound"]

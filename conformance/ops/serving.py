@@ -75,8 +75,12 @@ from ..verdict import Metric, judge, judge_exact
 from .common import DTYPES, EPS32, Op, abs_logits_max, attention_bounds, projection_error, randn, worst_rows
 from .dense import _absorbed_bounds
 
-QUANTIZED_CACHE = {"fp8": cl.FP8_PER_TENSOR, "fp8_e4m3": cl.FP8_PER_TENSOR, "fp8_e5m2": cl.FP8_E5M2_PER_TENSOR,
-                   "fp8_ds_mla": cl.FP8_DS_MLA_V32}  # fmt: skip
+QUANTIZED_CACHE = {
+    "fp8": cl.FP8_PER_TENSOR,
+    "fp8_e4m3": cl.FP8_PER_TENSOR,
+    "fp8_e5m2": cl.FP8_E5M2_PER_TENSOR,
+    "fp8_ds_mla": cl.FP8_DS_MLA_V32,
+}
 FILL = 0xFF  # every field of every layout decodes 0xFF bytes as NaN (e4m3 0x7F/0xFF, fp32 / bf16 all-ones)
 DIVISION = 2.0**-22  # a kernel's fp32 x / s (or x * (1 / s)) before rounding to fp8, relative to |x|
 
@@ -155,8 +159,16 @@ def _group_of(layout: cl.CacheLayout | None) -> int:
     return groups[0] if groups else 64
 
 
-def _judge_records(names_prefix: str, got: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, slots: torch.Tensor,
-                   x: torch.Tensor, layout: cl.CacheLayout | None, scale) -> tuple:  # fmt: skip
+def _judge_records(
+    names_prefix: str,
+    got: torch.Tensor,
+    old: torch.Tensor,
+    ref: torch.Tensor,
+    slots: torch.Tensor,
+    x: torch.Tensor,
+    layout: cl.CacheLayout | None,
+    scale,
+) -> tuple:
     """Judge a written cache given as records ``[N, token_bytes]`` uint8 (see the module docstring).
 
     ``slots [W]`` are the written records, ``x [W, D]`` their entries.
@@ -170,8 +182,10 @@ def _judge_records(names_prefix: str, got: torch.Tensor, old: torch.Tensor, ref:
     if bool(changed.any()):
         s = int(untouched_ids[changed.nonzero()[0]])
         worst["untouched"] = dict(index=[s], got=0.0, spec=0.0, bound=0.0)
-        reasons.append(f"{int(changed.sum())} slot(s) no token maps to were changed; first: slot {s} "
-                       f"(padding slot -1 written? out-of-range write?)")  # fmt: skip
+        reasons.append(
+            f"{int(changed.sum())} slot(s) no token maps to were changed; first: slot {s} "
+            f"(padding slot -1 written? out-of-range write?)"
+        )
     g, r = got[slots], ref[slots]
     if layout is None:  # a plain cast: every byte is deterministic
         exact_cols = torch.ones(g.shape[1], dtype=torch.bool)
@@ -188,8 +202,10 @@ def _judge_records(names_prefix: str, got: torch.Tensor, old: torch.Tensor, ref:
         col = int(exact_cols.nonzero().flatten()[(g[i, exact_cols] != r[i, exact_cols]).nonzero()[0]])
         field = "entry" if layout is None else next(f.name for f in layout.fields if f.offset <= col < f.end)
         worst["exact_bytes"] = dict(index=[int(slots[i]), col], got=int(g[i, col]), spec=int(r[i, col]), bound=0.0)
-        reasons.append(f"{int(bad.sum())} written record(s) differ in deterministic bytes; first: slot "
-                       f"{int(slots[i])} byte {col} ({field}): got 0x{int(g[i, col]):02x}, spec 0x{int(r[i, col]):02x}")
+        reasons.append(
+            f"{int(bad.sum())} written record(s) differ in deterministic bytes; first: slot "
+            f"{int(slots[i])} byte {col} ({field}): got 0x{int(g[i, col]):02x}, spec 0x{int(r[i, col]):02x}"
+        )
     if layout is not None and g.shape[0]:
         cols = torch.zeros(layout.entry_dim, dtype=torch.bool)
         for f in layout.value_fields:
@@ -205,11 +221,14 @@ def _judge_records(names_prefix: str, got: torch.Tensor, old: torch.Tensor, ref:
         if w > 1.0:
             i, j = (int(v) for v in torch.unravel_index(ratio.argmax(), ratio.shape))
             col = int(cols.nonzero().flatten()[j])
-            worst["values"] = dict(index=[int(slots[i]), col], got=deq[i, col].item(), spec=xs[i, col].item(),
-                                   bound=bound[i, col].item())  # fmt: skip
-            reasons.append(f"dequantized value off by {w:.3g} x its bound at slot {int(slots[i])} element {col}: "
-                           f"got {deq[i, col].item():.6g}, entry {xs[i, col].item():.6g}, "
-                           f"bound {bound[i, col].item():.3g}")  # fmt: skip
+            worst["values"] = dict(
+                index=[int(slots[i]), col], got=deq[i, col].item(), spec=xs[i, col].item(), bound=bound[i, col].item()
+            )
+            reasons.append(
+                f"dequantized value off by {w:.3g} x its bound at slot {int(slots[i])} element {col}: "
+                f"got {deq[i, col].item():.6g}, entry {xs[i, col].item():.6g}, "
+                f"bound {bound[i, col].item():.3g}"
+            )
     return ("fail" if reasons else "pass"), "; ".join(reasons), metrics, worst, {}
 
 
@@ -244,8 +263,14 @@ def _concat_inputs(c: Case) -> dict:
         cache = torch.full((nb, blk, 576), math.nan, dtype=DTYPES[c.dtype])
     else:
         cache = torch.full((nb, blk, layout.token_bytes), FILL, dtype=torch.uint8)
-    return dict(kv_c=x[:, :512].contiguous(), k_pe=x[:, 512:].contiguous(), kv_cache=cache,
-                slot_mapping=_slots(c, t, nb * blk, p.get("pad", 0)), kv_cache_dtype=kind, scale=scale)  # fmt: skip
+    return dict(
+        kv_c=x[:, :512].contiguous(),
+        k_pe=x[:, 512:].contiguous(),
+        kv_cache=cache,
+        slot_mapping=_slots(c, t, nb * blk, p.get("pad", 0)),
+        kv_cache_dtype=kind,
+        scale=scale,
+    )
 
 
 def _concat_reference(**kw) -> tuple:
@@ -259,8 +284,16 @@ def _concat_compare(kw, got, ref):
     s = kw["slot_mapping"].to(torch.int64)
     keep = s >= 0
     x = torch.cat([kw["kv_c"], kw["k_pe"]], dim=1)[keep]
-    return _judge_records("kv_cache ", _records(g), _records(kw["kv_cache"]), _records(ref[0]), s[keep], x,
-                          QUANTIZED_CACHE.get(kw["kv_cache_dtype"]), kw["scale"])  # fmt: skip
+    return _judge_records(
+        "kv_cache ",
+        _records(g),
+        _records(kw["kv_cache"]),
+        _records(ref[0]),
+        s[keep],
+        x,
+        QUANTIZED_CACHE.get(kw["kv_cache_dtype"]),
+        kw["scale"],
+    )
 
 
 # -- gather_cache ----------------------------------------------------------------------------------------------
@@ -299,9 +332,14 @@ def _gather_inputs(c: Case) -> dict:
     used = torch.unique(torch.cat([table[b, :n] for b, n in enumerate(pages)]).long())
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(lens), 0)
-    return dict(kv_cache=_paged_cache(c, nb, blk, p.get("entry", "auto"), used), block_table=table, cu_seq_lens=cu,
-                batch_size=len(lens), seq_starts=None if starts is None else torch.tensor(starts, dtype=torch.int32),
-                kernel=p.get("kernel", "cp_gather_cache"))  # fmt: skip
+    return dict(
+        kv_cache=_paged_cache(c, nb, blk, p.get("entry", "auto"), used),
+        block_table=table,
+        cu_seq_lens=cu,
+        batch_size=len(lens),
+        seq_starts=None if starts is None else torch.tensor(starts, dtype=torch.int32),
+        kernel=p.get("kernel", "cp_gather_cache"),
+    )
 
 
 def _gather_reference(**kw) -> tuple:
@@ -322,8 +360,14 @@ def _slot_inputs(c: Case) -> dict:
     qsl = torch.zeros(len(reqs) + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(torch.tensor([r.new_tokens for r in reqs]), 0)
     pos = token_positions(qsl, torch.tensor([r.seq_len for r in reqs])).positions
-    return dict(block_table=table, block_size=blk, query_start_loc=qsl, positions=pos, num_blocks=nb,
-                pad_to=int(qsl[-1]) + p.get("pad", 0))  # fmt: skip
+    return dict(
+        block_table=table,
+        block_size=blk,
+        query_start_loc=qsl,
+        positions=pos,
+        num_blocks=nb,
+        pad_to=int(qsl[-1]) + p.get("pad", 0),
+    )
 
 
 # -- quantize / dequantize / write_pages / read_tokens ---------------------------------------------------------
@@ -348,8 +392,9 @@ def _quantize_compare(kw, got, ref):
     if bad:
         return "error", bad, [], {}, {}
     t = ref[0].shape[0]
-    return _judge_records("raw ", g.detach().cpu(), ref[0], ref[0], torch.arange(t), kw["entries"],
-                          cl.LAYOUTS[kw["layout"]], kw["scale"])  # fmt: skip
+    return _judge_records(
+        "raw ", g.detach().cpu(), ref[0], ref[0], torch.arange(t), kw["entries"], cl.LAYOUTS[kw["layout"]], kw["scale"]
+    )
 
 
 def _dequantize_inputs(c: Case) -> dict:
@@ -379,8 +424,15 @@ def _pages_inputs(c: Case) -> dict:
     blk, nb, t = p["P"], p["num_blocks"], p["T"]
     pages = torch.full((nb, cl.page_bytes(layout, blk)), FILL, dtype=torch.uint8)
     x = _hostile_entries(c, t, layout.entry_dim, _group_of(layout))
-    return dict(pages=pages, entries=x, slot_mapping=_slots(c, t, nb * blk, p.get("pad", 0)), layout=layout.name,
-                block_size=blk, scale=scale, pow2_scales=False)  # fmt: skip
+    return dict(
+        pages=pages,
+        entries=x,
+        slot_mapping=_slots(c, t, nb * blk, p.get("pad", 0)),
+        layout=layout.name,
+        block_size=blk,
+        scale=scale,
+        pow2_scales=False,
+    )
 
 
 def _write_pages_reference(**kw) -> tuple:
@@ -394,8 +446,17 @@ def _write_pages_compare(kw, got, ref):
     layout, blk = cl.LAYOUTS[kw["layout"]], kw["block_size"]
     g = g.detach().cpu()
     tail = blk * layout.token_bytes
-    verdict = list(_judge_records("pages ", cl.from_pages(g, layout, blk), cl.from_pages(kw["pages"], layout, blk),
-                                  cl.from_pages(ref[0], layout, blk), *_written(kw), layout, kw["scale"]))  # fmt: skip
+    verdict = list(
+        _judge_records(
+            "pages ",
+            cl.from_pages(g, layout, blk),
+            cl.from_pages(kw["pages"], layout, blk),
+            cl.from_pages(ref[0], layout, blk),
+            *_written(kw),
+            layout,
+            kw["scale"],
+        )
+    )
     if not torch.equal(g[:, tail:], kw["pages"][:, tail:]):
         verdict[0] = "fail"
         verdict[1] = "; ".join(filter(None, [verdict[1], "alignment padding bytes past P * token_bytes changed"]))
@@ -425,8 +486,9 @@ def _read_reference(**kw) -> tuple:
 # -- chunked_prefill_attention ---------------------------------------------------------------------------------
 def _chunked_inputs(c: Case) -> dict:
     p, r = c.params, randn(c)
-    cfg = MLAConfig.tiny(num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"],
-                         qk_rope_head_dim=p["R"], v_head_dim=p["V"])  # fmt: skip
+    cfg = MLAConfig.tiny(
+        num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"], qk_rope_head_dim=p["R"], v_head_dim=p["V"]
+    )
     w = make_weights(cfg, seed=c.seed, dtype=DTYPES[c.dtype])
     ctx, q_lens = p["contexts"], p["q_lens"]
     t = sum(q_lens)
@@ -434,10 +496,18 @@ def _chunked_inputs(c: Case) -> dict:
     cu[1:] = torch.cumsum(torch.tensor(q_lens), 0)
     context = [(r(n, cfg.kv_lora_rank), r(n, cfg.qk_rope_head_dim)) for n in ctx]
     plan = plan_context_chunks(ctx, p["workspace_size"], p["block_size"])
-    return dict(q_nope=r(t, cfg.num_heads, cfg.qk_nope_head_dim, scale=2.0),
-                q_pe=r(t, cfg.num_heads, cfg.qk_rope_head_dim, scale=2.0),
-                kv_c=r(t, cfg.kv_lora_rank), k_pe=r(t, cfg.qk_rope_head_dim), cu_seqlens_q=cu, context=context,
-                plan=plan, W_UK=w.W_UK, W_UV=w.W_UV, scale=cfg.softmax_scale)  # fmt: skip
+    return dict(
+        q_nope=r(t, cfg.num_heads, cfg.qk_nope_head_dim, scale=2.0),
+        q_pe=r(t, cfg.num_heads, cfg.qk_rope_head_dim, scale=2.0),
+        kv_c=r(t, cfg.kv_lora_rank),
+        k_pe=r(t, cfg.qk_rope_head_dim),
+        cu_seqlens_q=cu,
+        context=context,
+        plan=plan,
+        W_UK=w.W_UK,
+        W_UV=w.W_UV,
+        scale=cfg.softmax_scale,
+    )
 
 
 def _chunked_bounds(kw, ref, u):
@@ -461,9 +531,17 @@ def _chunked_bounds(kw, ref, u):
         dk = projection_error("sl,lnp->snp", kv, wuk, u)[None]  # k_nope's fp32 accumulation (as in _prefill_bounds)
         accumulation = abs_logits_max(q[..., : k_nope.shape[-1]], dk, kw["scale"])
         ref_b = (ref[0][qs:qe][None], ref[1][:, qs:qe][None])
-        o, l = attention_bounds(q, k, v, scale=kw["scale"], causal=True, ref=ref_b, u=1.5 * u,
-                                extra_logit_err=rounding + accumulation,
-                                v_err=projection_error("sl,lnv->snv", kv, wuv, u)[None])  # fmt: skip
+        o, l = attention_bounds(
+            q,
+            k,
+            v,
+            scale=kw["scale"],
+            causal=True,
+            ref=ref_b,
+            u=1.5 * u,
+            extra_logit_err=rounding + accumulation,
+            v_err=projection_error("sl,lnv->snv", kv, wuv, u)[None],
+        )
         m = attention(q, k, v.abs(), scale=kw["scale"], causal=True).out
         merges_out = n_parts * (u + 8 * EPS32) * m  # each part's output rounded, fp32 merge weights
         merges_lse = n_parts * 4 * EPS32 * (ref_b[1].abs() + 1)
@@ -475,8 +553,9 @@ def _chunked_bounds(kw, ref, u):
 def _mixed_inputs(c: Case) -> dict:
     """A reordered mixed batch over a paged cache that holds every request's context and NaN everywhere else."""
     p, r = c.params, randn(c)
-    cfg = MLAConfig.tiny(num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"],
-                         qk_rope_head_dim=p["R"], v_head_dim=p["V"])  # fmt: skip
+    cfg = MLAConfig.tiny(
+        num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"], qk_rope_head_dim=p["R"], v_head_dim=p["V"]
+    )
     w = make_weights(cfg, seed=c.seed, dtype=DTYPES[c.dtype])
     reqs, blk = _requests(p), p["block_size"]
     pages = [-(-q.seq_len // blk) for q in reqs]
@@ -487,11 +566,19 @@ def _mixed_inputs(c: Case) -> dict:
         pos = torch.arange(q.context_len)
         cache[meta.block_table[b, pos // blk].long(), pos % blk] = r(q.context_len, cfg.kv_entry_dim)
     t = meta.num_actual_tokens
-    return dict(q_nope=r(t, cfg.num_heads, cfg.qk_nope_head_dim, scale=2.0),
-                q_pe=r(t, cfg.num_heads, cfg.qk_rope_head_dim, scale=2.0),
-                kv_c=r(t, cfg.kv_lora_rank), k_pe=r(t, cfg.qk_rope_head_dim), metadata=meta, kv_cache=cache,
-                W_UK=w.W_UK, W_UV=w.W_UV, scale=cfg.softmax_scale, workspace_size=p["workspace_size"],
-                decode_threshold=p["decode_threshold"])  # fmt: skip
+    return dict(
+        q_nope=r(t, cfg.num_heads, cfg.qk_nope_head_dim, scale=2.0),
+        q_pe=r(t, cfg.num_heads, cfg.qk_rope_head_dim, scale=2.0),
+        kv_c=r(t, cfg.kv_lora_rank),
+        k_pe=r(t, cfg.qk_rope_head_dim),
+        metadata=meta,
+        kv_cache=cache,
+        W_UK=w.W_UK,
+        W_UV=w.W_UV,
+        scale=cfg.softmax_scale,
+        workspace_size=p["workspace_size"],
+        decode_threshold=p["decode_threshold"],
+    )
 
 
 def _cache_context(kv_cache: torch.Tensor, metadata, lkv: int):
@@ -506,11 +593,22 @@ def _cache_context(kv_cache: torch.Tensor, metadata, lkv: int):
     return gather
 
 
-def _mixed_reference(q_nope, q_pe, kv_c, k_pe, metadata, kv_cache, W_UK, W_UV, *, scale, workspace_size,
-                     decode_threshold=1) -> tuple:  # fmt: skip
-    res = mla_mixed_batch(q_nope, q_pe, kv_c, k_pe, metadata, _cache_context(kv_cache, metadata, kv_c.shape[1]),
-                          W_UK, W_UV, scale=scale, workspace_size=workspace_size,
-                          decode_threshold=decode_threshold)  # fmt: skip
+def _mixed_reference(
+    q_nope, q_pe, kv_c, k_pe, metadata, kv_cache, W_UK, W_UV, *, scale, workspace_size, decode_threshold=1
+) -> tuple:
+    res = mla_mixed_batch(
+        q_nope,
+        q_pe,
+        kv_c,
+        k_pe,
+        metadata,
+        _cache_context(kv_cache, metadata, kv_c.shape[1]),
+        W_UK,
+        W_UV,
+        scale=scale,
+        workspace_size=workspace_size,
+        decode_threshold=decode_threshold,
+    )
     return res.out, res.lse
 
 
@@ -526,16 +624,28 @@ def _mixed_bounds(kw, ref, u):
         if qe == qs:
             continue
         ckv, cpe = gather(b, 0, int(ctx[b]))
-        one = dict(q_nope=kw["q_nope"][None, qs:qe], q_pe=kw["q_pe"][None, qs:qe],
-                   kv_c=torch.cat([ckv, kw["kv_c"][qs:qe]])[None], k_pe=torch.cat([cpe, kw["k_pe"][qs:qe]])[None],
-                   causal=True, **shared)  # fmt: skip
+        one = dict(
+            q_nope=kw["q_nope"][None, qs:qe],
+            q_pe=kw["q_pe"][None, qs:qe],
+            kv_c=torch.cat([ckv, kw["kv_c"][qs:qe]])[None],
+            k_pe=torch.cat([cpe, kw["k_pe"][qs:qe]])[None],
+            causal=True,
+            **shared,
+        )
         o, l = _absorbed_bounds(one, (ref[0][None, qs:qe], ref[1][None, :, qs:qe]), u)
         out_b[qs:qe], lse_b[:, qs:qe] = o[0], l[0]
     if split.num_prefills:  # the chunked compute-friendly form, with the spec's plan
         d, p0 = split.num_decodes, split.num_decode_tokens
-        pre = dict(q_nope=kw["q_nope"][p0:], q_pe=kw["q_pe"][p0:], kv_c=kw["kv_c"][p0:], k_pe=kw["k_pe"][p0:],
-                   cu_seqlens_q=qsl[d:] - p0, context=[gather(b, 0, int(ctx[b])) for b in range(d, meta.num_reqs)],
-                   plan=plan_context_chunks(ctx[d:], kw["workspace_size"], meta.block_size), **shared)  # fmt: skip
+        pre = dict(
+            q_nope=kw["q_nope"][p0:],
+            q_pe=kw["q_pe"][p0:],
+            kv_c=kw["kv_c"][p0:],
+            k_pe=kw["k_pe"][p0:],
+            cu_seqlens_q=qsl[d:] - p0,
+            context=[gather(b, 0, int(ctx[b])) for b in range(d, meta.num_reqs)],
+            plan=plan_context_chunks(ctx[d:], kw["workspace_size"], meta.block_size),
+            **shared,
+        )
         o, l = _chunked_bounds(pre, (ref[0][p0:], ref[1][:, p0:]), u)
         out_b[p0:], lse_b[:, p0:] = o, l
     return out_b, lse_b
@@ -545,8 +655,7 @@ def _mixed_bounds(kw, ref, u):
 META_FIELDS = ("query_start_loc", "seq_lens", "num_computed_tokens", "block_table", "slot_mapping", "is_prefilling")
 SPLIT_FIELDS = ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens")
 REORDER_FIELDS = ("order", "regions", "modified")
-LOCAL_FIELDS = ("seqlens_q_local", "cu_seqlens_q_local", "seqlens_k_local", "block_table_local",
-                "k_seqstarts_absolute")  # fmt: skip
+LOCAL_FIELDS = ("seqlens_q_local", "cu_seqlens_q_local", "seqlens_k_local", "block_table_local", "k_seqstarts_absolute")
 
 
 def _metadata_inputs(c: Case) -> dict:
@@ -570,9 +679,12 @@ def _metadata_reference(**kw) -> tuple:
 
 def _split_inputs(c: Case) -> dict:
     p = c.params
-    return dict(metadata=build_metadata(**_metadata_inputs(c)), decode_threshold=p.get("decode_threshold", 1),
-                require_uniform=p.get("require_uniform", False),
-                treat_short_extends_as_decodes=p.get("treat_short_extends_as_decodes", True))  # fmt: skip
+    return dict(
+        metadata=build_metadata(**_metadata_inputs(c)),
+        decode_threshold=p.get("decode_threshold", 1),
+        require_uniform=p.get("require_uniform", False),
+        treat_short_extends_as_decodes=p.get("treat_short_extends_as_decodes", True),
+    )
 
 
 def _reorder_inputs(c: Case) -> dict:
@@ -587,8 +699,7 @@ def _reorder_reference(**kw) -> tuple:
 
 def _local_inputs(c: Case) -> dict:
     p = c.params
-    return dict(attn_chunk_size=p["attn_chunk_size"], metadata=build_metadata(**_metadata_inputs(c)),
-                block_size=p["P"])  # fmt: skip
+    return dict(attn_chunk_size=p["attn_chunk_size"], metadata=build_metadata(**_metadata_inputs(c)), block_size=p["P"])
 
 
 def _local_reference(**kw) -> tuple:
@@ -597,9 +708,17 @@ def _local_reference(**kw) -> tuple:
 
 
 # -- pictures of failing cases ----------------------------------------------------------------------------------
-def _records_picture(got: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, slots: torch.Tensor,
-                     layout: cl.CacheLayout | None, *, block_size: int | None, entry_label: str = "",
-                     title: str = "") -> dict:  # fmt: skip
+def _records_picture(
+    got: torch.Tensor,
+    old: torch.Tensor,
+    ref: torch.Tensor,
+    slots: torch.Tensor,
+    layout: cl.CacheLayout | None,
+    *,
+    block_size: int | None,
+    entry_label: str = "",
+    title: str = "",
+) -> dict:
     """The record layout with the bytes where written records differ from the spec's, and every slot's status
     (untouched, written as the spec, written differently, changed although no token maps to it)."""
     from ..viz.layouts import draw_byte_differences
@@ -610,8 +729,14 @@ def _records_picture(got: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, sl
     status = torch.zeros(got.shape[0], dtype=torch.int64)
     status[written] = torch.where(differs[written], 2, 1)
     status[~written & (got != old).any(1)] = 3
-    fig = draw_byte_differences((got[slots] != ref[slots]).sum(0), status, layout=layout, entry_label=entry_label,
-                                block_size=block_size, title=title)  # fmt: skip
+    fig = draw_byte_differences(
+        (got[slots] != ref[slots]).sum(0),
+        status,
+        layout=layout,
+        entry_label=entry_label,
+        block_size=block_size,
+        title=title,
+    )
     return {"bytes": fig}
 
 
@@ -622,8 +747,16 @@ def _concat_picture(kw, got, ref, ratios, *, title=""):
     s = kw["slot_mapping"].to(torch.int64)
     layout = QUANTIZED_CACHE.get(kw["kv_cache_dtype"])
     label = f"entry: [kv_c | k_pe] = {kw['kv_c'].shape[1] + kw['k_pe'].shape[1]} x {str(ref[0].dtype)[6:]}"
-    return _records_picture(_records(g), _records(kw["kv_cache"]), _records(ref[0]), s[s >= 0], layout,
-                            block_size=kw["kv_cache"].shape[1], entry_label=label, title=title)  # fmt: skip
+    return _records_picture(
+        _records(g),
+        _records(kw["kv_cache"]),
+        _records(ref[0]),
+        s[s >= 0],
+        layout,
+        block_size=kw["kv_cache"].shape[1],
+        entry_label=label,
+        title=title,
+    )
 
 
 def _write_pages_picture(kw, got, ref, ratios, *, title=""):
@@ -639,8 +772,15 @@ def _quantize_picture(kw, got, ref, ratios, *, title=""):
     g, bad = _output_like(got, "raw", ref[0], "the records", more=True)
     if bad:
         return {}
-    return _records_picture(g.detach().cpu(), ref[0], ref[0], torch.arange(ref[0].shape[0]), cl.LAYOUTS[kw["layout"]],
-                            block_size=None, title=title)  # fmt: skip
+    return _records_picture(
+        g.detach().cpu(),
+        ref[0],
+        ref[0],
+        torch.arange(ref[0].shape[0]),
+        cl.LAYOUTS[kw["layout"]],
+        block_size=None,
+        title=title,
+    )
 
 
 def _chunked_picture(kw, got, ref, ratios, *, title=""):
@@ -651,56 +791,137 @@ def _chunked_picture(kw, got, ref, ratios, *, title=""):
     g = got if isinstance(got, (tuple, list)) and len(got) == 2 else (None, None)
     r_lse = ratios.get("lse")
     g_lse = g[1].T if isinstance(g[1], torch.Tensor) and g[1].dim() == 2 else None
-    tokens = worst_rows([("out", g[0], ref[0], ratios.get("out")),
-                         ("lse", g_lse, ref[1].T, None if r_lse is None else r_lse.T)])  # fmt: skip
+    tokens = worst_rows(
+        [("out", g[0], ref[0], ratios.get("out")), ("lse", g_lse, ref[1].T, None if r_lse is None else r_lse.T)]
+    )
     cu = kw["cu_seqlens_q"].long().tolist()
     per_request = [float(tokens[a:b].max()) if b > a else 0.0 for a, b in zip(cu[:-1], cu[1:])]
     return {"schedule": draw_chunk_schedule_failures(kw["plan"], per_request, title=title)}
 
 
 OPS = [
-    Op("concat_and_cache_mla", _concat_inputs, _concat_reference, None, outputs=("kv_cache",),
-       compare=_concat_compare, picture=_concat_picture,
-       doc="Write [kv_c | k_pe] into a paged cache (auto / fp8 per-tensor / fp8_ds_mla 656 B); slot -1 skipped "
-           "(spec.paged_cache.concat_and_cache_mla)"),
-    Op("gather_cache", _gather_inputs, _gather_reference, None, outputs=("entries",),
-       compare=_exact(("entries",), bits=True),
-       doc="Gather each request's entries from seq_starts[b] into packed rows, bit for bit "
-           "(spec.paged_cache.gather_cache)"),
-    Op("slot_mapping_from_block_table", _slot_inputs, lambda **kw: tuple(slot_mapping_from_block_table(**kw)),
-       None, outputs=("slot_mapping", "block_ids", "block_offsets"),
-       compare=_exact(("slot_mapping", "block_ids", "block_offsets")),
-       doc="slot = block_table[b, pos // P] * P + pos % P, padded with -1 (spec.paged_cache)"),
-    Op("quantize", _quantize_inputs, _quantize_reference, None, outputs=("raw",), compare=_quantize_compare,
-       picture=_quantize_picture,
-       doc="Entries -> token records of a cache layout; judged after dequantization, scale bytes exact "
-           "(spec.cache_layouts.quantize)"),
-    Op("dequantize", _dequantize_inputs, _dequantize_reference, None, outputs=("entries",),
-       compare=_dequantize_compare,
-       doc="Token records -> entries; deterministic: the spec's value rounded once to the returned dtype "
-           "(spec.cache_layouts.dequantize)"),
-    Op("write_pages", _pages_inputs, _write_pages_reference, None, outputs=("pages",), compare=_write_pages_compare,
-       picture=_write_pages_picture,
-       doc="Quantize and place records in page blocks (V4 / V4.1: data rows, then scale rows) "
-           "(spec.cache_layouts.write_pages)"),
-    Op("read_tokens", _read_inputs, _read_reference, None, outputs=("raw", "valid"),
-       compare=_exact(("raw", "valid")),
-       doc="Read records at slots out of page blocks, -1 invalid (spec.cache_layouts.read_tokens)"),
-    Op("chunked_prefill_attention", _chunked_inputs, chunked_prefill_attention, _chunked_bounds,
-       picture=_chunked_picture,
-       doc="Prefill attention with workspace-chunked context merged by LSE, then new tokens "
-           "(spec.chunked_context.chunked_prefill_attention)"),
-    Op("build_metadata", _metadata_inputs, _metadata_reference, None, outputs=META_FIELDS,
-       compare=_exact(META_FIELDS),
-       doc="CommonAttentionMetadata from a request list (spec.batch.build_metadata)"),
-    Op("split_decodes_and_prefills", _split_inputs, split_decodes_and_prefills, None, outputs=SPLIT_FIELDS,
-       compare=_exact(SPLIT_FIELDS), doc="Decode / prefill boundary of a reordered batch (spec.batch)"),
-    Op("reorder_batch_to_split_decodes_and_prefills", _reorder_inputs, _reorder_reference, None,
-       outputs=REORDER_FIELDS, compare=_exact(REORDER_FIELDS),
-       doc="Decodes first: the seed's 2 regions or 0.33's 4 (spec.batch)"),
-    Op("make_local_attention_virtual_batches", _local_inputs, _local_reference, None, outputs=LOCAL_FIELDS,
-       compare=_exact(LOCAL_FIELDS), doc="Local attention as virtual requests, one per chunk (spec.batch)"),
-    Op("mla_mixed_batch", _mixed_inputs, _mixed_reference, _mixed_bounds,
-       doc="One MLA step over a mixed batch from a paged cache: decodes (MTP too) through the absorbed form, "
-           "prefills through workspace-chunked context, outputs in token order (spec.chunked_context.mla_mixed_batch)"),
-]  # fmt: skip
+    Op(
+        "concat_and_cache_mla",
+        _concat_inputs,
+        _concat_reference,
+        None,
+        outputs=("kv_cache",),
+        compare=_concat_compare,
+        picture=_concat_picture,
+        doc="Write [kv_c | k_pe] into a paged cache (auto / fp8 per-tensor / fp8_ds_mla 656 B); slot -1 skipped "
+        "(spec.paged_cache.concat_and_cache_mla)",
+    ),
+    Op(
+        "gather_cache",
+        _gather_inputs,
+        _gather_reference,
+        None,
+        outputs=("entries",),
+        compare=_exact(("entries",), bits=True),
+        doc="Gather each request's entries from seq_starts[b] into packed rows, bit for bit "
+        "(spec.paged_cache.gather_cache)",
+    ),
+    Op(
+        "slot_mapping_from_block_table",
+        _slot_inputs,
+        lambda **kw: tuple(slot_mapping_from_block_table(**kw)),
+        None,
+        outputs=("slot_mapping", "block_ids", "block_offsets"),
+        compare=_exact(("slot_mapping", "block_ids", "block_offsets")),
+        doc="slot = block_table[b, pos // P] * P + pos % P, padded with -1 (spec.paged_cache)",
+    ),
+    Op(
+        "quantize",
+        _quantize_inputs,
+        _quantize_reference,
+        None,
+        outputs=("raw",),
+        compare=_quantize_compare,
+        picture=_quantize_picture,
+        doc="Entries -> token records of a cache layout; judged after dequantization, scale bytes exact "
+        "(spec.cache_layouts.quantize)",
+    ),
+    Op(
+        "dequantize",
+        _dequantize_inputs,
+        _dequantize_reference,
+        None,
+        outputs=("entries",),
+        compare=_dequantize_compare,
+        doc="Token records -> entries; deterministic: the spec's value rounded once to the returned dtype "
+        "(spec.cache_layouts.dequantize)",
+    ),
+    Op(
+        "write_pages",
+        _pages_inputs,
+        _write_pages_reference,
+        None,
+        outputs=("pages",),
+        compare=_write_pages_compare,
+        picture=_write_pages_picture,
+        doc="Quantize and place records in page blocks (V4 / V4.1: data rows, then scale rows) "
+        "(spec.cache_layouts.write_pages)",
+    ),
+    Op(
+        "read_tokens",
+        _read_inputs,
+        _read_reference,
+        None,
+        outputs=("raw", "valid"),
+        compare=_exact(("raw", "valid")),
+        doc="Read records at slots out of page blocks, -1 invalid (spec.cache_layouts.read_tokens)",
+    ),
+    Op(
+        "chunked_prefill_attention",
+        _chunked_inputs,
+        chunked_prefill_attention,
+        _chunked_bounds,
+        picture=_chunked_picture,
+        doc="Prefill attention with workspace-chunked context merged by LSE, then new tokens "
+        "(spec.chunked_context.chunked_prefill_attention)",
+    ),
+    Op(
+        "build_metadata",
+        _metadata_inputs,
+        _metadata_reference,
+        None,
+        outputs=META_FIELDS,
+        compare=_exact(META_FIELDS),
+        doc="CommonAttentionMetadata from a request list (spec.batch.build_metadata)",
+    ),
+    Op(
+        "split_decodes_and_prefills",
+        _split_inputs,
+        split_decodes_and_prefills,
+        None,
+        outputs=SPLIT_FIELDS,
+        compare=_exact(SPLIT_FIELDS),
+        doc="Decode / prefill boundary of a reordered batch (spec.batch)",
+    ),
+    Op(
+        "reorder_batch_to_split_decodes_and_prefills",
+        _reorder_inputs,
+        _reorder_reference,
+        None,
+        outputs=REORDER_FIELDS,
+        compare=_exact(REORDER_FIELDS),
+        doc="Decodes first: the seed's 2 regions or 0.33's 4 (spec.batch)",
+    ),
+    Op(
+        "make_local_attention_virtual_batches",
+        _local_inputs,
+        _local_reference,
+        None,
+        outputs=LOCAL_FIELDS,
+        compare=_exact(LOCAL_FIELDS),
+        doc="Local attention as virtual requests, one per chunk (spec.batch)",
+    ),
+    Op(
+        "mla_mixed_batch",
+        _mixed_inputs,
+        _mixed_reference,
+        _mixed_bounds,
+        doc="One MLA step over a mixed batch from a paged cache: decodes (MTP too) through the absorbed form, "
+        "prefills through workspace-chunked context, outputs in token order (spec.chunked_context.mla_mixed_batch)",
+    ),
+]

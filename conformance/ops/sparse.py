@@ -120,8 +120,12 @@ def sparse_bounds(q, keys, valid, *, scale, d_v, attn_sink, out, lse, max_logits
     a = keys[..., :d_v].abs().sum(1).repeat_interleave(g, dim=1)  # [R, H_q, d_v]: Σ_j |v_j| over valid keys
     rounded = (~empty & (f > 0)).to(torch.float64)[..., None]  # an exact 0 (no key, +inf sink) is not rounded
     ref = out.abs()
-    out_b = 2 * (u * ref + ((u + 2 * ds) * f)[..., None] * m + (ds + 4 * EPS32)[..., None] * ref
-                 + eta_half * rounded * (1 + f[..., None] * a))  # fmt: skip
+    out_b = 2 * (
+        u * ref
+        + ((u + 2 * ds) * f)[..., None] * m
+        + (ds + 4 * EPS32)[..., None] * ref
+        + eta_half * rounded * (1 + f[..., None] * a)
+    )
     lse_b = 2 * (ds + EPS32 * lse0.abs())
     ml_b = None
     if max_logits is not None:
@@ -173,18 +177,33 @@ def _prefill_inputs(c: Case) -> dict:
     used[named] = True
     used[0] = used[-1] = False
     kv = _hostile(r(s_kv, h_kv, d), used)
-    return dict(q=r(s_q, h_q, d, scale=2.0), kv=kv, indices=idx.to(torch.int32), sm_scale=p.get("scale", d**-0.5),
-                d_v=dv, attn_sink=_sink(c, h_q),
-                topk_length=None if topk_length is None else topk_length.to(torch.int32))  # fmt: skip
+    return dict(
+        q=r(s_q, h_q, d, scale=2.0),
+        kv=kv,
+        indices=idx.to(torch.int32),
+        sm_scale=p.get("scale", d**-0.5),
+        d_v=dv,
+        attn_sink=_sink(c, h_q),
+        topk_length=None if topk_length is None else topk_length.to(torch.int32),
+    )
 
 
 def _prefill_bounds(kw, ref, u):
     out, max_logits, lse = ref
     valid = valid_slots(kw["indices"], kw["kv"].shape[0], kw["topk_length"])
     keys = gather_keys(kw["kv"], kw["indices"], valid)
-    out_b, lse_b, ml_b = sparse_bounds(kw["q"], keys, valid, scale=kw["sm_scale"], d_v=kw["d_v"],
-                                       attn_sink=kw["attn_sink"], out=out, lse=lse, max_logits=max_logits,
-                                       u=u)  # fmt: skip
+    out_b, lse_b, ml_b = sparse_bounds(
+        kw["q"],
+        keys,
+        valid,
+        scale=kw["sm_scale"],
+        d_v=kw["d_v"],
+        attn_sink=kw["attn_sink"],
+        out=out,
+        lse=lse,
+        max_logits=max_logits,
+        u=u,
+    )
     return out_b, ml_b, lse_b
 
 
@@ -253,16 +272,25 @@ def _decode_inputs(c: Case) -> dict:
         if p.get("short_request"):
             seq_lens[-1] = max(s_q, k // 3)  # fewer tokens than K: -1 padding
         table, cache = _paged(r, seq_lens, block, d, gen, p.get("fp8_cache", False))
-        idx, lengths = _v32_decode_indices(seq_lens, s_q, k, table, block, gen, short=p.get("topk_length", False),
-                                           empty=p.get("empty", 0))  # fmt: skip
+        idx, lengths = _v32_decode_indices(
+            seq_lens, s_q, k, table, block, gen, short=p.get("topk_length", False), empty=p.get("empty", 0)
+        )
         if p.get("short_request"):
             lengths[-1] = k  # its -1 padding lies inside topk_length: only the -1 itself marks it invalid
         flat = cache.reshape(-1, d)
         cache = _hostile(flat, _used_slots(flat.shape[0], idx)).reshape(cache.shape)
-        return dict(q=r(b_, s_q, h_q, d, scale=2.0), kv_cache=cache, indices=idx.to(torch.int32),
-                    softmax_scale=p.get("scale", d**-0.5), head_dim_v=dv, topk_length=lengths.to(torch.int32),
-                    attn_sink=_sink(c, h_q), extra_kv_cache=None, extra_indices=None,
-                    extra_topk_length=None)  # fmt: skip
+        return dict(
+            q=r(b_, s_q, h_q, d, scale=2.0),
+            kv_cache=cache,
+            indices=idx.to(torch.int32),
+            softmax_scale=p.get("scale", d**-0.5),
+            head_dim_v=dv,
+            topk_length=lengths.to(torch.int32),
+            attn_sink=_sink(c, h_q),
+            extra_kv_cache=None,
+            extra_indices=None,
+            extra_topk_length=None,
+        )
     # V4: the sliding window as the main cache, one token per row (q [T, 1, H_q, D]); compressed entries as extra
     window, ratio = p["window"], p["layer"]
     qsl = torch.arange(b_ + 1) * s_q
@@ -287,10 +315,18 @@ def _decode_inputs(c: Case) -> dict:
     extra_idx = global_slot_indices(local, token_req, ctable, cblock).long()
     cflat = ccache.reshape(-1, d)
     ccache = _hostile(cflat, _used_slots(cflat.shape[0], extra_idx)).reshape(ccache.shape)
-    return dict(q=r(t, 1, h_q, d, scale=2.0), kv_cache=cache, indices=swa.indices.to(torch.int32),
-                softmax_scale=p.get("scale", d**-0.5), head_dim_v=dv, topk_length=swa.lens.to(torch.int32),
-                attn_sink=_sink(c, h_q), extra_kv_cache=ccache, extra_indices=extra_idx[:, None].to(torch.int32),
-                extra_topk_length=torch.minimum(vis, torch.tensor(k_e)).to(torch.int32))  # fmt: skip
+    return dict(
+        q=r(t, 1, h_q, d, scale=2.0),
+        kv_cache=cache,
+        indices=swa.indices.to(torch.int32),
+        softmax_scale=p.get("scale", d**-0.5),
+        head_dim_v=dv,
+        topk_length=swa.lens.to(torch.int32),
+        attn_sink=_sink(c, h_q),
+        extra_kv_cache=ccache,
+        extra_indices=extra_idx[:, None].to(torch.int32),
+        extra_topk_length=torch.minimum(vis, torch.tensor(k_e)).to(torch.int32),
+    )
 
 
 def _decode_rows(kv_cache, indices, lengths, s_q):
@@ -310,10 +346,17 @@ def _decode_bounds(kw, ref, u):
     if kw["extra_kv_cache"] is not None:
         ek, ev = _decode_rows(kw["extra_kv_cache"], kw["extra_indices"], kw["extra_topk_length"], s_q)
         keys, valid = torch.cat([keys, ek], dim=1), torch.cat([valid, ev], dim=-1)
-    out_b, lse_b, _ = sparse_bounds(kw["q"].reshape(b_ * s_q, h_q, d), keys, valid,
-                                    scale=kw["softmax_scale"], d_v=kw["head_dim_v"], attn_sink=kw["attn_sink"],
-                                    out=out.reshape(b_ * s_q, h_q, -1), lse=lse.transpose(1, 2).reshape(b_ * s_q, h_q),
-                                    u=u)  # fmt: skip
+    out_b, lse_b, _ = sparse_bounds(
+        kw["q"].reshape(b_ * s_q, h_q, d),
+        keys,
+        valid,
+        scale=kw["softmax_scale"],
+        d_v=kw["head_dim_v"],
+        attn_sink=kw["attn_sink"],
+        out=out.reshape(b_ * s_q, h_q, -1),
+        lse=lse.transpose(1, 2).reshape(b_ * s_q, h_q),
+        u=u,
+    )
     return out_b.reshape(out.shape), lse_b.reshape(b_, s_q, h_q).transpose(1, 2)
 
 
@@ -358,13 +401,22 @@ def _v4_inputs(c: Case) -> dict:
         used[topk[topk >= 0].long()] = True
         compressed = _hostile(compressed, used)
         topk = topk.to(torch.int32)
-    return dict(q=r(s_q, h_q, d, scale=2.0), raw_kv=raw, window=window, scale=p.get("scale", d**-0.5),
-                compressed_kv=compressed, compress_ratio=ratio, topk_indices=topk, attn_sink=_sink(c, h_q),
-                d_v=p["D_v"])  # fmt: skip
+    return dict(
+        q=r(s_q, h_q, d, scale=2.0),
+        raw_kv=raw,
+        window=window,
+        scale=p.get("scale", d**-0.5),
+        compressed_kv=compressed,
+        compress_ratio=ratio,
+        topk_indices=topk,
+        attn_sink=_sink(c, h_q),
+        d_v=p["D_v"],
+    )
 
 
-def _v4_reference(q, raw_kv, *, window, scale, compressed_kv=None, compress_ratio=1, topk_indices=None,
-                  attn_sink=None, d_v=512):  # fmt: skip
+def _v4_reference(
+    q, raw_kv, *, window, scale, compressed_kv=None, compress_ratio=1, topk_indices=None, attn_sink=None, d_v=512
+):
     """:func:`~mlaspec.spec.sliding_window.v4_attention` on a copy whose rows no query may read are zeroed.
 
     The spec builds V4 attention as *dense* attention under a mask, and ``0 * NaN`` in its ``P @ V`` lets a NaN
@@ -380,8 +432,17 @@ def _v4_reference(q, raw_kv, *, window, scale, compressed_kv=None, compress_rati
     raw = torch.where(read[num_c:, None], raw_kv, torch.zeros((), dtype=raw_kv.dtype))
     if compressed_kv is not None:
         compressed_kv = torch.where(read[:num_c, None], compressed_kv, torch.zeros((), dtype=compressed_kv.dtype))
-    return v4_attention(q, raw, window=window, scale=scale, compressed_kv=compressed_kv, compress_ratio=compress_ratio,
-                        topk_indices=topk_indices, attn_sink=attn_sink, d_v=d_v)  # fmt: skip
+    return v4_attention(
+        q,
+        raw,
+        window=window,
+        scale=scale,
+        compressed_kv=compressed_kv,
+        compress_ratio=compress_ratio,
+        topk_indices=topk_indices,
+        attn_sink=attn_sink,
+        d_v=d_v,
+    )
 
 
 def _v4_bounds(kw, ref, u):
@@ -393,8 +454,9 @@ def _v4_bounds(kw, ref, u):
     idx = v4_rows(s_q, s_kv, kw["window"], kw["compress_ratio"], kw["topk_indices"], num_c)
     valid = idx >= 0
     keys = gather_keys(rows[:, None], idx, valid)
-    out_b, lse_b, _ = sparse_bounds(kw["q"], keys, valid, scale=kw["scale"], d_v=kw["d_v"], attn_sink=kw["attn_sink"],
-                                    out=out, lse=lse, u=u)  # fmt: skip
+    out_b, lse_b, _ = sparse_bounds(
+        kw["q"], keys, valid, scale=kw["scale"], d_v=kw["d_v"], attn_sink=kw["attn_sink"], out=out, lse=lse, u=u
+    )
     return out_b, lse_b
 
 
@@ -428,8 +490,13 @@ def _prefill_picture(kw, got, ref, ratios, *, title=""):
     pattern = indices_to_mask(kw["indices"], s_kv, kw["topk_length"]).any(1)
     g = _rows_first(got, 3, ((0, 1, 2), (0, 1), (0, 1)))
     r = ratios.get("lse")
-    rows = worst_rows([("out", g[0], ref[0], ratios.get("out")), ("max_logits", g[1], ref[1], ratios.get("max_logits")),
-                       ("lse", g[2], ref[2], None if r is None else r.T)])  # fmt: skip
+    rows = worst_rows(
+        [
+            ("out", g[0], ref[0], ratios.get("out")),
+            ("max_logits", g[1], ref[1], ratios.get("max_logits")),
+            ("lse", g[2], ref[2], None if r is None else r.T),
+        ]
+    )
     name = "spec: indices" + (" within topk_length" if kw["topk_length"] is not None else "")
     return _draw({name: pattern, "dense causal (for reference)": causal_mask(s_q, s_kv)}, rows, title)
 
@@ -448,14 +515,18 @@ def _decode_picture(kw, got, ref, ratios, *, title=""):
         ev = e >= 0
         if kw["extra_topk_length"] is not None:
             ev &= torch.arange(e.shape[1])[None] < kw["extra_topk_length"].long().repeat_interleave(s_q)[:, None]
-        masks["spec: extra cache slots read"] = _slot_mask(e, ev, kw["extra_kv_cache"].shape[0]
-                                                           * kw["extra_kv_cache"].shape[1])  # fmt: skip
+        masks["spec: extra cache slots read"] = _slot_mask(
+            e, ev, kw["extra_kv_cache"].shape[0] * kw["extra_kv_cache"].shape[1]
+        )
     g = _rows_first(got, 2, ((0, 1, 2, 3), (0, 2, 1)))
-    flat = (lambda t: None if t is None else t.reshape(b_ * s_q, -1))  # noqa: E731 - [B, S_q, ...] -> [B * S_q, ...]
+    flat = lambda t: None if t is None else t.reshape(b_ * s_q, -1)  # noqa: E731 - [B, S_q, ...] -> [B * S_q, ...]
     r_lse = ratios.get("lse")
-    rows = worst_rows([("out", flat(g[0]), flat(ref[0]), flat(ratios.get("out"))),
-                       ("lse", flat(g[1]), flat(ref[1].transpose(1, 2)),
-                        None if r_lse is None else flat(r_lse.transpose(1, 2)))])  # fmt: skip
+    rows = worst_rows(
+        [
+            ("out", flat(g[0]), flat(ref[0]), flat(ratios.get("out"))),
+            ("lse", flat(g[1]), flat(ref[1].transpose(1, 2)), None if r_lse is None else flat(r_lse.transpose(1, 2))),
+        ]
+    )
     return _draw(masks, rows, title, xlabel="global slot (block * P + offset)", ylabel="query token (b * S_q + i)")
 
 
@@ -466,11 +537,14 @@ def _v4_picture(kw, got, ref, ratios, *, title=""):
     comp = kw["compressed_kv"]
     num_c = 0 if comp is None else comp.shape[0]
     idx = v4_rows(s_q, s_kv, kw["window"], kw["compress_ratio"], kw["topk_indices"], num_c)[:, 0]
-    masks = {f"spec: window W={kw['window']} over raw keys": _slot_mask(idx - num_c, idx >= num_c, s_kv),
-             "dense causal (for reference)": causal_mask(s_q, s_kv)}  # fmt: skip
+    masks = {
+        f"spec: window W={kw['window']} over raw keys": _slot_mask(idx - num_c, idx >= num_c, s_kv),
+        "dense causal (for reference)": causal_mask(s_q, s_kv),
+    }
     if num_c:
-        masks[f"spec: compressed entries (1 per {kw['compress_ratio']})"] = _slot_mask(idx, (idx >= 0) & (idx < num_c),
-                                                                                   num_c)  # fmt: skip
+        masks[f"spec: compressed entries (1 per {kw['compress_ratio']})"] = _slot_mask(
+            idx, (idx >= 0) & (idx < num_c), num_c
+        )
     g = _rows_first(got, 2, ((0, 1, 2), (0, 1)))
     r = ratios.get("lse")
     rows = worst_rows([("out", g[0], ref[0], ratios.get("out")), ("lse", g[1], ref[1], None if r is None else r.T)])
@@ -478,20 +552,39 @@ def _v4_picture(kw, got, ref, ratios, *, title=""):
 
 
 OPS = [
-    Op("sparse_prefill", _prefill_inputs, sparse_prefill, None, outputs=("out", "max_logits", "lse"),
-       compare=judged(("out", "max_logits", "lse"), _prefill_bounds,
-                      {"max_logits": lambda r: r[..., None], "lse": lambda r: r.T}),
-       picture=_prefill_picture,
-       doc="FlashMLA sparse prefill: -1 / out-of-range indices skipped, topk_length, sink, LSE +inf on empty rows "
-           "(spec.sparse.sparse_prefill)"),
-    Op("sparse_decode", _decode_inputs, sparse_decode, None, compare=judged(("out", "lse"), _decode_bounds),
-       picture=_decode_picture,
-       doc="FlashMLA sparse decode over a paged cache with global slots, topk_length per request, sink, V4 extra "
-           "cache (spec.sparse.sparse_decode)"),
-    Op("v4_attention", _v4_inputs, _v4_reference, None,
-       compare=judged(("out", "lse"), _v4_bounds, {"lse": lambda r: r.T}), picture=_v4_picture,
-       doc="One DeepSeek V4 layer: window (p - W, p] plus c4a top-k / c128a compressed entries, one softmax "
-           "(spec.sliding_window.v4_attention)"),
-]  # fmt: skip
+    Op(
+        "sparse_prefill",
+        _prefill_inputs,
+        sparse_prefill,
+        None,
+        outputs=("out", "max_logits", "lse"),
+        compare=judged(
+            ("out", "max_logits", "lse"), _prefill_bounds, {"max_logits": lambda r: r[..., None], "lse": lambda r: r.T}
+        ),
+        picture=_prefill_picture,
+        doc="FlashMLA sparse prefill: -1 / out-of-range indices skipped, topk_length, sink, LSE +inf on empty rows "
+        "(spec.sparse.sparse_prefill)",
+    ),
+    Op(
+        "sparse_decode",
+        _decode_inputs,
+        sparse_decode,
+        None,
+        compare=judged(("out", "lse"), _decode_bounds),
+        picture=_decode_picture,
+        doc="FlashMLA sparse decode over a paged cache with global slots, topk_length per request, sink, V4 extra "
+        "cache (spec.sparse.sparse_decode)",
+    ),
+    Op(
+        "v4_attention",
+        _v4_inputs,
+        _v4_reference,
+        None,
+        compare=judged(("out", "lse"), _v4_bounds, {"lse": lambda r: r.T}),
+        picture=_v4_picture,
+        doc="One DeepSeek V4 layer: window (p - W, p] plus c4a top-k / c128a compressed entries, one softmax "
+        "(spec.sliding_window.v4_attention)",
+    ),
+]
 
 __all__ = ["OPS", "gather_keys", "judged", "sparse_bounds", "v4_rows"]

@@ -73,8 +73,14 @@ def draw_cost_crossover(
         x = crossover(s_kv, batch=batch, peak_flops=peak_flops, bandwidth=bandwidth, **kw)
         if x.s_q is not None:
             ax.plot([x.s_q], [x.mha_seconds * 1e6], "o", color=color, markersize=7, markeredgecolor="black")
-            ax.annotate(f"$S_q^*$={x.s_q}", (x.s_q, x.mha_seconds * 1e6), textcoords="offset points",
-                        xytext=(8, -12), color=color, fontsize=9)  # fmt: skip
+            ax.annotate(
+                f"$S_q^*$={x.s_q}",
+                (x.s_q, x.mha_seconds * 1e6),
+                textcoords="offset points",
+                xytext=(8, -12),
+                color=color,
+                fontsize=9,
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("query length $S_q$ (new tokens per sequence)")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.colors import LogNorm  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.colors import LogNorm
+from matplotlib.ticker import MaxNLocator
 
 __all__ = ["draw_error_heatmaps"]
 

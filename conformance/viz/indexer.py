@@ -8,11 +8,11 @@ import matplotlib
 
 matplotlib.use("Agg", force=False)
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 __all__ = ["draw_indexer_comparison", "draw_indexer_logits", "draw_prefill_chunks"]
 
@@ -77,12 +77,11 @@ def draw_prefill_chunks(
     requests) and whose height is the queries of that sub-chunk; the area is the fp32 logits it allocates.
     """
     s = [int(x) for x in (seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens)]
-    qn = [int(x) for x in (query_lens.tolist() if isinstance(query_lens, torch.Tensor) else query_lens)]
     fig, ax = plt.subplots(figsize=(8.0, 3.6), dpi=110)
     colors = plt.get_cmap("tab10")
     y = 0
     max_n = 1
-    for i, (req, qs) in enumerate(chunks):
+    for req, qs in chunks:
         r0, r1 = req.start - request_offset, req.stop - request_offset
         n = sum(s[r0:r1])
         max_n = max(max_n, n)
@@ -126,8 +125,9 @@ def draw_indexer_comparison(
         title: the figure's title.
     """
     m, n = spec_logits.shape
-    fig, axes = plt.subplots(1, 2, figsize=(min(18.0, 2 * (2.0 + 0.3 * n)), min(9.0, 1.6 + 0.3 * m)), dpi=100,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, 2, figsize=(min(18.0, 2 * (2.0 + 0.3 * n)), min(9.0, 1.6 + 0.3 * m)), dpi=100, squeeze=False
+    )
     for ax, logits, idx, name in zip(axes[0], (spec_logits, got_logits), (spec_indices, got_indices), titles):
         draw_indexer_logits(logits, idx, row_starts=row_starts, title=name, ax=ax)
         for row in failing_rows:
@@ -139,7 +139,6 @@ def draw_indexer_comparison(
                     label.set_color("#d62728")
                     label.set_fontweight("bold")
     if title:
-        fig.suptitle(title + (f"  (red: {len(failing_rows)} failing rows)" if len(failing_rows) else ""),
-                     fontsize=10)  # fmt: skip
+        fig.suptitle(title + (f"  (red: {len(failing_rows)} failing rows)" if len(failing_rows) else ""), fontsize=10)
     fig.tight_layout()
     return fig

@@ -6,13 +6,13 @@ import matplotlib
 
 matplotlib.use("Agg", force=False)
 
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.colors import ListedColormap  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
-from mlaspec.spec.cache_layouts import CacheLayout, page_bytes  # noqa: E402
+from mlaspec.spec.cache_layouts import CacheLayout, page_bytes
 
 __all__ = ["SLOT_STATUS", "draw_block_table", "draw_byte_differences", "draw_byte_layout"]
 
@@ -79,14 +79,23 @@ def draw_byte_layout(layout: CacheLayout, *, block_size: int = 4) -> Figure:
                 else:
                     x0 = p * data + t * tail + (f.offset - data)
                 ax.add_patch(Rectangle((x0, 0), f.nbytes, 1, facecolor=_DTYPE_COLORS[f.dtype], edgecolor="none"))
-            ax.text(t * data + data / 2, 0.5, f"token {t}\ndata row", ha="center", va="center", fontsize=8,
-                    color="white")
+            ax.text(
+                t * data + data / 2, 0.5, f"token {t}\ndata row", ha="center", va="center", fontsize=8, color="white"
+            )
             ax.axvline(t * data, color="black", lw=0.6)
         ax.axvline(p * data, color="black", lw=1.2)
         ax.text(p * data + p * tail / 2, 1.15, f"{p} scale rows x {tail} B", ha="center", fontsize=8)
         if total > p * layout.token_bytes:
-            ax.add_patch(Rectangle((p * layout.token_bytes, 0), total - p * layout.token_bytes, 1, facecolor="white",
-                                   hatch="//", edgecolor="#888888"))
+            ax.add_patch(
+                Rectangle(
+                    (p * layout.token_bytes, 0),
+                    total - p * layout.token_bytes,
+                    1,
+                    facecolor="white",
+                    hatch="//",
+                    edgecolor="#888888",
+                )
+            )
             ax.text(total, 1.15, f"pad to {layout.page_alignment}", ha="right", fontsize=8)
         ax.set_xlim(0, total)
         ax.set_ylim(0, 1.5)
@@ -94,8 +103,11 @@ def draw_byte_layout(layout: CacheLayout, *, block_size: int = 4) -> Figure:
         ax.set_xlabel(f"byte offset in a page block of P={p} tokens ({total} bytes)")
         for spine in ("top", "right", "left"):
             ax.spines[spine].set_visible(False)
-    handles = [Rectangle((0, 0), 1, 1, facecolor=_DTYPE_COLORS[d]) for d in _DTYPE_COLORS
-               if any(f.dtype == d for f in layout.fields)]
+    handles = [
+        Rectangle((0, 0), 1, 1, facecolor=_DTYPE_COLORS[d])
+        for d in _DTYPE_COLORS
+        if any(f.dtype == d for f in layout.fields)
+    ]
     labels = [d for d in _DTYPE_COLORS if any(f.dtype == d for f in layout.fields)]
     fig.legend(handles, labels, loc="upper right", fontsize=8, ncol=len(labels), frameon=False)
     fig.tight_layout()
@@ -116,8 +128,12 @@ def draw_block_table(block_table: torch.Tensor, seq_lens: torch.Tensor, block_si
     used = [(-(-n // block_size)) for n in lens]
     num_pages = int(max([int(bt[i, :u].max()) + 1 for i, u in enumerate(used) if u] + [1]))
     colors = plt.get_cmap("tab10")
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6, 0.7 * max(max_blocks, num_pages) + 2), 1.2 + 0.6 * b + 1.4),
-                                      gridspec_kw={"height_ratios": [b, 1.2]})
+    fig, (top, bottom) = plt.subplots(
+        2,
+        1,
+        figsize=(max(6, 0.7 * max(max_blocks, num_pages) + 2), 1.2 + 0.6 * b + 1.4),
+        gridspec_kw={"height_ratios": [b, 1.2]},
+    )
     owner = {}
     for i in range(b):
         for j in range(used[i]):
@@ -137,7 +153,7 @@ def draw_block_table(block_table: torch.Tensor, seq_lens: torch.Tensor, block_si
         if not who:
             bottom.add_patch(Rectangle((page, 0), 0.95, 0.9, facecolor="#EEEEEE", edgecolor="#AAAAAA"))
             continue
-        for k, (i, j, fill) in enumerate(who):  # several owners = shared page (prefix caching)
+        for k, (i, j, _fill) in enumerate(who):  # several owners = shared page (prefix caching)
             h = 0.9 / len(who)
             bottom.add_patch(Rectangle((page, k * h), 0.95, h, facecolor=colors(i % 10), alpha=0.6, edgecolor="black"))
             bottom.text(page + 0.47, k * h + h / 2, f"r{i}.b{j}", ha="center", va="center", fontsize=7)
@@ -189,8 +205,12 @@ def draw_byte_differences(
     rows = -(-status.numel() // per_row)
     grid = torch.full((rows * per_row,), -1, dtype=torch.int64)
     grid[: status.numel()] = status
-    fig, (rec, bars, slots) = plt.subplots(3, 1, figsize=(11, 4.6 + min(4.0, 0.18 * rows)),
-                                           gridspec_kw={"height_ratios": [1.3, 1.2, max(1.0, min(4.0, rows / 4))]})
+    fig, (rec, bars, slots) = plt.subplots(
+        3,
+        1,
+        figsize=(11, 4.6 + min(4.0, 0.18 * rows)),
+        gridspec_kw={"height_ratios": [1.3, 1.2, max(1.0, min(4.0, rows / 4))]},
+    )
     if layout is not None:
         _draw_record(rec, layout)
     else:
@@ -205,19 +225,28 @@ def draw_byte_differences(
     bars.set_xlim(0, token_bytes)
     bars.set_ylabel("records", fontsize=8)
     bars.set_xlabel("byte offset in the token record", fontsize=8)
-    bars.set_title(f"written records that differ from the spec's, per byte ({int((diffs > 0).sum())} of "
-                   f"{token_bytes} offsets)", fontsize=9)  # fmt: skip
+    bars.set_title(
+        f"written records that differ from the spec's, per byte ({int((diffs > 0).sum())} of {token_bytes} offsets)",
+        fontsize=9,
+    )
     cmap = ListedColormap(["white", *_SLOT_COLORS])
-    slots.imshow(grid.reshape(rows, per_row).numpy() + 1, cmap=cmap, vmin=0, vmax=4, aspect="auto",
-                 interpolation="nearest")  # fmt: skip
+    slots.imshow(
+        grid.reshape(rows, per_row).numpy() + 1, cmap=cmap, vmin=0, vmax=4, aspect="auto", interpolation="nearest"
+    )
     slots.set_xlabel("slot within its page block" if block_size else "slot", fontsize=8)
     slots.set_ylabel("page block" if block_size else "", fontsize=8)
     if not block_size:
         slots.set_yticks([])
     counts = [int((status == i).sum()) for i in range(4)]
-    slots.legend([Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="black") for c in _SLOT_COLORS],
-                 [f"{s} ({n})" for s, n in zip(SLOT_STATUS, counts)], loc="upper center", bbox_to_anchor=(0.5, -0.6),
-                 ncol=4, fontsize=8, frameon=False)  # fmt: skip
+    slots.legend(
+        [Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="black") for c in _SLOT_COLORS],
+        [f"{s} ({n})" for s, n in zip(SLOT_STATUS, counts)],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.6),
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

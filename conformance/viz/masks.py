@@ -12,12 +12,12 @@ from collections.abc import Mapping
 import matplotlib
 
 matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.colors import ListedColormap  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 __all__ = ["draw_mask", "draw_mask_failures", "draw_masks"]
 
@@ -51,8 +51,9 @@ def _draw(ax, mask: np.ndarray, title: str, xlabel: str, ylabel: str) -> None:
     ax.set_ylabel(ylabel, fontsize=8)
 
 
-def draw_mask(mask: torch.Tensor | np.ndarray, title: str = "", *, xlabel: str = "key j",
-              ylabel: str = "query i") -> Figure:
+def draw_mask(
+    mask: torch.Tensor | np.ndarray, title: str = "", *, xlabel: str = "key j", ylabel: str = "query i"
+) -> Figure:
     """One mask ``[S_q, S_kv]`` bool (True = may attend) as a grid; returns the Figure."""
     m = _as_bool_2d("mask", mask)
     fig, ax = plt.subplots(figsize=(max(2.5, 0.18 * m.shape[1] + 1.2), max(2.2, 0.18 * m.shape[0] + 1.2)))
@@ -61,8 +62,13 @@ def draw_mask(mask: torch.Tensor | np.ndarray, title: str = "", *, xlabel: str =
     return fig
 
 
-def draw_masks(masks: Mapping[str, torch.Tensor | np.ndarray], *, ncols: int | None = None,
-               xlabel: str = "key j", ylabel: str = "query i") -> Figure:
+def draw_masks(
+    masks: Mapping[str, torch.Tensor | np.ndarray],
+    *,
+    ncols: int | None = None,
+    xlabel: str = "key j",
+    ylabel: str = "query i",
+) -> Figure:
     """Several masks side by side, titled by their keys (e.g. sparse next to dense causal, one per V4 layer kind)."""
     if not isinstance(masks, Mapping) or not masks:
         raise ValueError("masks must be a non-empty mapping of title -> mask")
@@ -75,7 +81,7 @@ def draw_masks(masks: Mapping[str, torch.Tensor | np.ndarray], *, ncols: int | N
     height = max(m.shape[0] for _, m in items)
     cell_w, cell_h = max(2.5, 0.18 * width + 1.2), max(2.2, 0.18 * height + 1.4)
     fig, axes = plt.subplots(nrows, ncols, figsize=(cell_w * ncols, cell_h * nrows), squeeze=False)
-    for ax in axes.flat[len(items):]:
+    for ax in axes.flat[len(items) :]:
         ax.axis("off")
     for ax, (title, m) in zip(axes.flat, items):
         _draw(ax, m, title, xlabel, ylabel)
@@ -124,23 +130,35 @@ def draw_mask_failures(
     ratios = [min(max(w / 4, 1.5), 6.0) for w in widths] + [1.8]
     size = (sum(ratios) * 1.15 + 1.0, max(2.6, min(9.0, 0.22 * s_q + 1.8)))
     fig, axes = plt.subplots(1, len(items) + 1, figsize=size, sharey=True, gridspec_kw={"width_ratios": ratios})
-    hatch_rows = {str(k): np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v, dtype=bool)
-                  for k, v in (unexplained or {}).items()}  # fmt: skip
+    hatch_rows = {
+        str(k): np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v, dtype=bool)
+        for k, v in (unexplained or {}).items()
+    }
     for ax, (name, m) in zip(axes, items):
         s_kv = m.shape[1]
-        ax.imshow(m if s_kv else np.zeros((s_q, 1), dtype=bool), cmap=_CMAP, vmin=0, vmax=1, interpolation="nearest",
-                  aspect="auto")  # fmt: skip
+        ax.imshow(
+            m if s_kv else np.zeros((s_q, 1), dtype=bool),
+            cmap=_CMAP,
+            vmin=0,
+            vmax=1,
+            interpolation="nearest",
+            aspect="auto",
+        )
         if max(s_q, s_kv) <= 48:
             ax.set_xticks(np.arange(-0.5, s_kv, 1), minor=True)
             ax.set_yticks(np.arange(-0.5, s_q, 1), minor=True)
             ax.grid(which="minor", color="white", linewidth=0.6)
             ax.tick_params(which="minor", length=0)
         for i in np.flatnonzero(hatch_rows.get(name, np.zeros(s_q, dtype=bool))):
-            ax.add_patch(plt.Rectangle((-0.5, i - 0.5), max(s_kv, 1), 1, facecolor="#f2f2f2", hatch="xx",
-                                       edgecolor="#999999", linewidth=0))  # fmt: skip
+            ax.add_patch(
+                plt.Rectangle(
+                    (-0.5, i - 0.5), max(s_kv, 1), 1, facecolor="#f2f2f2", hatch="xx", edgecolor="#999999", linewidth=0
+                )
+            )
         for i in np.flatnonzero(failing):
-            ax.add_patch(plt.Rectangle((-0.5, i - 0.45), max(s_kv, 1), 0.9, fill=False, edgecolor="#d62728",
-                                       linewidth=1.6))  # fmt: skip
+            ax.add_patch(
+                plt.Rectangle((-0.5, i - 0.45), max(s_kv, 1), 0.9, fill=False, edgecolor="#d62728", linewidth=1.6)
+            )
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{name}\n({int(m.sum())} of {m.size} allowed)", fontsize=9)

@@ -6,13 +6,13 @@ import matplotlib
 
 matplotlib.use("Agg", force=False)
 
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 
-from mlaspec.spec.batch import CommonAttentionMetadata, split_decodes_and_prefills  # noqa: E402
-from mlaspec.spec.chunked_context import ChunkPlan  # noqa: E402
+from mlaspec.spec.batch import CommonAttentionMetadata, split_decodes_and_prefills
+from mlaspec.spec.chunked_context import ChunkPlan
 
 __all__ = ["draw_batch", "draw_chunk_schedule", "draw_chunk_schedule_failures", "draw_merge_weights"]
 
@@ -49,9 +49,12 @@ def draw_batch(metadata: CommonAttentionMetadata, *, decode_threshold: int = 1, 
         is_decode = [i < num_decodes for i in range(b)]
     width = max([c + n for c, n in zip(ctx, q)] + [1])
     fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(min(14.0, 3.0 + 0.25 * max(width, t)), 1.8 + 0.45 * b + 1.2),
-        gridspec_kw={"height_ratios": [max(b, 1), 1.0]}, dpi=110,
-    )  # fmt: skip
+        2,
+        1,
+        figsize=(min(14.0, 3.0 + 0.25 * max(width, t)), 1.8 + 0.45 * b + 1.2),
+        gridspec_kw={"height_ratios": [max(b, 1), 1.0]},
+        dpi=110,
+    )
     for i in range(b):
         y = b - 1 - i
         color = DECODE if is_decode[i] else PREFILL
@@ -65,10 +68,15 @@ def draw_batch(metadata: CommonAttentionMetadata, *, decode_threshold: int = 1, 
     top.set_yticks([b - 1 - i + 0.5 for i in range(b)], [f"req {i}" for i in range(b)])
     top.set_xlabel("position in the sequence (grey: context in the cache; colour: new tokens this step)")
     top.legend(
-        handles=[Patch(color=CONTEXT, label="context"), Patch(color=DECODE, label="decode"),
-                 Patch(color=PREFILL, label="prefill")],
-        loc="lower right", fontsize=8, framealpha=0.85,
-    )  # fmt: skip
+        handles=[
+            Patch(color=CONTEXT, label="context"),
+            Patch(color=DECODE, label="decode"),
+            Patch(color=PREFILL, label="prefill"),
+        ],
+        loc="lower right",
+        fontsize=8,
+        framealpha=0.85,
+    )
     top.set_title(title or f"batch: {b} requests, {t} new tokens, decode_threshold = {decode_threshold}{note}")
 
     for i in range(b):
@@ -102,9 +110,12 @@ def draw_chunk_schedule(plan: ChunkPlan, *, title: str | None = None) -> Figure:
     chunk_colors = plt.get_cmap("tab10")
     req_colors = plt.get_cmap("Set2")
     fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(10.0, 1.6 + 0.45 * max(b, 1) + 0.45 * max(n, 1) + 0.8),
-        gridspec_kw={"height_ratios": [max(b, 1), max(n, 1)]}, dpi=110,
-    )  # fmt: skip
+        2,
+        1,
+        figsize=(10.0, 1.6 + 0.45 * max(b, 1) + 0.45 * max(n, 1) + 0.8),
+        gridspec_kw={"height_ratios": [max(b, 1), max(n, 1)]},
+        dpi=110,
+    )
     longest = max(ctx + [1])
     for r in range(b):
         y = b - 1 - r
@@ -128,8 +139,11 @@ def draw_chunk_schedule(plan: ChunkPlan, *, title: str | None = None) -> Figure:
         for r in range(b):
             lo, hi = int(plan.cu_seq_lens[i, r]), int(plan.cu_seq_lens[i, r + 1])
             if hi > lo:
-                bottom.add_patch(Rectangle((lo, y + 0.1), hi - lo, 0.8, facecolor=req_colors(r % 8),
-                                           edgecolor="black", linewidth=0.5))  # fmt: skip
+                bottom.add_patch(
+                    Rectangle(
+                        (lo, y + 0.1), hi - lo, 0.8, facecolor=req_colors(r % 8), edgecolor="black", linewidth=0.5
+                    )
+                )
                 bottom.text((lo + hi) / 2, y + 0.5, f"p{r}", ha="center", va="center", fontsize=8)
         bottom.text(plan.workspace_size * 1.01, y + 0.5, f"seq_tot {plan.seq_tot[i]}", va="center", fontsize=8)
     bottom.axvline(plan.workspace_size, color="#d62728", linewidth=1.5)
@@ -155,10 +169,15 @@ def draw_merge_weights(lses: dict[str, float], *, title: str | None = None) -> F
     weights = torch.where(torch.isneginf(lse), 0.0, torch.exp(lse - total)).tolist()
     fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(names), 3.2), dpi=110)
     colors = plt.get_cmap("tab10")
-    for i, (name, w) in enumerate(zip(names, weights)):
+    for i, w in enumerate(weights):
         empty = bool(torch.isneginf(lse[i]))
-        ax.bar(i, max(w, 0.004) if empty else w, color="white" if empty else colors(i % 10),
-               edgecolor="black", hatch="//" if empty else None)  # fmt: skip
+        ax.bar(
+            i,
+            max(w, 0.004) if empty else w,
+            color="white" if empty else colors(i % 10),
+            edgecolor="black",
+            hatch="//" if empty else None,
+        )
         label = "empty\nlse -inf" if empty else f"{w:.2f}\nlse {float(lse[i]):.2f}"
         ax.text(i, w + 0.02, label, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(names)), names, fontsize=8)
@@ -178,8 +197,9 @@ def draw_chunk_schedule_failures(plan: ChunkPlan, request_errors, *, title: str 
         request_errors: ``[B_p]`` float, the worst ``|error| / bound`` over each request's new tokens and heads.
         title: the figure's title.
     """
-    errors = [float(e) for e in (request_errors.tolist() if isinstance(request_errors, torch.Tensor)
-                                 else request_errors)]  # fmt: skip
+    errors = [
+        float(e) for e in (request_errors.tolist() if isinstance(request_errors, torch.Tensor) else request_errors)
+    ]
     if len(errors) != plan.num_prefills:
         raise ValueError(f"request_errors must have one entry per prefill ({plan.num_prefills}), got {len(errors)}")
     failing = [r for r, e in enumerate(errors) if not e <= 1.0]
@@ -190,19 +210,29 @@ def draw_chunk_schedule_failures(plan: ChunkPlan, request_errors, *, title: str 
     for r, e in enumerate(errors):
         y = b - 1 - r
         bad = r in failing
-        top.text(x_max * 0.995, y + 0.5, f"{e:.3g}" if e == e and abs(e) != float("inf") else "NaN/inf",
-                 ha="right", va="center", fontsize=8, color="#d62728" if bad else "#555555",
-                 fontweight="bold" if bad else "normal")  # fmt: skip
+        top.text(
+            x_max * 0.995,
+            y + 0.5,
+            f"{e:.3g}" if e == e and abs(e) != float("inf") else "NaN/inf",
+            ha="right",
+            va="center",
+            fontsize=8,
+            color="#d62728" if bad else "#555555",
+            fontweight="bold" if bad else "normal",
+        )
         if bad:
             top.add_patch(Rectangle((0, y + 0.02), x_max, 0.96, fill=False, edgecolor="#d62728", linewidth=1.8))
             for i in range(n):
                 lo, hi = int(plan.cu_seq_lens[i, r]), int(plan.cu_seq_lens[i, r + 1])
                 if hi > lo:
-                    bottom.add_patch(Rectangle((lo, n - 1 - i + 0.1), hi - lo, 0.8, fill=False, edgecolor="#d62728",
-                                               linewidth=1.8))  # fmt: skip
+                    bottom.add_patch(
+                        Rectangle((lo, n - 1 - i + 0.1), hi - lo, 0.8, fill=False, edgecolor="#d62728", linewidth=1.8)
+                    )
     for r in failing:
         top.get_yticklabels()[r].set_color("#d62728")
-    top.set_title(f"{title or 'chunk schedule'}\nred: {len(failing)} of {b} requests fail (worst |error| / bound at "
-                  f"the right)", fontsize=10)  # fmt: skip
+    top.set_title(
+        f"{title or 'chunk schedule'}\nred: {len(failing)} of {b} requests fail (worst |error| / bound at the right)",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig

@@ -6,7 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from mlaspec.conformance.viz.cost import draw_cost_crossover, draw_cost_winner_map  # noqa: E402
+from mlaspec.conformance.viz.cost import draw_cost_crossover, draw_cost_winner_map
 
 HERE = Path(__file__).parent
 

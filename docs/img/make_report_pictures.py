@@ -14,11 +14,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import torch  # noqa: E402
+import torch
 
-from mlaspec.conformance.backends.torch_eager import TorchBackend  # noqa: E402
-from mlaspec.conformance.cases import case_by_id  # noqa: E402
-from mlaspec.conformance.runner import run_case  # noqa: E402
+from mlaspec.conformance.backends.torch_eager import TorchBackend
+from mlaspec.conformance.cases import case_by_id
+from mlaspec.conformance.runner import run_case
 
 HERE = Path(__file__).parent
 
@@ -39,20 +39,23 @@ class TopLeftCausal(TorchBackend):
 class ChunkBoundaryOffByOne(TorchBackend):
     """A full context chunk ends one token early."""
 
-    def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *,
-                                  scale):  # fmt: skip
+    def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *, scale):
         plan = dataclasses.replace(plan, seq_lens=plan.seq_lens - (plan.seq_lens == plan.max_context_chunk).long())
-        return super().chunked_prefill_attention(q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV,
-                                                 scale=scale)  # fmt: skip
+        return super().chunked_prefill_attention(
+            q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, scale=scale
+        )
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for backend, case_id, out in [
             (TopLeftCausal(), "attention[more-queries-than-keys-bfloat16]", "report_mask_picture.png"),
-            (ChunkBoundaryOffByOne(), "chunked_prefill_attention[v3-workspace-chunks-no-context-bfloat16]",
-             "report_schedule_picture.png"),
-        ]:  # fmt: skip
+            (
+                ChunkBoundaryOffByOne(),
+                "chunked_prefill_attention[v3-workspace-chunks-no-context-bfloat16]",
+                "report_schedule_picture.png",
+            ),
+        ]:
             r = run_case(backend, case_by_id(case_id), backend_name="mine", figure_dir=Path(tmp))
             (HERE / out).write_bytes(Path(r.figures[0]).read_bytes())
 

@@ -12,10 +12,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from mlaspec.conformance.backends.torch_eager import TorchBackend  # noqa: E402
-from mlaspec.conformance.cases import curated_cases  # noqa: E402
-from mlaspec.conformance.report import environment, load_results, write_html  # noqa: E402
-from mlaspec.conformance.runner import run_cases  # noqa: E402
+from mlaspec.conformance.backends.torch_eager import TorchBackend
+from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.report import environment, load_results, write_html
+from mlaspec.conformance.runner import run_cases
 
 HERE = Path(__file__).parent
 CHROMIUM = "/usr/bin/chromium"
@@ -36,11 +36,27 @@ def main() -> None:
         run_cases(WrongScale(), cases, backend_name="my_kernels:WrongScale", out_dir=out)
         env = {k: v for k, v in environment().items() if k in ("python", "torch")}
         page = write_html(load_results(out), out, backend="my_kernels:WrongScale", version="0.1.0", env=env)
-        subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                        f"--user-data-dir={tmp}/profile", "--hide-scrollbars", "--window-size=1100,1500",
-                        f"--screenshot={(HERE / 'report_screenshot.png').resolve()}", page.resolve().as_uri()],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={tmp}/profile",
+                "--hide-scrollbars",
+                "--window-size=1100,1500",
+                f"--screenshot={(HERE / 'report_screenshot.png').resolve()}",
+                page.resolve().as_uri(),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
 
 if __name__ == "__main__":

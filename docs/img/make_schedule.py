@@ -55,8 +55,12 @@ def merge_weights():
 
 
 if __name__ == "__main__":
-    for name, make in [("batch_before_reorder", batch_before), ("batch_after_reorder", batch_after),
-                       ("chunk_schedule", chunk_schedule), ("merge_weights", merge_weights)]:
+    for name, make in [
+        ("batch_before_reorder", batch_before),
+        ("batch_after_reorder", batch_after),
+        ("chunk_schedule", chunk_schedule),
+        ("merge_weights", merge_weights),
+    ]:
         fig = make()
         fig.savefig(OUT / f"{name}.png", dpi=110)
         print("wrote", OUT / f"{name}.png")
