@@ -304,12 +304,12 @@ def generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("mla_case", [pytest.param(c, id=c.id, marks=getattr(pytest.mark, c.op)) for c in cases])
     if "mla_op" in metafunc.fixturenames:
         try:
-            from .generated import GENERATED_OPS
+            from .generated import generated_ops
         except ImportError:  # no hypothesis: one test that skips and says so
             metafunc.parametrize("mla_op", [pytest.param(None, id="no-hypothesis")])
             return
         metafunc.parametrize(
-            "mla_op", [pytest.param(op, id=op, marks=getattr(pytest.mark, op)) for op in GENERATED_OPS]
+            "mla_op", [pytest.param(op, id=op, marks=getattr(pytest.mark, op)) for op in generated_ops()]
         )
 
 
@@ -372,12 +372,12 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
         from hypothesis.errors import Unsatisfiable
 
         from .backend import missing_op_reason, skip_reason
-        from .generated import GENERATED_OPS, case_strategy, describe, repro_command
+        from .generated import case_strategy, describe, generated_ops, repro_command
         from .runner import run_case
         from .verdict import Result
 
         backend = mla_backend
-        if op not in GENERATED_OPS:
+        if op not in generated_ops():
             pytest.skip(f"no case generator for {op}")
         if op not in backend.ops:
             pytest.skip(missing_op_reason(backend, op))

@@ -154,3 +154,20 @@ def test_projection_error_covers_fp32_accumulation_where_terms_cancel():
     err = (torch.einsum("sl,lnp->snp", x, w).double() - exact).abs()
     assert (err > EPS32 / 2 * exact.abs()).any()  # one rounding of the result would not cover it
     assert (err <= projection_error("sl,lnp->snp", x, w, EPS32)).all()
+
+
+def test_the_docs_op_table_is_the_registry():
+    """docs/conformance.md's op table has one row per registered op, naming the spec function the op checks."""
+    import re
+    from pathlib import Path
+
+    from mlaspec.conformance.ops import OPS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "conformance.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z_0-9]+)` \| `(spec\.[a-z_.0-9]+)`", text, re.M))
+    assert set(rows) == set(OPS), (
+        f"ops without a row: {set(OPS) - set(rows)}; rows without an op: {set(rows) - set(OPS)}"
+    )
+    for name, op in OPS.items():
+        f = op.spec_function
+        assert rows[name] == f"{f.__module__.removeprefix('mlaspec.')}.{f.__name__}", name

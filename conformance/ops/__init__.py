@@ -38,13 +38,39 @@ bf16 and 2.3x for fp16 (``ε32 Σ|x||W|`` against ``u |y|``); at ``Lkv <= 64`` t
 A case passes when every element is within its bound and ±inf/NaN positions agree exactly.
 """
 
-from .common import DTYPES, EPS32, Op, unit_roundoff
+from collections.abc import Iterable
+
+from .common import DTYPES, EPS32, LIMITS, Op, Scale, unit_roundoff
 from .dense import OPS as _DENSE
 from .fp8_decode import OPS as _FP8_DECODE
 from .indexer import OPS as _INDEXER
 from .serving import OPS as _SERVING
 from .sparse import OPS as _SPARSE
 
-__all__ = ["DTYPES", "EPS32", "OPS", "Op", "unit_roundoff"]
+__all__ = ["DTYPES", "EPS32", "LIMITS", "OPS", "Op", "Scale", "implemented_ops", "register", "unit_roundoff"]
 
-OPS: dict[str, Op] = {op.name: op for op in [*_DENSE, *_FP8_DECODE, *_SERVING, *_INDEXER, *_SPARSE]}
+OPS: dict[str, Op] = {}
+"""The op registry: name -> :class:`Op`. The curated cases, the generated ops, the ``spec`` backend, the docs'
+op table and the ``triton`` adapter's op set are all derived from it."""
+
+
+def register(op: Op) -> Op:
+    """Add ``op`` to :data:`OPS` (``ValueError`` if its name is taken): the one step that makes a new op known to
+    the CLI, the pytest plugin, the ``spec`` backend and the generated cases. Returns ``op``."""
+    if not isinstance(op, Op):
+        raise TypeError(f"op must be an Op, got {type(op).__name__}")
+    if op.name in OPS:
+        raise ValueError(f"op name {op.name!r} is already registered")
+    OPS[op.name] = op
+    return op
+
+
+def implemented_ops(backend: object, among: Iterable[str] | None = None) -> frozenset[str]:
+    """The registered op names ``backend`` (an object or a class) has a method for: an adapter's ``ops`` derived
+    from what it defines, so a new method is a new op without a second list to edit."""
+    names = OPS if among is None else among
+    return frozenset(name for name in names if name in OPS and callable(getattr(backend, name, None)))
+
+
+for _op in [*_DENSE, *_FP8_DECODE, *_SERVING, *_SPARSE, *_INDEXER]:
+    register(_op)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from hypothesis.strategies import SearchStrategy
 
 from mlaspec.spec.attention import attention
 
@@ -29,12 +31,67 @@ def underflow_floor(dtype: torch.dtype) -> float:
     return fi.smallest_normal * fi.eps / 2
 
 
+class Scale(NamedTuple):
+    """The sizes a curated case list is drawn at: ``tiny`` (CPU and the Triton interpreter, seconds) or ``full``
+    (real DeepSeek dimensions, for GPUs). ``ctx`` is the context length the decode cases share: irregular when tiny,
+    so that padding paths run."""
+
+    full: bool
+    ctx: int
+
+    @classmethod
+    def named(cls, scale: str) -> Scale:
+        if scale not in ("tiny", "full"):
+            raise ValueError(f"scale must be 'tiny' or 'full', got {scale!r}")
+        return cls(True, 4096) if scale == "full" else cls(False, 37)
+
+
+#: Inclusive upper limits of the sizes the generators draw (:mod:`mlaspec.conformance.generated`): small, so a
+#: generated case runs in milliseconds on a CPU.
+LIMITS = dict(
+    B=3,
+    S_q=6,
+    S_kv=24,
+    H_kv=3,
+    group=3,
+    D_qk=40,
+    D_v=24,
+    H_decode=16,
+    Lkv=32,
+    P=16,
+    R=8,
+    V=16,
+    T=9,
+    H=4,
+    D=64,
+    K=16,
+    H_sparse=8,
+    requests=4,
+    context=20,
+    q_len=5,
+    M=8,
+    N=40,
+    blocks=4,
+    tag=999,
+)
+
+
+def _no_cases(scale: Scale) -> list[tuple[str, dict]]:
+    return []
+
+
 @dataclass(frozen=True)
 class Op:
-    """A checkable op.
+    """A checkable op: everything the harness knows about it, in one record (the registry is
+    :data:`mlaspec.conformance.ops.OPS`; every op set of the project is derived from it).
 
-    ``make_inputs(case) -> kwargs`` (tensors in the case dtype); ``reference(**kwargs) -> tuple`` of float64
-    outputs named ``outputs``; ``bounds(kwargs, ref, u) -> tuple`` of per-element absolute error bounds, one per
+    ``name`` is the method a backend implements, taking the keyword arguments ``make_inputs`` builds (those of the
+    spec function) and returning the outputs named ``outputs``. ``spec`` is the spec function the op checks (shown
+    in the docs and the report); ``reference`` computes the float64 reference from the same keyword arguments:
+    ``spec`` itself unless a harness-side wrapper is needed (e.g. to zero what no query may read).
+
+    ``make_inputs(case) -> kwargs`` (tensors in the case dtype, from the case's seed); ``reference(**kwargs) ->
+    tuple`` of float64 outputs; ``bounds(kwargs, ref, u) -> tuple`` of per-element absolute error bounds, one per
     output, broadcastable to it (``None`` for ops judged by ``compare`` alone).
 
     ``compare(kwargs, got, ref) -> (verdict, reason, metrics, worst, ratios)`` replaces the default per-element
@@ -45,6 +102,10 @@ class Op:
     ``picture(kwargs, got, ref, ratios, *, title) -> {name: Figure}`` draws, for a failing case, what the case is
     next to what the backend did (``ratios`` is the verdict's error / bound maps, possibly empty); the runner saves
     each figure next to the heat map. It draws through :mod:`mlaspec.conformance.viz` and never changes a verdict.
+
+    ``cases(scale) -> [(name, params), ...]`` are the op's curated cases at a :class:`Scale`, named after the
+    deployments they stand for; ``generator`` is a hypothesis ``@composite`` strategy of ``params`` (sizes within
+    :data:`LIMITS`), or ``None`` where the op has no generated cases.
     """
 
     name: str
@@ -55,6 +116,14 @@ class Op:
     doc: str = ""
     compare: Callable[[dict, object, tuple], tuple] | None = None
     picture: Callable[..., dict] | None = None
+    spec: Callable[..., tuple] | None = None
+    cases: Callable[[Scale], list[tuple[str, dict]]] = _no_cases
+    generator: Callable[[], SearchStrategy[dict]] | None = None
+
+    @property
+    def spec_function(self) -> Callable[..., tuple]:
+        """The spec function this op checks."""
+        return self.spec or self.reference
 
 
 def randn(case: Case) -> Callable[..., torch.Tensor]:

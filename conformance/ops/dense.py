@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from hypothesis import strategies as st
 
 from mlaspec.spec.attention import attention, causal_mask
 from mlaspec.spec.config import MLAConfig, make_weights
@@ -15,7 +16,9 @@ from ..cases import Case
 from .common import (
     DTYPES,
     EPS32,
+    LIMITS,
     Op,
+    Scale,
     abs_logits_max,
     attention_bounds,
     logit_error,
@@ -226,6 +229,136 @@ def _mask_picture(logits, bounds):
     return picture
 
 
+# -- the curated cases (named after the deployments they stand for) and the generated parameters ----------------
+def _attention_cases(scale: Scale) -> list[tuple[str, dict]]:
+    return [
+        # dense attention with LSE: GQA/MQA shapes, causal alignment, empty rows
+        ("mha-causal", dict(B=2, S_q=5, S_kv=5, H_q=4, H_kv=4, D_qk=24, D_v=16, causal=True)),
+        ("mqa-extend", dict(B=1, S_q=3, S_kv=11, H_q=4, H_kv=1, D_qk=24, D_v=16, causal=True)),
+        ("gqa-noncausal", dict(B=2, S_q=4, S_kv=9, H_q=6, H_kv=2, D_qk=8, D_v=8, causal=False)),
+        ("more-queries-than-keys", dict(B=1, S_q=6, S_kv=3, H_q=2, H_kv=1, D_qk=8, D_v=4, causal=True)),
+        ("empty-context", dict(B=1, S_q=2, S_kv=0, H_q=2, H_kv=1, D_qk=8, D_v=4, causal=False)),
+    ]
+
+
+@st.composite
+def _attention_params(draw) -> dict:
+    h_kv = draw(st.integers(1, LIMITS["H_kv"]))
+    return dict(
+        B=draw(st.integers(1, LIMITS["B"])),
+        S_q=draw(st.integers(1, LIMITS["S_q"])),
+        S_kv=draw(st.integers(0, LIMITS["S_kv"])),
+        H_q=h_kv * draw(st.integers(1, LIMITS["group"])),
+        H_kv=h_kv,
+        D_qk=draw(st.integers(1, LIMITS["D_qk"])),
+        D_v=draw(st.integers(1, LIMITS["D_v"])),
+        causal=draw(st.booleans()),
+    )
+
+
+def _mla_decode_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        # absorbed decode: DeepSeek-V3 TP1 (128 heads) and TP8 (16 heads), MTP next_n 2 and 4
+        ("v3-tp8", dict(B=4 if full else 2, S_q=1, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True)),
+        ("v3-tp1", dict(B=2, S_q=1, S_kv=ctx, H_q=128 if full else 32, D_qk=576, D_v=512, causal=True)),
+        ("mtp2", dict(B=2, S_q=2, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True)),
+        ("mtp4", dict(B=1, S_q=4, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True)),
+        ("length-1", dict(B=3, S_q=1, S_kv=1, H_q=16, D_qk=576, D_v=512, causal=True)),
+    ]
+
+
+@st.composite
+def _mla_decode_params(draw) -> dict:
+    return dict(
+        B=draw(st.integers(1, LIMITS["B"])),
+        S_q=draw(st.integers(1, 4)),
+        S_kv=draw(st.integers(1, LIMITS["S_kv"])),
+        H_q=draw(st.integers(1, LIMITS["H_decode"])),
+        D_qk=576,
+        D_v=512,
+        causal=draw(st.booleans()),
+    )
+
+
+def _mla_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        # compute-friendly prefill: qk 192 / v 128 per head over a 512 latent
+        (
+            "v3-tp8-chunk",
+            dict(
+                B=1,
+                S_q=7 if not full else 512,
+                S_kv=(7 if not full else 512) + ctx,
+                H_q=16,
+                Lkv=512,
+                P=128,
+                R=64,
+                V=128,
+                causal=True,
+            ),
+        ),
+        ("tiny-noncausal", dict(B=2, S_q=5, S_kv=13, H_q=4, Lkv=32, P=16, R=8, V=16, causal=False)),
+    ]
+
+
+@st.composite
+def _mla_prefill_params(draw) -> dict:
+    s_q = draw(st.integers(1, LIMITS["S_q"]))
+    return dict(
+        B=draw(st.integers(1, 2)),
+        S_q=s_q,
+        S_kv=s_q + draw(st.integers(0, LIMITS["S_kv"] // 2)),
+        H_q=draw(st.integers(1, LIMITS["H"])),
+        Lkv=draw(st.integers(1, LIMITS["Lkv"])),
+        P=draw(st.integers(1, LIMITS["P"])),
+        R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
+        V=draw(st.integers(1, LIMITS["V"])),
+        causal=draw(st.booleans()),
+    )
+
+
+def _mla_absorbed_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        # the whole absorbed decode form; TP1 has N = V = 128 heads, so a transposed W_UV still fits its shape
+        ("v3-tp8-mtp2", dict(B=2, S_q=2, S_kv=ctx, H_q=16, Lkv=512, P=128, R=64, V=128, causal=True)),
+        (
+            "n-equals-v",
+            dict(
+                B=1,
+                S_q=1,
+                S_kv=ctx,
+                H_q=128 if full else 16,
+                Lkv=512 if full else 64,
+                P=128 if full else 16,
+                R=64 if full else 8,
+                V=128 if full else 16,
+                causal=True,
+            ),
+        ),
+    ]
+
+
+def _merge_attn_states_cases(scale: Scale) -> list[tuple[str, dict]]:
+    return [
+        # merge_attn_states: vLLM's layouts, some parts empty (±inf)
+        ("tp8", dict(T=9, H=16, D=512, empty=0.0)),
+        ("empty-parts", dict(T=7, H=4, D=128, empty=0.4)),
+    ]
+
+
+@st.composite
+def _merge_attn_states_params(draw) -> dict:
+    return dict(
+        T=draw(st.integers(1, LIMITS["T"])),
+        H=draw(st.integers(1, LIMITS["H"])),
+        D=draw(st.integers(1, LIMITS["D"])),
+        empty=draw(st.sampled_from([0.0, 0.3, 1.0])),
+    )
+
+
 OPS = [
     Op(
         "attention",
@@ -234,6 +367,8 @@ OPS = [
         _attention_bounds_op,
         picture=_mask_picture(_attention_logits, _attention_bounds_op),
         doc="Attention with natural-log LSE, bottom-right causal (spec.attention.attention)",
+        cases=_attention_cases,
+        generator=_attention_params,
     ),
     Op(
         "mla_decode",
@@ -242,6 +377,8 @@ OPS = [
         _decode_bounds,
         picture=_mask_picture(_decode_logits, _decode_bounds),
         doc="Absorbed-form MQA over 576-wide entries, v = first 512 (spec.forms.mqa_latent_attention)",
+        cases=_mla_decode_cases,
+        generator=_mla_decode_params,
     ),
     Op(
         "mla_prefill",
@@ -250,6 +387,8 @@ OPS = [
         _prefill_bounds,
         picture=_mask_picture(_prefill_logits, _prefill_bounds),
         doc="Compute-friendly form: up-project, MHA with qk 192 / v 128 (spec.forms.mla_mha)",
+        cases=_mla_prefill_cases,
+        generator=_mla_prefill_params,
     ),
     Op(
         "mla_absorbed",
@@ -258,6 +397,7 @@ OPS = [
         _absorbed_bounds,
         picture=_mask_picture(_absorbed_logits, _absorbed_bounds),
         doc="The whole decode form: absorb W_UK into q, MQA over the 576-wide entries, W_UV (spec.forms.mla_absorbed)",
+        cases=_mla_absorbed_cases,
     ),
     Op(
         "merge_attn_states",
@@ -265,5 +405,7 @@ OPS = [
         merge_attn_states,
         _merge_bounds,
         doc="Two-way LSE merge with vLLM's ±inf rules (spec.merge.merge_attn_states)",
+        cases=_merge_attn_states_cases,
+        generator=_merge_attn_states_params,
     ),
 ]

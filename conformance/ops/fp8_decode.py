@@ -48,7 +48,7 @@ from mlaspec.spec.attention import attention, causal_mask
 from mlaspec.spec.forms import mqa_latent_attention
 
 from ..cases import Case
-from .common import DTYPES, Op, attention_bounds
+from .common import DTYPES, Op, Scale, attention_bounds
 
 U_P = 2.0**-4  # e4m3 unit roundoff (3 mantissa bits)
 P_FLOOR = 2.0**-10  # half the smallest e4m3 subnormal (2^-9)
@@ -114,6 +114,66 @@ def _bounds(kw, ref, u):
     return out_b + 2 * (U_P * m + P_FLOOR * a), lse_b
 
 
+# -- the curated cases (named after the deployments they stand for) and the generated parameters ----------------
+def _mla_decode_fp8_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        # absorbed decode over an fp8 cache: vLLM's per-tensor e4m3 cache (FlashMLA's dense fp8 kernel), and the
+        # 656-byte fp8_ds_mla records (sparse kernels only); q e4m3-representable, scales not powers of two
+        (
+            "v3-tp8-per-tensor",
+            dict(
+                B=4 if full else 2,
+                S_q=1,
+                S_kv=ctx,
+                H_q=16,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                layout="fp8_e4m3_per_tensor",
+                k_scale=0.046875,
+                q_scale=0.15625,
+            ),
+        ),
+        (
+            "v3-tp1-per-tensor",
+            dict(
+                B=2,
+                S_q=1,
+                S_kv=ctx,
+                H_q=128 if full else 32,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                layout="fp8_e4m3_per_tensor",
+                k_scale=0.046875,
+                q_scale=0.15625,
+            ),
+        ),
+        (
+            "mtp2-per-tensor",
+            dict(
+                B=2,
+                S_q=2,
+                S_kv=ctx,
+                H_q=16,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                layout="fp8_e4m3_per_tensor",
+                k_scale=0.046875,
+                q_scale=0.15625,
+            ),
+        ),
+        (
+            "v32-656-dense",
+            dict(
+                B=2, S_q=1, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True, layout="fp8_ds_mla_v32", q_scale=0.15625
+            ),
+        ),
+    ]
+
+
 OPS = [
     Op(
         "mla_decode_fp8",
@@ -122,5 +182,7 @@ OPS = [
         _bounds,
         doc="Absorbed-form MQA over an fp8 KV cache (per-tensor e4m3 576 B, or 656 B fp8_ds_mla), judged against "
         "spec attention over the dequantized cache; P may be e4m3 (spec.forms.mqa_latent_attention)",
+        cases=_mla_decode_fp8_cases,
+        spec=mqa_latent_attention,
     ),
 ]

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 
 import torch
+from hypothesis import strategies as st
 
 from mlaspec.spec.indexer import (
     IndexerCacheLayout,
@@ -54,7 +55,7 @@ from mlaspec.spec.topk import topk_agreement, topk_indices
 
 from ..cases import Case
 from ..verdict import Metric
-from .common import DTYPES, EPS32, Op, worst_rows
+from .common import DTYPES, EPS32, LIMITS, Op, Scale, worst_rows
 from .sparse import judged
 
 FP8_NAN = 0x7F  # e4m3fn NaN bit pattern
@@ -301,6 +302,85 @@ def _topk_picture(kw, got, ref, ratios, *, title=""):
     return {"topk": fig}
 
 
+# -- the curated cases (named after the deployments they stand for) and the generated parameters ----------------
+def _indexer_logits_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        # lightning indexer (DeepGEMM fp8_mqa_logits / fp8_paged_mqa_logits) and the top-k over its logits
+        (
+            "v32-prefill-ragged",
+            dict(
+                H=64 if full else 8,
+                D=128,
+                query_lens=[64, 16, 7] if full else [3, 1, 4],
+                seq_lens=[2048, 300, 7] if full else [5, 9, 4],
+                empty=True,
+            ),
+        ),
+        (
+            "one-request",
+            dict(H=64 if full else 8, D=128, query_lens=[32 if full else 6], seq_lens=[ctx if full else 40]),
+        ),
+    ]
+
+
+def _paged_indexer_logits_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        (
+            "v32-decode",
+            dict(
+                B=8 if full else 3, next_n=1, S_kv=ctx if full else 37, P=64 if full else 16, H=64 if full else 8, D=128
+            ),
+        ),
+        (
+            "v32-mtp2",
+            dict(
+                B=4 if full else 3,
+                next_n=2,
+                S_kv=ctx if full else 37,
+                P=64 if full else 16,
+                H=64 if full else 8,
+                D=128,
+                padded=True,
+            ),
+        ),
+    ]
+
+
+def _topk_indices_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        (
+            "v32-prefill-ties",
+            dict(
+                mode="prefill",
+                K=2048 if full else 16,
+                query_lens=[8, 4] if full else [3, 1, 4, 2],
+                seq_lens=[4096, 1000] if full else [40, 9, 30, 20],
+            ),
+        ),
+        (
+            "v32-decode-ties",
+            dict(mode="decode", M=8 if full else 9, N=ctx + 37 if full else 70, K=2048 if full else 16),
+        ),
+        ("short-rows", dict(mode="decode", M=5, N=10, K=2048 if full else 16)),
+    ]
+
+
+@st.composite
+def _topk_indices_params(draw) -> dict:
+    """Prefill (ragged spans, relative indices) or decode rows (some shorter than ``K``); the case's inputs put
+    logits on a coarse grid with a tie straddling the ``K``-th position."""
+    k = draw(st.integers(2, LIMITS["K"]))
+    if draw(st.booleans()):
+        n = draw(st.integers(1, LIMITS["requests"]))
+        q = draw(st.lists(st.integers(1, LIMITS["q_len"]), min_size=n, max_size=n))
+        extra = draw(st.lists(st.integers(0, LIMITS["N"] - LIMITS["q_len"]), min_size=n, max_size=n))
+        return dict(mode="prefill", K=k, query_lens=q, seq_lens=[a + b for a, b in zip(q, extra)])
+    return dict(mode="decode", K=k, M=draw(st.integers(1, LIMITS["M"])), N=draw(st.integers(1, LIMITS["N"])))
+
+
 OPS = [
     Op(
         "indexer_logits",
@@ -312,6 +392,8 @@ OPS = [
         picture=_logits_picture,
         doc="Lightning-indexer logits over a ragged fp8 K buffer, absolute columns, -inf outside [ks, ke) "
         "(spec.indexer.indexer_logits)",
+        cases=_indexer_logits_cases,
+        spec=indexer_logits,
     ),
     Op(
         "paged_indexer_logits",
@@ -323,6 +405,8 @@ OPS = [
         picture=_logits_picture,
         doc="Decode indexer logits read from the paged fp8 cache (values then scales per block), MTP context "
         "lengths (spec.indexer.paged_indexer_logits)",
+        cases=_paged_indexer_logits_cases,
+        spec=paged_indexer_logits,
     ),
     Op(
         "topk_indices",
@@ -334,6 +418,9 @@ OPS = [
         picture=_topk_picture,
         doc="Top-k per row with -1 padding; any choice among tied logits passes (spec.topk.topk_indices, "
         "judged by spec.topk.topk_agreement)",
+        cases=_topk_indices_cases,
+        generator=_topk_indices_params,
+        spec=topk_indices,
     ),
 ]
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 
 import torch
+from hypothesis import strategies as st
 
 from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.attention import attention
@@ -72,7 +73,18 @@ from mlaspec.spec.paged_cache import (
 
 from ..cases import Case
 from ..verdict import Metric, judge, judge_exact
-from .common import DTYPES, EPS32, Op, abs_logits_max, attention_bounds, projection_error, randn, worst_rows
+from .common import (
+    DTYPES,
+    EPS32,
+    LIMITS,
+    Op,
+    Scale,
+    abs_logits_max,
+    attention_bounds,
+    projection_error,
+    randn,
+    worst_rows,
+)
 from .dense import _absorbed_bounds
 
 QUANTIZED_CACHE = {
@@ -799,6 +811,357 @@ def _chunked_picture(kw, got, ref, ratios, *, title=""):
     return {"schedule": draw_chunk_schedule_failures(kw["plan"], per_request, title=title)}
 
 
+# A mixed batch as vLLM schedules one, ``[context_len, new_tokens, prompt_len]`` per request (spec.batch.Request):
+# decodes, MTP decodes, chunked and first prefills interleaved; and the same requests in vLLM's reordered layout.
+MIXED_REQUESTS = [
+    [0, 9, 9],
+    [12, 1, 5],
+    [8, 7, 20],
+    [30, 2, 10],
+    [6, 3, 16],
+    [0, 1, 7],
+    [40, 4, 33],
+    [3, 1, None],
+    [0, 13, 13],
+]
+REORDERED_REQUESTS = [
+    [12, 1, 5],
+    [30, 2, 10],
+    [40, 4, 33],
+    [3, 1, None],
+    [6, 3, 16],
+    [8, 7, 20],
+    [0, 9, 9],
+    [0, 1, 7],
+    [0, 13, 13],
+]
+
+
+# -- the curated cases (named after the deployments they stand for) and the generated parameters ----------------
+def _concat_and_cache_mla_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full = scale.full
+    return [
+        # serving: paged cache writes (NaN in unused slots, padding slots -1), fp8 layouts, gathers
+        (
+            "v3-bf16-page64-padding",
+            dict(
+                T=300 if full else 13,
+                pad=20 if full else 3,
+                P=64 if full else 16,
+                num_blocks=12 if full else 3,
+                kv_cache_dtype="auto",
+            ),
+        ),
+        (
+            "v3-fp8-per-tensor",
+            dict(
+                T=300 if full else 13,
+                pad=4,
+                P=64 if full else 16,
+                num_blocks=12 if full else 3,
+                kv_cache_dtype="fp8",
+                scale=0.09375,
+            ),
+        ),
+        (
+            "v32-fp8-ds-mla-656",
+            dict(
+                T=300 if full else 13,
+                pad=4,
+                P=64 if full else 16,
+                num_blocks=12 if full else 3,
+                kv_cache_dtype="fp8_ds_mla",
+            ),
+        ),
+    ]
+
+
+@st.composite
+def _concat_and_cache_mla_params(draw) -> dict:
+    """A paged cache of a few blocks, ``T`` tokens of which the last ``pad`` are padding (slot ``-1``), in every
+    cache dtype (the per-tensor fp8 ones with a drawn scale)."""
+    block = draw(st.sampled_from([1, 2, 4, 16]))
+    blocks = draw(st.integers(2 if block == 1 else 1, LIMITS["blocks"]))  # the last slot stays unused
+    pad = draw(st.integers(0, 3))
+    t = pad + draw(st.integers(1, min(LIMITS["T"], blocks * block - 1)))
+    kind = draw(st.sampled_from(["auto", "fp8", "fp8_e5m2", "fp8_ds_mla"]))
+    p = dict(T=t, pad=pad, P=block, num_blocks=blocks, kv_cache_dtype=kind)
+    if kind in ("fp8", "fp8_e5m2"):
+        p["scale"] = draw(st.sampled_from([0.09375, 0.5, 1.0, 2.0]))
+    return p
+
+
+def _gather_cache_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full = scale.full
+    return [
+        (
+            "v3-context-chunk-seq-starts",
+            dict(
+                P=64 if full else 16,
+                lens=[300, 0, 1000, 64] if full else [5, 0, 21, 9],
+                starts=[70, 5, 640, 1000] if full else [3, 7, 16, 40],
+            ),
+        ),
+        (
+            "v3-dequant-gather-aligned",
+            dict(
+                P=64 if full else 16,
+                lens=[100, 640, 33] if full else [7, 16, 19],
+                starts=[0, 64, 640] if full else [0, 16, 32],
+                kernel="gather_and_maybe_dequant_cache",
+            ),
+        ),
+        (
+            "v32-fp8-ds-mla-raw",
+            dict(
+                P=64 if full else 16,
+                lens=[130, 700, 9] if full else [6, 13, 4],
+                starts=[1, 0, 65] if full else [1, 0, 9],
+                entry="fp8_ds_mla",
+            ),
+        ),
+    ]
+
+
+def _slot_mapping_from_block_table_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full = scale.full
+    return [
+        ("mixed-batch-cudagraph-pad", dict(P=64 if full else 16, pad=5, requests=MIXED_REQUESTS)),
+    ]
+
+
+def _quantize_cases(scale: Scale) -> list[tuple[str, dict]]:
+    return [
+        ("v32-656", dict(T=6, layout="fp8_ds_mla_v32")),
+        ("v4-584", dict(T=6, layout="fp8_ds_mla_v4")),
+        ("v41-528", dict(T=6, layout="mxfp8_ds_mla_v41")),
+        ("fp8-per-tensor", dict(T=6, layout="fp8_e4m3_per_tensor", scale=0.09375)),
+    ]
+
+
+def _dequantize_cases(scale: Scale) -> list[tuple[str, dict]]:
+    return [
+        ("v32-656", dict(T=6, layout="fp8_ds_mla_v32")),
+        ("v4-584", dict(T=6, layout="fp8_ds_mla_v4")),
+        ("v41-528", dict(T=6, layout="mxfp8_ds_mla_v41")),
+        ("fp8-per-tensor", dict(T=6, layout="fp8_e4m3_per_tensor", scale=0.09375)),
+    ]
+
+
+def _write_pages_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full = scale.full
+    return [
+        ("v4-584-paged", dict(T=40 if full else 13, pad=2, P=64 if full else 16, num_blocks=3, layout="fp8_ds_mla_v4")),
+        (
+            "v41-528-paged",
+            dict(T=40 if full else 13, pad=2, P=64 if full else 16, num_blocks=3, layout="mxfp8_ds_mla_v41"),
+        ),
+        (
+            "v32-656-paged",
+            dict(T=40 if full else 13, pad=2, P=64 if full else 16, num_blocks=3, layout="fp8_ds_mla_v32"),
+        ),
+    ]
+
+
+def _read_tokens_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full = scale.full
+    return [
+        ("v4-584-paged", dict(T=40 if full else 13, P=64 if full else 16, num_blocks=3, N=12, layout="fp8_ds_mla_v4")),
+        (
+            "v41-528-paged",
+            dict(T=40 if full else 13, P=64 if full else 16, num_blocks=3, N=12, layout="mxfp8_ds_mla_v41"),
+        ),
+    ]
+
+
+def _chunked_prefill_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full = scale.full
+    return [
+        # serving: chunked-prefill context (3+ chunks, a prefill without context), batch metadata
+        (
+            "v3-workspace-chunks-no-context",
+            dict(
+                H_q=16,
+                Lkv=512,
+                P=128,
+                R=64,
+                V=128,
+                contexts=[4096, 0, 1000, 300],
+                q_lens=[64, 128, 17, 33],
+                block_size=64,
+                workspace_size=2048,
+            )
+            if full
+            else dict(
+                H_q=4,
+                Lkv=32,
+                P=16,
+                R=8,
+                V=16,
+                contexts=[37, 0, 20, 9],
+                q_lens=[3, 5, 1, 4],
+                block_size=4,
+                workspace_size=24,
+            ),
+        ),
+        (
+            "first-chunks-only",
+            dict(H_q=4, Lkv=32, P=16, R=8, V=16, contexts=[0, 0], q_lens=[4, 2], block_size=4, workspace_size=16),
+        ),
+    ]
+
+
+@st.composite
+def _chunked_prefill_attention_params(draw) -> dict:
+    """Requests with and without context, a workspace from one page per prefill with context up to a few, so the
+    plan runs one to several chunks."""
+    n = draw(st.integers(1, LIMITS["requests"]))
+    contexts = draw(st.lists(st.integers(0, LIMITS["context"]), min_size=n, max_size=n))
+    block = draw(st.sampled_from([1, 2, 4]))
+    with_context = max(sum(c > 0 for c in contexts), 1)
+    workspace = with_context * block * draw(st.integers(1, 4)) + draw(st.integers(0, block - 1))
+    return dict(
+        H_q=draw(st.integers(1, LIMITS["H"])),
+        Lkv=draw(st.integers(1, LIMITS["Lkv"])),
+        P=draw(st.integers(1, LIMITS["P"])),
+        R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
+        V=draw(st.integers(1, LIMITS["V"])),
+        contexts=contexts,
+        q_lens=draw(st.lists(st.integers(1, LIMITS["q_len"]), min_size=n, max_size=n)),
+        block_size=block,
+        workspace_size=workspace,
+    )
+
+
+def _build_metadata_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full = scale.full
+    return [
+        ("v3-mixed-default-pages", dict(P=64 if full else 16, requests=MIXED_REQUESTS)),
+        ("mixed-shuffled-table", dict(P=64 if full else 4, requests=MIXED_REQUESTS, shuffle=True)),
+    ]
+
+
+def _split_decodes_and_prefills_cases(scale: Scale) -> list[tuple[str, dict]]:
+    return [
+        ("mtp4-mixed", dict(P=16, decode_threshold=4, requests=REORDERED_REQUESTS)),
+        (
+            "mtp4-short-extends-as-prefills",
+            dict(P=16, decode_threshold=4, requests=REORDERED_REQUESTS, treat_short_extends_as_decodes=False),
+        ),
+        ("mtp4-require-uniform", dict(P=16, decode_threshold=4, requests=REORDERED_REQUESTS, require_uniform=True)),
+        (
+            "mtp2-uniform-cudagraph-pad",
+            dict(P=16, decode_threshold=2, requests=[[5, 2, None], [7, 2, None], [9, 0, None]], require_uniform=True),
+        ),
+        (
+            "uniform-padding-row-before-prefill",  # vLLM 0.33: q = 0 is never a prefill
+            dict(
+                P=16,
+                decode_threshold=1,
+                requests=[[30, 1, None], [15, 0, None], [7, 1, None], [0, 2, None]],
+                require_uniform=True,
+            ),
+        ),
+    ]
+
+
+def _reorder_batch_to_split_decodes_and_prefills_cases(scale: Scale) -> list[tuple[str, dict]]:
+    return [
+        ("mtp4-mixed-4-regions", dict(requests=MIXED_REQUESTS, decode_threshold=4, regions=4)),
+        ("mtp4-mixed-2-regions", dict(requests=MIXED_REQUESTS, decode_threshold=4, regions=2)),
+        ("decode-1-2-regions", dict(requests=MIXED_REQUESTS, decode_threshold=1, regions=2)),
+    ]
+
+
+def _make_local_attention_virtual_batches_cases(scale: Scale) -> list[tuple[str, dict]]:
+    return [
+        (
+            "seed-example-chunk4",
+            dict(
+                attn_chunk_size=4,
+                P=2,
+                requests=[[2, 4, None], [7, 10, None], [4, 5, None]],
+                block_table=[list(range(10 * b, 10 * b + 10)) for b in range(3)],
+            ),
+        ),
+        ("chunk8-shuffled", dict(attn_chunk_size=8, P=4, requests=MIXED_REQUESTS, shuffle=True)),
+    ]
+
+
+def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        # one MLA step over a mixed batch from a paged cache: decodes (MTP query_len 2) through the absorbed form,
+        # prefills with and without context through a workspace smaller than the longest context (3+ chunks)
+        (
+            "v3-tp8-mixed-mtp2-chunked",
+            dict(
+                H_q=16,
+                Lkv=512,
+                P=128,
+                R=64,
+                V=128,
+                block_size=64,
+                workspace_size=2048,
+                decode_threshold=2,
+                requests=[[4096, 1], [3000, 2], [1, 2], [777, 1], [3000, 64], [0, 128], [700, 33], [0, 1]],
+            )
+            if full
+            else dict(
+                H_q=4,
+                Lkv=32,
+                P=16,
+                R=16,
+                V=16,
+                block_size=16,
+                workspace_size=32,
+                decode_threshold=2,
+                requests=[[37, 1], [20, 2], [5, 2], [16, 1], [40, 5], [0, 4], [19, 3], [0, 1]],
+            ),
+        ),
+        (
+            "v3-tp1-decodes-only-mtp2",
+            dict(
+                H_q=128 if full else 16,
+                Lkv=512 if full else 32,
+                P=128 if full else 16,
+                R=64 if full else 16,
+                V=128 if full else 16,
+                block_size=64 if full else 16,
+                workspace_size=2048 if full else 32,
+                decode_threshold=2,
+                requests=[[ctx, 2], [ctx // 3, 2], [0, 1], [65, 1]],
+            ),
+        ),
+        (
+            "prefills-only-long-context",
+            dict(
+                H_q=16,
+                Lkv=512,
+                P=128,
+                R=64,
+                V=128,
+                block_size=64,
+                workspace_size=4096,
+                decode_threshold=1,
+                requests=[[8000, 100], [64, 200], [0, 50]],
+            )
+            if full
+            else dict(
+                H_q=4,
+                Lkv=32,
+                P=16,
+                R=16,
+                V=16,
+                block_size=16,
+                workspace_size=32,
+                decode_threshold=1,
+                requests=[[50, 6], [3, 9], [0, 7]],
+            ),
+        ),
+    ]
+
+
 OPS = [
     Op(
         "concat_and_cache_mla",
@@ -810,6 +1173,9 @@ OPS = [
         picture=_concat_picture,
         doc="Write [kv_c | k_pe] into a paged cache (auto / fp8 per-tensor / fp8_ds_mla 656 B); slot -1 skipped "
         "(spec.paged_cache.concat_and_cache_mla)",
+        cases=_concat_and_cache_mla_cases,
+        generator=_concat_and_cache_mla_params,
+        spec=concat_and_cache_mla,
     ),
     Op(
         "gather_cache",
@@ -820,6 +1186,8 @@ OPS = [
         compare=_exact(("entries",), bits=True),
         doc="Gather each request's entries from seq_starts[b] into packed rows, bit for bit "
         "(spec.paged_cache.gather_cache)",
+        cases=_gather_cache_cases,
+        spec=gather_cache,
     ),
     Op(
         "slot_mapping_from_block_table",
@@ -829,6 +1197,8 @@ OPS = [
         outputs=("slot_mapping", "block_ids", "block_offsets"),
         compare=_exact(("slot_mapping", "block_ids", "block_offsets")),
         doc="slot = block_table[b, pos // P] * P + pos % P, padded with -1 (spec.paged_cache)",
+        cases=_slot_mapping_from_block_table_cases,
+        spec=slot_mapping_from_block_table,
     ),
     Op(
         "quantize",
@@ -840,6 +1210,8 @@ OPS = [
         picture=_quantize_picture,
         doc="Entries -> token records of a cache layout; judged after dequantization, scale bytes exact "
         "(spec.cache_layouts.quantize)",
+        cases=_quantize_cases,
+        spec=cl.quantize,
     ),
     Op(
         "dequantize",
@@ -850,6 +1222,8 @@ OPS = [
         compare=_dequantize_compare,
         doc="Token records -> entries; deterministic: the spec's value rounded once to the returned dtype "
         "(spec.cache_layouts.dequantize)",
+        cases=_dequantize_cases,
+        spec=cl.dequantize,
     ),
     Op(
         "write_pages",
@@ -861,6 +1235,8 @@ OPS = [
         picture=_write_pages_picture,
         doc="Quantize and place records in page blocks (V4 / V4.1: data rows, then scale rows) "
         "(spec.cache_layouts.write_pages)",
+        cases=_write_pages_cases,
+        spec=cl.write_pages,
     ),
     Op(
         "read_tokens",
@@ -870,6 +1246,8 @@ OPS = [
         outputs=("raw", "valid"),
         compare=_exact(("raw", "valid")),
         doc="Read records at slots out of page blocks, -1 invalid (spec.cache_layouts.read_tokens)",
+        cases=_read_tokens_cases,
+        spec=cl.read_tokens,
     ),
     Op(
         "chunked_prefill_attention",
@@ -879,6 +1257,18 @@ OPS = [
         picture=_chunked_picture,
         doc="Prefill attention with workspace-chunked context merged by LSE, then new tokens "
         "(spec.chunked_context.chunked_prefill_attention)",
+        cases=_chunked_prefill_attention_cases,
+        generator=_chunked_prefill_attention_params,
+    ),
+    Op(
+        "mla_mixed_batch",
+        _mixed_inputs,
+        _mixed_reference,
+        _mixed_bounds,
+        doc="One MLA step over a mixed batch from a paged cache: decodes (MTP too) through the absorbed form, "
+        "prefills through workspace-chunked context, outputs in token order (spec.chunked_context.mla_mixed_batch)",
+        cases=_mla_mixed_batch_cases,
+        spec=mla_mixed_batch,
     ),
     Op(
         "build_metadata",
@@ -888,6 +1278,8 @@ OPS = [
         outputs=META_FIELDS,
         compare=_exact(META_FIELDS),
         doc="CommonAttentionMetadata from a request list (spec.batch.build_metadata)",
+        cases=_build_metadata_cases,
+        spec=build_metadata,
     ),
     Op(
         "split_decodes_and_prefills",
@@ -897,6 +1289,7 @@ OPS = [
         outputs=SPLIT_FIELDS,
         compare=_exact(SPLIT_FIELDS),
         doc="Decode / prefill boundary of a reordered batch (spec.batch)",
+        cases=_split_decodes_and_prefills_cases,
     ),
     Op(
         "reorder_batch_to_split_decodes_and_prefills",
@@ -906,6 +1299,8 @@ OPS = [
         outputs=REORDER_FIELDS,
         compare=_exact(REORDER_FIELDS),
         doc="Decodes first: the seed's 2 regions or 0.33's 4 (spec.batch)",
+        cases=_reorder_batch_to_split_decodes_and_prefills_cases,
+        spec=reorder_batch_to_split_decodes_and_prefills,
     ),
     Op(
         "make_local_attention_virtual_batches",
@@ -915,13 +1310,7 @@ OPS = [
         outputs=LOCAL_FIELDS,
         compare=_exact(LOCAL_FIELDS),
         doc="Local attention as virtual requests, one per chunk (spec.batch)",
-    ),
-    Op(
-        "mla_mixed_batch",
-        _mixed_inputs,
-        _mixed_reference,
-        _mixed_bounds,
-        doc="One MLA step over a mixed batch from a paged cache: decodes (MTP too) through the absorbed form, "
-        "prefills through workspace-chunked context, outputs in token order (spec.chunked_context.mla_mixed_batch)",
+        cases=_make_local_attention_virtual_batches_cases,
+        spec=make_local_attention_virtual_batches,
     ),
 ]

@@ -56,6 +56,7 @@ from __future__ import annotations
 import math
 
 import torch
+from hypothesis import strategies as st
 
 from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.attention import attention, causal_mask
@@ -64,7 +65,7 @@ from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_dec
 
 from ..cases import Case
 from ..verdict import judge
-from .common import EPS32, Op, logit_error, randn, underflow_floor, unit_roundoff, worst_rows
+from .common import EPS32, LIMITS, Op, Scale, logit_error, randn, underflow_floor, unit_roundoff, worst_rows
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
@@ -551,6 +552,259 @@ def _v4_picture(kw, got, ref, ratios, *, title=""):
     return _draw(masks, rows, title)
 
 
+# -- the curated cases (named after the deployments they stand for) and the generated parameters ----------------
+def _sparse_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        # sparse MLA prefill (FlashMLA flash_mla_sparse_fwd): V3.2 top-2048 (tiny: 64), invalid sentinels, sinks.
+        # Full sizes keep S_q * K * H_q small: the float64 reference materialises the gathered keys per query head.
+        (
+            "v32-top2048",
+            dict(
+                S_q=3 if full else 4,
+                S_kv=ctx if full else 150,
+                H_q=64 if full else 8,
+                H_kv=1,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 64,
+            ),
+        ),
+        (
+            "topk-length-shorter",
+            dict(
+                S_q=8 if full else 5,
+                S_kv=ctx if full else 90,
+                H_q=16 if full else 8,
+                H_kv=1,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 32,
+                topk_length=True,
+            ),
+        ),
+        (
+            "empty-rows",
+            dict(
+                S_q=5,
+                S_kv=ctx if full else 60,
+                H_q=16 if full else 4,
+                H_kv=1,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 24,
+                topk_length=True,
+                empty=2,
+            ),
+        ),
+        (
+            "sink-finite",
+            dict(
+                S_q=4,
+                S_kv=ctx if full else 60,
+                H_q=16 if full else 4,
+                H_kv=1,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 24,
+                sink="finite",
+            ),
+        ),
+        (
+            "sink-inf-empty",
+            dict(
+                S_q=4,
+                S_kv=ctx if full else 60,
+                H_q=16 if full else 4,
+                H_kv=1,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 24,
+                sink="inf",
+                empty=1,
+            ),
+        ),
+        (
+            "v4-d512",
+            dict(
+                S_q=4,
+                S_kv=ctx if full else 50,
+                H_q=64 if full else 4,
+                H_kv=1,
+                D_qk=512,
+                D_v=512,
+                K=640 if full else 24,
+                topk_length=True,
+                sink="finite",
+            ),
+        ),
+    ]
+
+
+@st.composite
+def _sparse_prefill_params(draw) -> dict:
+    """FlashMLA's widths (576 / 512, or V4's 512 / 512) and one KV head; ``K <= S_kv - 2`` distinct keys per row
+    (rows 0 and ``S_kv - 1`` stay NaN), invalid sentinels at a drawn rate, optional ``topk_length``, empty rows
+    and sink."""
+    s_kv = draw(st.integers(3, LIMITS["S_kv"]))
+    d_qk = draw(st.sampled_from([576, 512]))
+    p = dict(
+        S_q=draw(st.integers(1, LIMITS["S_q"])),
+        S_kv=s_kv,
+        H_q=draw(st.integers(1, LIMITS["H_sparse"])),
+        H_kv=1,
+        D_qk=d_qk,
+        D_v=512,
+        K=draw(st.integers(1, min(LIMITS["K"], s_kv - 2))),
+        invalid=draw(st.sampled_from([0.0, 0.2, 0.5])),
+        topk_length=draw(st.booleans()),
+        empty=draw(st.integers(0, 2)),
+    )
+    sink = draw(st.sampled_from([None, "finite", "inf"]))
+    if sink is not None:
+        p["sink"] = sink
+    return p
+
+
+def _sparse_decode_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        # sparse MLA decode over a paged cache (flash_mla_with_kvcache with indices): V3.2 and V4 with extra cache
+        (
+            "v32-top2048",
+            dict(
+                B=2,
+                S_q=1,
+                S_kv=ctx if full else 150,
+                H_q=64 if full else 8,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 64,
+                P=64,
+                fp8_cache=True,
+            ),
+        ),
+        (
+            "v32-mtp2",
+            dict(
+                B=3,
+                S_q=2,
+                S_kv=ctx if full else 100,
+                H_q=32 if full else 4,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 32,
+                P=64,
+                short_request=True,
+                topk_length=True,
+            ),
+        ),
+        (
+            "topk-length-empty",
+            dict(
+                B=3,
+                S_q=1,
+                S_kv=ctx if full else 70,
+                H_q=16 if full else 4,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 24,
+                P=64,
+                topk_length=True,
+                empty=1,
+                sink="inf",
+            ),
+        ),
+        (
+            "v4-swa-c4a",
+            dict(
+                B=3,
+                S_q=1,
+                S_kv=ctx if full else 60,
+                H_q=64 if full else 4,
+                D_qk=512,
+                D_v=512,
+                P=64,
+                layer=4,
+                window=128 if full else 8,
+                P_extra=64,
+                K_extra=512 if full else 8,
+                sink="finite",
+                fp8_cache=True,
+            ),
+        ),
+        (
+            "v4-c128a-mtp2",
+            dict(
+                B=2,
+                S_q=2,
+                S_kv=8192 if full else 300,
+                H_q=64 if full else 4,
+                D_qk=512,
+                D_v=512,
+                P=64,
+                layer=128,
+                window=128 if full else 8,
+                P_extra=64,
+                K_extra=64 if full else 4,
+                sink="finite",
+                fp8_cache=True,
+            ),
+        ),
+    ]
+
+
+def _v4_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
+    full, ctx = scale
+    return [
+        # one DeepSeek V4 layer: sliding window (W = 128, tiny 8) over raw keys, plus compressed entries
+        (
+            "swaonly",
+            dict(
+                S_q=1,
+                S_kv=ctx + 37 if full else 37,
+                H_q=64 if full else 8,
+                D_qk=512,
+                D_v=512,
+                window=128 if full else 8,
+                layer=1,
+                sink="finite",
+            ),
+        ),
+        (
+            "c4a-mtp2",
+            dict(
+                S_q=2,
+                S_kv=ctx + 37 if full else 45,
+                H_q=64 if full else 8,
+                D_qk=512,
+                D_v=512,
+                window=128 if full else 8,
+                layer=4,
+                K=512 if full else 4,
+                sink="finite",
+            ),
+        ),
+        (
+            "c128a-mtp2",
+            dict(
+                S_q=2,
+                S_kv=ctx if full else 256,
+                H_q=64 if full else 8,
+                D_qk=512,
+                D_v=512,
+                window=128 if full else 8,
+                layer=128,
+                sink="inf",
+            ),
+        ),
+        (
+            "prefill-shorter-than-window",
+            dict(S_q=5, S_kv=5, H_q=8, D_qk=512, D_v=512, window=128 if full else 8, layer=1),
+        ),
+    ]
+
+
 OPS = [
     Op(
         "sparse_prefill",
@@ -564,6 +818,8 @@ OPS = [
         picture=_prefill_picture,
         doc="FlashMLA sparse prefill: -1 / out-of-range indices skipped, topk_length, sink, LSE +inf on empty rows "
         "(spec.sparse.sparse_prefill)",
+        cases=_sparse_prefill_cases,
+        generator=_sparse_prefill_params,
     ),
     Op(
         "sparse_decode",
@@ -574,6 +830,7 @@ OPS = [
         picture=_decode_picture,
         doc="FlashMLA sparse decode over a paged cache with global slots, topk_length per request, sink, V4 extra "
         "cache (spec.sparse.sparse_decode)",
+        cases=_sparse_decode_cases,
     ),
     Op(
         "v4_attention",
@@ -584,6 +841,8 @@ OPS = [
         picture=_v4_picture,
         doc="One DeepSeek V4 layer: window (p - W, p] plus c4a top-k / c128a compressed entries, one softmax "
         "(spec.sliding_window.v4_attention)",
+        cases=_v4_attention_cases,
+        spec=v4_attention,
     ),
 ]
 
