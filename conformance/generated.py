@@ -29,6 +29,7 @@ from .ops import LIMITS, OPS
 
 __all__ = ["GENERATED_OPS", "LIMITS", "case_strategy", "cases", "describe", "generated_ops", "repro_command"]
 
+
 def generated_ops() -> tuple[str, ...]:
     """The registered ops with a generator (``Op.generator``), in registry order."""
     return tuple(name for name, op in OPS.items() if op.generator is not None)
