@@ -16,7 +16,7 @@ corrupts the CUDA context (an illegal address) takes the process down with it, a
 reproducer, to rerun alone with ``--case``. After such an error the run stops, since every later launch would fail.
 
 The same run through the harness's CLI, with the HTML report:
-``mlaspec check --backend mlaspec.impl.backend:TritonBackend --scale full``. Exit status 1 when any case fails.
+``mlaspec check --backend triton --scale full``. Exit status 1 when any case fails.
 """
 
 from __future__ import annotations
@@ -88,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from mlaspec.conformance.backends.triton import TritonBackend
     from mlaspec.conformance.cases import curated_cases
     from mlaspec.conformance.report import environment
     from mlaspec.conformance.runner import run_case
 
-    from .backend import TritonBackend
     from .prefill import PrefillConfig
 
     tile = PrefillConfig(*map(int, args.prefill_config.split(","))) if args.prefill_config else None
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, case in enumerate(cases):
         if announce or case.name.startswith("hyp-"):  # the reproducer first: a crash must not take it along
             print(f"# case {case_json(case)}", flush=True)
-        r = run_case(backend, case, backend_name="mlaspec.impl.backend:TritonBackend", scale=args.scale, timeout=300.0)
+        r = run_case(backend, case, backend_name="triton", scale=args.scale, timeout=300.0)
         worst = max((m.value / (m.bound or 1) for m in r.metrics if m.name == "max_error/bound"), default=float("nan"))
         failed += r.verdict in ("fail", "error")
         print(f"{case.id:<48} {r.verdict:<7} {r.seconds or 0:8.3f}  {worst:17.3f}  {r.reason or ''}", flush=True)

@@ -26,11 +26,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlaspec.conformance.backends.triton import TritonBackend, interpreted
 from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.ops.common import attention_bounds, unit_roundoff
 from mlaspec.conformance.runner import run_case
 from mlaspec.impl import selfcheck
-from mlaspec.impl.backend import TritonBackend, interpreted
 from mlaspec.impl.decode import DecodeConfig, mla_decode_paged, num_splits_heuristic, page_cache
 from mlaspec.impl.merge import merge_attn_states
 from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen, prefill_config, split_head_dim

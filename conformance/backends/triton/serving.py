@@ -15,7 +15,7 @@ No op multiplies matrices, so bf16 cases run in the interpreter too.
 
 from __future__ import annotations
 
-from .cache import (
+from mlaspec.impl.cache import (
     CACHE_DTYPES,
     concat_and_cache_mla,
     dequantize_records,

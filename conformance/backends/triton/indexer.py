@@ -12,7 +12,7 @@ in the interpreter too.
 
 from __future__ import annotations
 
-from .indexer import indexer_logits, paged_indexer_logits, topk_indices
+from mlaspec.impl.indexer import indexer_logits, paged_indexer_logits, topk_indices
 
 __all__ = ["INDEXER_OPS", "TritonIndexer"]
 

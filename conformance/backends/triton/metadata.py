@@ -14,7 +14,7 @@ No op here multiplies matrices, so bf16 cases run in the interpreter too.
 
 from __future__ import annotations
 
-from .slot_mapping import slot_mapping_from_block_table
+from mlaspec.impl.slot_mapping import slot_mapping_from_block_table
 
 __all__ = ["HOST_SIDE", "METADATA_OPS", "TritonMetadata"]
 

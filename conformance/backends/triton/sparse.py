@@ -1,4 +1,5 @@
-"""The sparse ops of backend ``triton`` (a mixin of :class:`mlaspec.impl.backend.TritonBackend`).
+"""The sparse ops of backend ``triton`` (a mixin of
+:class:`mlaspec.conformance.backends.triton.TritonBackend`).
 
 Each method translates the harness's arguments to :func:`mlaspec.impl.sparse.sparse_mla` and back:
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .sparse import float_keys, quantize_keys, sparse_mla, sparse_mla_decode
+from mlaspec.impl.sparse import float_keys, quantize_keys, sparse_mla, sparse_mla_decode
 
 __all__ = ["SPARSE_OPS", "TritonSparse"]
 
