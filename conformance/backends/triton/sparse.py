@@ -12,8 +12,10 @@ Each method translates the harness's arguments to :func:`mlaspec.impl.sparse.spa
   slots ``block * P + offset`` are the cache's flat rows; ``topk_length [B]`` is repeated over each request's
   ``S_q`` queries; the V4 extra cache is the kernel's second index list; the slots are split across programs when
   the rows alone would not fill the GPU (merged by LSE).
-* ``v4_attention``: the sliding window ``(p - W, p]`` over ``raw_kv`` is the main index list and the compressed
-  entries the extra one (``topk_indices[i, :min((p + 1) // r, K)]`` as ``extra_topk_length``), as vLLM's V4 decode
+* ``v4_attention``: the sliding window ``(p - W, p]`` over ``raw_kv`` is the main index list (the spec's
+  :func:`mlaspec.spec.sliding_window.swa_indices_and_lens` over one page holding the request, its lengths as
+  ``topk_length``) and the compressed entries the extra one (``topk_indices[i, :min((p + 1) // r, K)]``, the count
+  from :func:`mlaspec.spec.sliding_window.num_visible_compressed`, as ``extra_topk_length``), as vLLM's V4 decode
   feeds FlashMLA (``vllm/models/deepseek_v4/attention/impl/flashmla.py``).
 
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from mlaspec.impl.sparse import float_keys, quantize_keys, sparse_mla, sparse_mla_decode
+from mlaspec.spec.sliding_window import num_visible_compressed, swa_indices_and_lens
 
 __all__ = ["SPARSE_OPS", "TritonSparse"]
 
@@ -135,23 +138,30 @@ class TritonSparse:
     ):
         dev = self.device
         s_q, s_kv = q.shape[0], raw_kv.shape[0]
-        pos = torch.arange(s_q, device=dev)[:, None] + (s_kv - s_q)  # the queries are the request's last positions
-        win = pos - window + 1 + torch.arange(window, device=dev)[None, :]  # (p - W, p]; < 0 is skipped
+        # the window (p - W, p] of the request's last s_q positions, by the spec's rule: raw_kv is one page, so the
+        # slots are its rows ([T, 1, W], -1 padded past each row's length)
+        swa = swa_indices_and_lens(
+            torch.tensor([0, s_q]),
+            torch.tensor([s_kv]),
+            torch.zeros(1, 1, dtype=torch.int64),
+            window=window,
+            block_size=max(s_kv, 1),
+        )
         kw = {}
         if compress_ratio > 1 and compressed_kv is not None and topk_indices is not None:
+            visible = num_visible_compressed(swa.positions, compress_ratio).clamp(max=topk_indices.shape[1])
             kw = dict(
                 extra=float_keys(compressed_kv.to(dev).contiguous()),
                 extra_indices=topk_indices.to(dev, torch.int32),
-                extra_topk_length=torch.clamp((pos[:, 0] + 1) // compress_ratio, max=topk_indices.shape[1]).to(
-                    torch.int32
-                ),
+                extra_topk_length=visible.to(dev, torch.int32),
             )
         res = sparse_mla(
             q.to(dev).contiguous(),
             float_keys(raw_kv.to(dev).contiguous()),
-            win.to(torch.int32),
+            swa.indices.to(dev),
             scale=scale,
             d_v=d_v,
+            topk_length=swa.lens.to(dev),
             attn_sink=None if attn_sink is None else attn_sink.to(dev),
             **kw,
         )
