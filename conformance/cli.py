@@ -6,8 +6,10 @@
     mlaspec report DIR
     mlaspec matrix --backends flashmla,deepgemm,flashinfer,vllm,torch_sdpa,torch,spec --scale full --out docs/matrix
 
-``check`` exits 1 when any case fails or errors, so it can gate a CI job. ``--op`` with ``--params`` runs one case
-that is not in the curated list (a generated case's reproducer: see :mod:`mlaspec.conformance.generated`).
+``check`` exits 1 when any case fails or errors, so it can gate a CI job. Every failure is printed as
+``FAILED <case id>: <reason>`` and the one command that reruns that case alone
+(:meth:`~mlaspec.conformance.cases.Case.repro`). ``--op`` with ``--params`` runs one case that is not in the curated
+list (a generated case's reproducer: see :mod:`mlaspec.conformance.generated`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def _check(args: argparse.Namespace) -> int:
     from .cases import case_by_id, curated_cases
     from .report import environment, summary_table, write_html
     from .runner import run_cases
+    from .verdict import format_failure
 
     backend = load_backend(args.backend)
     if args.params is not None or args.op is not None:
@@ -43,18 +46,15 @@ def _check(args: argparse.Namespace) -> int:
     def progress(i: int, r) -> None:
         print(f"[{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}", flush=True)
 
-    if args.params is not None:
-        results = _run_param_cases(backend, cases, args, out_dir, progress)
-    else:
-        results = run_cases(
-            backend,
-            cases,
-            backend_name=args.backend,
-            out_dir=out_dir,
-            scale=args.scale,
-            timeout=args.timeout,
-            on_result=progress,
-        )
+    results = run_cases(
+        backend,
+        cases,
+        backend_name=args.backend,
+        out_dir=out_dir,
+        scale=args.scale,
+        timeout=args.timeout,
+        on_result=progress,
+    )
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
     print()
     print(summary_table(results))
@@ -62,7 +62,7 @@ def _check(args: argparse.Namespace) -> int:
     print(f"report: {page}")
     failed = [r for r in results if r.verdict in ("fail", "error")]
     for r in failed:
-        print(f"FAILED {r.case_id}: {r.reason}\n  rerun: {r.repro}")
+        print(format_failure(r))
     return 1 if failed else 0
 
 
@@ -82,31 +82,6 @@ def _param_cases(args: argparse.Namespace) -> list:
     if not isinstance(params, dict):
         raise SystemExit(f"mlaspec check: --params must be a JSON object, got {args.params!r}")
     return [Case(args.op, args.name, dtype, params) for dtype in args.dtypes.split(",")]
-
-
-def _run_param_cases(backend, cases, args, out_dir: Path, progress) -> list:
-    """Like ``run_cases``, with each result's reproducer naming the parameters rather than a curated id."""
-    from .generated import repro_command
-    from .runner import run_case
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results = []
-    with open(out_dir / "results.jsonl", "w") as sink:
-        for i, case in enumerate(cases):
-            r = run_case(
-                backend,
-                case,
-                backend_name=args.backend,
-                scale=args.scale,
-                timeout=args.timeout,
-                figure_dir=out_dir / "figures",
-            )
-            r.repro = repro_command(args.backend, case)
-            results.append(r)
-            sink.write(json.dumps(r.to_json()) + "\n")
-            sink.flush()
-            progress(i, r)
-    return results
 
 
 def _backends(args: argparse.Namespace) -> int:

@@ -23,13 +23,7 @@ from .cases import Case
 from .ops import DTYPES, OPS, unit_roundoff
 from .verdict import Result, judge
 
-__all__ = ["repro_command", "run_case", "run_cases"]
-
-
-def repro_command(backend: str, case: Case, scale: str = "tiny") -> str:
-    """The one-line command that reruns only ``case``."""
-    extra = "" if scale == "tiny" else f" --scale {scale}"
-    return f"mlaspec check --backend {backend} --case '{case.id}'{extra}"
+__all__ = ["run_case", "run_cases"]
 
 
 class CaseTimeout(Exception):
@@ -74,8 +68,8 @@ def run_case(
     timeout: float | None = 60.0,
     figure_dir: Path | None = None,
 ) -> Result:
-    """Judge ``backend`` on ``case``."""
-    result = Result(case.id, case.op, case.dtype, "skip", repro=repro_command(backend_name, case, scale))
+    """Judge ``backend`` on ``case``; the result's ``repro`` is :meth:`Case.repro` of ``backend_name``."""
+    result = Result(case.id, case.op, case.dtype, "skip", repro=case.repro(backend_name, scale))
     reason = skip_reason(backend, case)
     if reason:
         result.reason = reason
