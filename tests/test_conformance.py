@@ -141,6 +141,37 @@ def test_format_failure_is_the_one_failure_line():
     assert format_failure(r).startswith("ERROR attention[mha-causal-bfloat16]: RuntimeError: boom\n  rerun: ")
 
 
+def test_cli_stops_when_the_cuda_context_is_lost(tmp_path, capsys, monkeypatch):
+    """After a case that breaks the CUDA context, every later launch would fail: the run stops and says so."""
+    from mlaspec.conformance import cli
+
+    monkeypatch.setattr(cli, "_cuda_broken", lambda: "AcceleratorError: CUDA error: an illegal memory access")
+    argv = ["check", "--backend", "spec", "--ops", "merge_attn_states", "--dtypes", "float32", "--generated", "2"]
+    assert main([*argv, "--report", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    n = len(curated_cases(dtypes=("float32",), ops=("merge_attn_states",))) + 2
+    assert "CUDA context lost after merge_attn_states[tp8-float32] (AcceleratorError: " in out
+    assert f"NOT RUN: {n - 1} of {n} cases" in out and "RUN   mlaspec" not in out  # no drawn case started
+    assert len(load_results(tmp_path)) == 1
+
+
+def test_cli_generated_cases_are_announced_before_they_run(tmp_path, capsys):
+    argv = ["check", "--backend", "spec", "--ops", "merge_attn_states", "--dtypes", "float32", "--generated", "3"]
+    assert main([*argv, "--seed", "5", "--report", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    runs = [i for i, line in enumerate(lines) if "] RUN   mlaspec check --backend spec --op merge_attn_states" in line]
+    assert runs and all(lines[i + 1].split("] ", 1)[0] == lines[i].split("] ", 1)[0] for i in runs)
+    results = load_results(tmp_path)
+    assert [r.repro for r in results if r.case_id.startswith("merge_attn_states[hyp-")] == [
+        lines[i].split("RUN   ", 1)[1] for i in runs
+    ]
+
+
+def test_cli_generated_does_not_go_with_params():
+    with pytest.raises(SystemExit, match="--generated"):
+        main(["check", "--op", "attention", "--params", "{}", "--generated", "1"])
+
+
 def test_projection_error_is_gamma_n_of_the_contracted_length():
     from mlaspec.conformance.ops.common import EPS32, gamma, projection_error
 

@@ -17,11 +17,18 @@ must be switched on (``TRITON_INTERPRET=1``) *before* :mod:`mlaspec.impl` is imp
 decides at decoration time; otherwise every case is skipped with that reason. The interpreter's ``tl.dot`` is
 wrong for bfloat16 (triton 3.9), so bf16 cases of the ops that multiply matrices are skipped there too.
 
+Environment: ``MLASPEC_TRITON_PREFILL_CONFIG=M,N,WARPS,STAGES`` (e.g. ``64,32,4,2``) overrides the tile of the
+varlen kernel (``attention``, ``mla_prefill``; :class:`mlaspec.impl.prefill.PrefillConfig`) for every case, where
+its heuristic (:func:`mlaspec.impl.prefill.prefill_config`) would choose one; the override shows in ``version``.
+An explicit ``prefill_config=`` argument wins over the variable.
+
 Built in as ``triton`` (``mlaspec check --backend triton``); the target is
 ``mlaspec.conformance.backends.triton:TritonBackend``.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -35,10 +42,26 @@ from .metadata import HOST_SIDE, METADATA_OPS, TritonMetadata
 from .serving import SERVING_OPS, TritonServing
 from .sparse import SPARSE_OPS, TritonSparse
 
-__all__ = ["TritonBackend", "interpreted"]
+__all__ = ["PREFILL_CONFIG_ENV", "TritonBackend", "interpreted", "prefill_config_from_env"]
+
+PREFILL_CONFIG_ENV = "MLASPEC_TRITON_PREFILL_CONFIG"
 
 # ops whose kernels multiply in the case dtype: the interpreter's bf16 tl.dot is wrong for them
 _DOT_OPS = (DENSE_OPS - {"merge_attn_states"}) | SPARSE_OPS | LAYER_OPS
+
+
+def prefill_config_from_env() -> PrefillConfig | None:
+    """The varlen kernel's tile from ``MLASPEC_TRITON_PREFILL_CONFIG=M,N,WARPS,STAGES`` (None when unset or empty)."""
+    text = os.environ.get(PREFILL_CONFIG_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        fields = [int(f) for f in text.split(",")]
+    except ValueError:
+        fields = []
+    if len(fields) != 4:
+        raise ValueError(f"{PREFILL_CONFIG_ENV} must be four integers M,N,WARPS,STAGES (e.g. 64,32,4,2), got {text!r}")
+    return PrefillConfig(*fields)
 
 
 class TritonBackend(TritonDense, TritonLayer, TritonSparse, TritonIndexer, TritonServing, TritonMetadata):
@@ -52,6 +75,11 @@ class TritonBackend(TritonDense, TritonLayer, TritonSparse, TritonIndexer, Trito
         if device is None:
             device = "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
         self.device = torch.device(device)
+        if prefill_config is None:
+            prefill_config = prefill_config_from_env()
+            if prefill_config is not None:
+                tile = ",".join(map(str, prefill_config))
+                self.version = f"{type(self).version}, prefill tile {tile} ({PREFILL_CONFIG_ENV})"
         self.prefill_config = prefill_config  # tile override of the varlen kernel (None: its heuristic)
 
     def unsupported(self, case) -> str | None:
