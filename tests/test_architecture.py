@@ -1,4 +1,4 @@
-"""The architecture as tests: which package may import which.
+"""The architecture as tests: which package may import which, and which packages a regular install ships.
 
 ``mlaspec`` is three packages, each a top-level folder (``pyproject.toml``: ``[tool.setuptools] package-dir``):
 ``spec`` (the definitions), ``impl`` (the Triton kernels and their host launchers, which implement the spec) and
@@ -294,3 +294,34 @@ def test_the_cycle_check_fails_on_a_cycle():
     assert find_cycle({("a", "b"), ("b", "c"), ("a", "c")}) is None
     del sources["spec/d.py"]
     assert cycle_violations(sources) == []
+
+
+# -- the packages a regular install ships -----------------------------------------------------------------------
+def shipped_mismatch(packages: list[str], package_dir: dict[str, str], root: Path) -> tuple[set[str], set[str]]:
+    """``(folders with an __init__.py not listed, listed packages with no such folder)``: a regular (non-editable)
+    install ships only the listed packages, from the folders ``package_dir`` maps them to."""
+    on_disk = set()
+    for package, folder in package_dir.items():
+        for init in (root / folder).rglob("__init__.py"):
+            on_disk.add(".".join((package, *init.parent.relative_to(root / folder).parts)))
+    return on_disk - set(packages), set(packages) - on_disk
+
+
+def test_every_package_folder_is_listed_in_pyproject_and_vice_versa():
+    unlisted, missing = shipped_mismatch(PYPROJECT["packages"], PYPROJECT["package-dir"], ROOT)
+    assert not unlisted, f"folders with an __init__.py not in pyproject's [tool.setuptools] packages: {unlisted}"
+    assert not missing, f"pyproject's [tool.setuptools] packages with no folder holding an __init__.py: {missing}"
+
+
+def test_the_shipped_check_fails_both_ways(tmp_path):
+    for folder in ("top", "top/sub", "top/data"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "top" / "__init__.py").write_text("")
+    (tmp_path / "top" / "sub" / "__init__.py").write_text("")
+    listed = ["mlaspec.top", "mlaspec.top.sub"]
+    assert shipped_mismatch(listed, {"mlaspec.top": "top"}, tmp_path) == (set(), set())
+    assert shipped_mismatch(listed[:1], {"mlaspec.top": "top"}, tmp_path) == ({"mlaspec.top.sub"}, set())
+    assert shipped_mismatch([*listed, "mlaspec.top.data"], {"mlaspec.top": "top"}, tmp_path) == (
+        set(),
+        {"mlaspec.top.data"},  # a folder without __init__.py is no package
+    )
