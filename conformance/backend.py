@@ -61,7 +61,7 @@ BUILTIN = {
     "spec": "mlaspec.conformance.backends.reference:SpecBackend",
     "torch": "mlaspec.conformance.backends.torch_eager:TorchBackend",
     "torch_sdpa": "mlaspec.conformance.backends.torch_sdpa:TorchSDPABackend",
-    "triton": "mlaspec.impl.backend:TritonBackend",
+    "triton": "mlaspec.conformance.backends.triton:TritonBackend",
     "flashmla": "mlaspec.conformance.backends.flashmla:FlashMLABackend",
     "deepgemm": "mlaspec.conformance.backends.deepgemm:DeepGEMMBackend",
     "flashinfer": "mlaspec.conformance.backends.flashinfer:FlashInferBackend",

@@ -1,13 +1,24 @@
 """``mlaspec``: check a backend against the spec and report.
 
     mlaspec check [--backend torch] [--ops attention,mla_decode] [--dtypes bfloat16] [--case ID] [--report DIR]
+    mlaspec check --backend triton --scale full --generated 50 --seed 0
     mlaspec check --backend torch --op attention --name hyp-3 --dtypes bfloat16 --params '{"B": 1, ...}'
     mlaspec backends
     mlaspec report DIR
     mlaspec matrix --backends flashmla,deepgemm,flashinfer,vllm,torch_sdpa,torch,spec --scale full --out docs/matrix
 
-``check`` exits 1 when any case fails or errors, so it can gate a CI job. ``--op`` with ``--params`` runs one case
-that is not in the curated list (a generated case's reproducer: see :mod:`mlaspec.conformance.generated`).
+``check`` exits 1 when any case fails or errors, so it can gate a CI job. Every failure is printed as
+``FAILED <case id>: <reason>`` and the one command that reruns that case alone
+(:meth:`~mlaspec.conformance.cases.Case.repro`).
+
+``--generated N`` adds, per op that has a case generator (:func:`mlaspec.conformance.generated.generated_ops`), ``N``
+cases drawn by hypothesis from a fixed seed (``--seed``, default 0): the same command draws the same cases again.
+``--op`` with ``--params`` runs one case that is not in the curated list (a generated case's reproducer).
+
+Before each generated or ``--params`` case runs, its reproducer is printed (``[ i/n] RUN   mlaspec check ...``): a
+kernel that corrupts the CUDA context (an illegal address) may take the process down with it, and then the last
+line is the command that reruns the culprit alone. When CUDA is available and its context no longer works after a
+case, the run stops there (every later launch would fail), says how many cases were not run, and exits 1.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -25,36 +36,58 @@ def _check(args: argparse.Namespace) -> int:
     from .cases import case_by_id, curated_cases
     from .report import environment, summary_table, write_html
     from .runner import run_cases
+    from .verdict import format_failure
 
     backend = load_backend(args.backend)
+    ops = tuple(args.ops.split(",")) if args.ops else None
+    dtypes = tuple(args.dtypes.split(","))
     if args.params is not None or args.op is not None:
+        if args.generated:
+            raise SystemExit("mlaspec check: --generated adds drawn cases to the curated ones, not to --params")
         cases = _param_cases(args)
-    elif args.case:
-        cases = [case_by_id(c, scale=args.scale) for c in args.case]
+        announced = 0  # every case is announced
     else:
-        ops = tuple(args.ops.split(",")) if args.ops else None
-        cases = curated_cases(scale=args.scale, dtypes=tuple(args.dtypes.split(",")), ops=ops)
+        if args.case:
+            cases = [case_by_id(c, scale=args.scale) for c in args.case]
+        else:
+            cases = curated_cases(scale=args.scale, dtypes=dtypes, ops=ops)
+        announced = len(cases)  # the curated ones are not announced, the generated ones after them are
+        if args.generated:
+            cases += _generated_cases(args.generated, dtypes, args.seed, ops)
     out_dir = Path(args.report)
     for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
         stale.unlink()
     env = environment()
     print(f"mlaspec check: backend {backend.name} ({backend.version}), {len(cases)} cases, report in {out_dir}/")
 
+    def announce(i: int, case) -> None:
+        if i >= announced:  # the reproducer first: a crash must not take it along
+            print(f"[{i + 1:>3}/{len(cases)}] RUN   {case.repro(args.backend, args.scale)}", flush=True)
+
     def progress(i: int, r) -> None:
         print(f"[{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}", flush=True)
 
-    if args.params is not None:
-        results = _run_param_cases(backend, cases, args, out_dir, progress)
-    else:
-        results = run_cases(
-            backend,
-            cases,
-            backend_name=args.backend,
-            out_dir=out_dir,
-            scale=args.scale,
-            timeout=args.timeout,
-            on_result=progress,
-        )
+    lost: list[str] = []
+
+    def context_lost(i: int, r) -> bool:
+        broken = _cuda_broken()
+        if broken:
+            not_run = len(cases) - i - 1
+            lost.append(f"CUDA context lost after {r.case_id} ({broken}); the {not_run} cases after it not run")
+            print(lost[0], flush=True)
+        return bool(broken)
+
+    results = run_cases(
+        backend,
+        cases,
+        backend_name=args.backend,
+        out_dir=out_dir,
+        scale=args.scale,
+        timeout=args.timeout,
+        on_result=progress,
+        before=announce,
+        stop=context_lost,
+    )
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
     print()
     print(summary_table(results))
@@ -62,8 +95,11 @@ def _check(args: argparse.Namespace) -> int:
     print(f"report: {page}")
     failed = [r for r in results if r.verdict in ("fail", "error")]
     for r in failed:
-        print(f"FAILED {r.case_id}: {r.reason}\n  rerun: {r.repro}")
-    return 1 if failed else 0
+        print(format_failure(r))
+    not_run = len(cases) - len(results)
+    if not_run:
+        print(f"NOT RUN: {not_run} of {len(cases)} cases ({lost[0] if lost else 'the run stopped early'})")
+    return 1 if failed or not_run else 0
 
 
 def _param_cases(args: argparse.Namespace) -> list:
@@ -84,29 +120,46 @@ def _param_cases(args: argparse.Namespace) -> list:
     return [Case(args.op, args.name, dtype, params) for dtype in args.dtypes.split(",")]
 
 
-def _run_param_cases(backend, cases, args, out_dir: Path, progress) -> list:
-    """Like ``run_cases``, with each result's reproducer naming the parameters rather than a curated id."""
-    from .generated import repro_command
-    from .runner import run_case
+def _generated_cases(n: int, dtypes: tuple[str, ...], seed: int, ops: tuple[str, ...] | None = None) -> list:
+    """Up to ``n`` hypothesis-drawn cases of each generated op (of ``ops``, when given), from the fixed ``seed``:
+    the same arguments draw the same cases, in the same order."""
+    try:
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import seed as hypothesis_seed
+    except ImportError:
+        raise SystemExit("mlaspec check: --generated draws cases with hypothesis (pip install hypothesis)") from None
+    from .generated import case_strategy, generated_ops
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results = []
-    with open(out_dir / "results.jsonl", "w") as sink:
-        for i, case in enumerate(cases):
-            r = run_case(
-                backend,
-                case,
-                backend_name=args.backend,
-                scale=args.scale,
-                timeout=args.timeout,
-                figure_dir=out_dir / "figures",
-            )
-            r.repro = repro_command(args.backend, case)
-            results.append(r)
-            sink.write(json.dumps(r.to_json()) + "\n")
-            sink.flush()
-            progress(i, r)
-    return results
+    drawn: list = []
+    for op in generated_ops():
+        if ops is not None and op not in ops:
+            continue
+
+        @hypothesis_seed(seed)
+        @settings(
+            max_examples=n, database=None, deadline=None, derandomize=False, suppress_health_check=list(HealthCheck)
+        )
+        @given(case_strategy(op, dtypes))
+        def draw(case):
+            drawn.append(case)
+
+        draw()
+    return drawn
+
+
+def _cuda_broken() -> str | None:
+    """The error when CUDA is available but its context no longer works (after an illegal address), else None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except Exception as exc:  # any CUDA error here means the context is gone
+        message = str(exc).strip()
+        return f"{type(exc).__name__}: {message.splitlines()[0] if message else ''}"
+    return None
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -159,7 +212,8 @@ def _matrix(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``mlaspec`` (its sub-commands and their options)."""
     parser = argparse.ArgumentParser(prog="mlaspec", description="Check an MLA backend against the mlaspec spec.")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="run the conformance cases on a backend")
@@ -173,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--op", help="with --params: the op of a case that is not curated")
     check.add_argument("--params", help="with --op: the case's sizes and flags as a JSON object")
     check.add_argument("--name", default="custom", help="with --params: the case name (it seeds the inputs)")
+    check.add_argument(
+        "--generated", type=int, default=0, metavar="N", help="add N hypothesis-drawn cases per generated op"
+    )
+    check.add_argument("--seed", type=int, default=0, help="hypothesis seed of the --generated cases (default: 0)")
     check.set_defaults(func=_check)
     sub.add_parser("backends", help="list registered backends").set_defaults(func=_backends)
     rep = sub.add_parser("report", help="rebuild the report from DIR/results*.jsonl")
@@ -195,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         help="lay this run over OUT/matrix.json and OUT/<backend>/results.jsonl case by case",
     )
     mat.set_defaults(func=_matrix)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     return args.func(args)
 
 

@@ -7,10 +7,12 @@ case runs in milliseconds on a CPU), a dtype, the causal flag, and for ``merge_a
 ``topk_indices`` prefill or decode rows with ties, ``concat_and_cache_mla`` every cache dtype with padding slots
 ``-1``. A case's inputs come from its seed, which is derived from its id, and the id carries a drawn
 ``name`` (``hyp-<n>``): the same drawn parameters always mean the same tensors, so a case found by hypothesis is
-rerun exactly by :func:`repro_command` (``mlaspec check --op OP --name NAME --dtypes D --params JSON``).
+rerun exactly by its :meth:`~mlaspec.conformance.cases.Case.repro` (``mlaspec check --op OP --name NAME --dtypes D
+--params JSON``).
 
-Hypothesis shrinks a failing case towards fewer batches, shorter sequences, fewer heads and narrower heads, and
-:func:`describe` prints the minimal one as a ``Case(...)`` literal plus that command.
+Hypothesis shrinks a failing case towards fewer batches, shorter sequences, fewer heads and narrower heads; the
+pytest plugin prints the minimal one as a ``Case(...)`` literal plus that command, and ``mlaspec check --generated
+N --seed S`` draws N cases per op from a fixed seed.
 
 Each op's strategy is its ``Op.generator`` (:mod:`mlaspec.conformance.ops`). Limits (``LIMITS``) keep each
 dimension small; the decode keeps DeepSeek's 576 / 512 widths, which a real MLA
@@ -19,15 +21,12 @@ kernel needs, and varies everything else.
 
 from __future__ import annotations
 
-import json
-import shlex
-
 from hypothesis import strategies as st
 
 from .cases import Case
 from .ops import LIMITS, OPS
 
-__all__ = ["GENERATED_OPS", "LIMITS", "case_strategy", "cases", "describe", "generated_ops", "repro_command"]
+__all__ = ["GENERATED_OPS", "LIMITS", "case_strategy", "cases", "generated_ops"]
 
 
 def generated_ops() -> tuple[str, ...]:
@@ -56,17 +55,3 @@ def case_strategy(op: str, dtypes: tuple[str, ...] = ("bfloat16", "float16")) ->
 def cases(ops: tuple[str, ...] = GENERATED_OPS, dtypes: tuple[str, ...] = ("bfloat16", "float16")):
     """Cases of any of ``ops``."""
     return st.one_of(*(case_strategy(op, dtypes) for op in ops))
-
-
-def repro_command(backend: str, case: Case) -> str:
-    """The one-line command that reruns exactly ``case`` (name, dtype and parameters)."""
-    params = json.dumps(case.params, sort_keys=True, separators=(",", ":"))
-    return (
-        f"mlaspec check --backend {shlex.quote(backend)} --op {case.op} --name {shlex.quote(case.name)} "
-        f"--dtypes {case.dtype} --params {shlex.quote(params)}"
-    )
-
-
-def describe(case: Case, backend: str) -> str:
-    """``Case(...)`` literal and the rerun command, as a failing generated case prints them."""
-    return f"{case!r}\n  rerun: {repro_command(backend, case)}"

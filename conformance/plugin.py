@@ -319,7 +319,9 @@ def assert_conforms(result) -> None:
     if result.verdict == "skip":
         pytest.skip(result.reason)
     if result.verdict in ("fail", "error"):
-        raise AssertionError(f"{result.case_id}: {result.verdict.upper()}: {result.reason}\n  rerun: {result.repro}")
+        from .verdict import format_failure
+
+        raise AssertionError(format_failure(result))
 
 
 def _properties(node, result) -> None:
@@ -372,9 +374,9 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
         from hypothesis.errors import Unsatisfiable
 
         from .backend import missing_op_reason, skip_reason
-        from .generated import case_strategy, describe, generated_ops, repro_command
+        from .generated import case_strategy, generated_ops
         from .runner import run_case
-        from .verdict import Result
+        from .verdict import Result, format_failure
 
         backend = mla_backend
         if op not in generated_ops():
@@ -388,11 +390,9 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
         skipped: list[str] = []
 
         def run(case, figure_dir=None):
-            result = run_case(
+            return run_case(
                 backend, case, backend_name=state.backend_name, timeout=state.timeout, figure_dir=figure_dir
             )
-            result.repro = repro_command(state.backend_name, case)
-            return result
 
         @seed(state.seed)
         @settings(
@@ -424,10 +424,7 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
             result = run(case, state.figure_dir) if state.report_dir is not None else last["result"]
             state.record(result)
             _properties(request.node, result)
-            raise AssertionError(
-                f"generated {op} case {result.verdict.upper()}: {last['result'].reason}\n"
-                f"  minimal case: {describe(case, state.backend_name)}"
-            ) from None
+            raise AssertionError(f"generated {op} case {format_failure(result)}\n  minimal case: {case!r}") from None
         summary = Result(
             f"{op}[generated]",
             op,

@@ -12,7 +12,7 @@ import json
 import platform
 from pathlib import Path
 
-from .verdict import Result
+from .verdict import Result, format_failure
 
 __all__ = ["environment", "load_results", "summary_table", "write_html"]
 
@@ -89,10 +89,22 @@ def _pictures(r: Result) -> str:
     return "".join(i for i in imgs if i)
 
 
+def _failure_markup(r: Result) -> str:
+    """The text of :func:`~mlaspec.conformance.verdict.format_failure`, escaped, the reproducer in
+    ``<code class="repro">``."""
+    text = html.escape(format_failure(r))
+    repro = html.escape(r.repro)
+    if not repro:
+        return text
+    head, _, tail = text.rpartition(repro)
+    return f'{head}<code class="repro">{repro}</code>{tail}'
+
+
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}.pass{color:#17752a}
 .fail,.error{color:#b00020;font-weight:bold}.skip{color:#777}code{background:#f5f5f5;padding:2px 4px}
-section{border-top:2px solid #b00020;margin-top:2em}img{max-width:100%}"""
+section{border-top:2px solid #b00020;margin-top:2em}img{max-width:100%}
+pre.failure{white-space:pre-wrap}"""
 
 
 def write_html(
@@ -122,8 +134,7 @@ def write_html(
         )
         failures.append(
             f'<section id="{esc(r.case_id)}"><h3>{esc(r.case_id)}: {r.verdict.upper()}</h3>'
-            f"<p>{esc(r.reason)}</p><ul>{metrics}</ul>"
-            f'<p>Reproduce: <code class="repro">{esc(r.repro)}</code></p>{_pictures(r)}</section>'
+            f'<pre class="failure">{_failure_markup(r)}</pre><ul>{metrics}</ul>{_pictures(r)}</section>'
         )
     counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mlaspec report: {esc(backend)}</title>

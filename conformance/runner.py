@@ -23,13 +23,7 @@ from .cases import Case
 from .ops import DTYPES, OPS, unit_roundoff
 from .verdict import Result, judge
 
-__all__ = ["repro_command", "run_case", "run_cases"]
-
-
-def repro_command(backend: str, case: Case, scale: str = "tiny") -> str:
-    """The one-line command that reruns only ``case``."""
-    extra = "" if scale == "tiny" else f" --scale {scale}"
-    return f"mlaspec check --backend {backend} --case '{case.id}'{extra}"
+__all__ = ["run_case", "run_cases"]
 
 
 class CaseTimeout(Exception):
@@ -74,8 +68,8 @@ def run_case(
     timeout: float | None = 60.0,
     figure_dir: Path | None = None,
 ) -> Result:
-    """Judge ``backend`` on ``case``."""
-    result = Result(case.id, case.op, case.dtype, "skip", repro=repro_command(backend_name, case, scale))
+    """Judge ``backend`` on ``case``; the result's ``repro`` is :meth:`Case.repro` of ``backend_name``."""
+    result = Result(case.id, case.op, case.dtype, "skip", repro=case.repro(backend_name, scale))
     reason = skip_reason(backend, case)
     if reason:
         result.reason = reason
@@ -150,8 +144,15 @@ def run_cases(
     scale: str = "tiny",
     timeout: float | None = 60.0,
     on_result: Callable[[int, Result], None] | None = None,
+    before: Callable[[int, Case], None] | None = None,
+    stop: Callable[[int, Result], bool] | None = None,
 ) -> list[Result]:
-    """Run every case; stream each verdict to ``out_dir/results.jsonl`` as it comes."""
+    """Run every case; stream each verdict to ``out_dir/results.jsonl`` as it comes.
+
+    ``before(i, case)`` is called before case ``i`` runs (``mlaspec check`` prints a reproducer there, so a case
+    that kills the process leaves it as the last line); after ``on_result(i, result)``, the run ends early when
+    ``stop(i, result)`` is true (a lost CUDA context, where every later launch would fail): fewer results than cases.
+    """
     results = []
     sink = None
     if out_dir is not None:
@@ -159,6 +160,8 @@ def run_cases(
         sink = open(out_dir / "results.jsonl", "w")  # noqa: SIM115 - kept open across cases, closed below
     try:
         for i, case in enumerate(cases):
+            if before is not None:
+                before(i, case)
             r = run_case(
                 backend,
                 case,
@@ -173,6 +176,8 @@ def run_cases(
                 sink.flush()
             if on_result is not None:
                 on_result(i, r)
+            if stop is not None and stop(i, r):
+                break
     finally:
         if sink is not None:
             sink.close()

@@ -1,7 +1,9 @@
 """Judging one backend output against the spec: ±inf/NaN positions exactly first, then every finite element
 against its own derived bound (:mod:`mlaspec.conformance.ops`).
 
-A verdict is a plain record that serialises to one JSON line, so a crashed run keeps what it judged.
+A verdict is a plain record that serialises to one JSON line, so a crashed run keeps what it judged;
+:func:`format_failure` is how a failing one reads wherever it is shown (``mlaspec check``, the pytest plugin, the
+HTML report).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-__all__ = ["Metric", "Result", "judge", "judge_exact"]
+__all__ = ["Metric", "Result", "format_failure", "judge", "judge_exact"]
 
 
 @dataclass
@@ -53,6 +55,13 @@ class Result:
     @classmethod
     def from_json(cls, d: dict) -> Result:
         return cls(**{**d, "metrics": [Metric(**m) for m in d.get("metrics", [])]})
+
+
+def format_failure(result: Result) -> str:
+    """A failing (or erroring) verdict as two lines: ``FAILED <case id>: <reason>`` (``ERROR`` for an error: the
+    backend raised, returned the wrong shape or type, or timed out) and ``  rerun: <the case's reproducer>``."""
+    word = "ERROR" if result.verdict == "error" else "FAILED"
+    return f"{word} {result.case_id}: {result.reason}\n  rerun: {result.repro}"
 
 
 def _nonfinite_mismatch(name: str, got: torch.Tensor, ref: torch.Tensor) -> str:

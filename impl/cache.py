@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from mlaspec.spec import cache_layouts as cl
-from mlaspec.spec._checks import Dims, finite_float, positive_int
+from mlaspec.spec.checks import Dims, finite_float, positive_int
 
 __all__ = [
     "CACHE_DTYPES",

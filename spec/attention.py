@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import BOOL, FLOAT, Dims, cu_seqlens, finite_float
+from .checks import BOOL, FLOAT, Dims, cu_seqlens, finite_float
 
 __all__ = ["AttentionOutput", "attention", "attention_varlen", "causal_mask"]
 

@@ -41,7 +41,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from ._checks import BOOL, INT, Dims, positive_int
+from .checks import BOOL, INT, Dims, positive_int
 
 __all__ = [
     "REGION_NAMES",

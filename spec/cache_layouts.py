@@ -78,7 +78,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import FLOAT, Dims, finite_float, positive_int
+from .checks import FLOAT, Dims, finite_float, positive_int
 
 __all__ = [
     "BF16",

@@ -38,9 +38,9 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from ._checks import FLOAT, INT, Dims, cu_seqlens, finite_float, positive_int
 from .attention import AttentionOutput
 from .batch import CommonAttentionMetadata, SplitCounts, split_decodes_and_prefills
+from .checks import FLOAT, INT, Dims, cu_seqlens, finite_float, positive_int
 from .forms import mla_absorbed, mla_mha
 from .merge import merge_attn_states
 

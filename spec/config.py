@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import positive_int
+from .checks import positive_int
 
 __all__ = ["MLAConfig", "MLAWeights", "YarnScaling", "make_weights", "yarn_get_mscale"]
 

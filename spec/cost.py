@@ -62,7 +62,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 import torch
 
-from ._checks import positive_int
+from .checks import positive_int
 from .config import MLAConfig
 
 __all__ = [

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import FLOAT, Dims
 from .attention import AttentionOutput, attention
+from .checks import FLOAT, Dims
 
 __all__ = ["absorb_query", "mla_absorbed", "mla_mha", "mqa_latent_attention", "unabsorb_output"]
 

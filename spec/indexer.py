@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import FLOAT, FP8, INT, Dims, cu_seqlens, positive_int
+from .checks import FLOAT, FP8, INT, Dims, cu_seqlens, positive_int
 
 __all__ = [
     "FP8_E4M3_MAX",

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import FLOAT, Dims
+from .checks import FLOAT, Dims
 
 __all__ = ["MergeOutput", "merge_attn_states", "merge_attn_states_n"]
 

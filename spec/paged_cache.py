@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 
 from . import cache_layouts
-from ._checks import FLOAT, INT, Dims, cu_seqlens, positive_int
+from .checks import FLOAT, INT, Dims, cu_seqlens, positive_int
 
 __all__ = [
     "GatheredCache",

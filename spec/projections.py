@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import FLOAT, INT, Dims
+from .checks import FLOAT, INT, Dims
 from .config import MLAConfig, MLAWeights
 from .rope import apply_rope
 

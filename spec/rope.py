@@ -36,7 +36,7 @@ from typing import Literal
 
 import torch
 
-from ._checks import FLOAT, INT, Dims
+from .checks import FLOAT, INT, Dims
 from .config import MLAConfig, yarn_get_mscale
 
 __all__ = ["apply_rope", "inv_freq", "rope_cos_sin"]

@@ -47,8 +47,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import FLOAT, INT, Dims, cu_seqlens, finite_float, positive_int
 from .attention import attention
+from .checks import FLOAT, INT, Dims, cu_seqlens, finite_float, positive_int
 
 __all__ = [
     "LAYER_KINDS",

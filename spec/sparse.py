@@ -57,8 +57,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import FLOAT, INT, Dims, finite_float, positive_int
 from .attention import attention
+from .checks import FLOAT, INT, Dims, finite_float, positive_int
 
 __all__ = [
     "SparseDecodeOutput",

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import FLOAT, INT, Dims, positive_int
+from .checks import FLOAT, INT, Dims, positive_int
 
 __all__ = ["TopK", "TopKAgreement", "topk_agreement", "topk_indices", "topk_valid_mask"]
 

@@ -7,10 +7,11 @@ import torch
 
 from mlaspec.conformance.backend import load_backend
 from mlaspec.conformance.backends.torch_eager import TorchBackend
-from mlaspec.conformance.cases import case_by_id, curated_cases
+from mlaspec.conformance.cases import Case, case_by_id, curated_cases
 from mlaspec.conformance.cli import main
 from mlaspec.conformance.report import load_results
 from mlaspec.conformance.runner import run_case, run_cases
+from mlaspec.conformance.verdict import Result, format_failure
 
 CASES = curated_cases(dtypes=("bfloat16",))
 
@@ -111,18 +112,64 @@ def test_load_backend_errors():
         case_by_id("attention[nope-bfloat16]")
 
 
-def test_every_package_folder_is_listed_in_pyproject():
-    # a regular (non-editable) install ships only the listed packages
-    import tomllib
-    from pathlib import Path
+def test_repro_names_a_curated_case_by_id_and_any_other_by_its_parameters():
+    case = case_by_id("attention[mha-causal-bfloat16]")
+    assert case.repro("torch") == "mlaspec check --backend torch --case 'attention[mha-causal-bfloat16]'"
+    full = case_by_id("mla_decode[v3-tp8-bfloat16]", scale="full")
+    assert (
+        full.repro("mod.x:B", "full")
+        == "mlaspec check --backend mod.x:B --case 'mla_decode[v3-tp8-bfloat16]' --scale full"
+    )
+    # the same id with other parameters (a tiny case at full scale, a --params case, a generated one) is not curated
+    assert "--params" in case_by_id("mla_decode[v3-tp8-bfloat16]").repro("torch", "full")
+    other = Case(case.op, case.name, case.dtype, {**case.params, "S_kv": 6})
+    assert other.repro("my backend") == (
+        "mlaspec check --backend 'my backend' --op attention --name mha-causal --dtypes bfloat16 --params "
+        """'{"B":2,"D_qk":24,"D_v":16,"H_kv":4,"H_q":4,"S_kv":6,"S_q":5,"causal":true}'"""
+    )
+    assert other.repro("torch", "full").endswith("}' --scale full")
 
-    root = Path(__file__).parents[1]
-    cfg = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(cfg["packages"])
-    for pkg, folder in cfg["package-dir"].items():
-        for init in (root / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(root / folder).parts
-            assert ".".join((pkg, *rel)) in listed, f"{init.parent} is not listed in pyproject packages"
+
+def test_format_failure_is_the_one_failure_line():
+    case = case_by_id("attention[mha-causal-bfloat16]")
+    r = Result(case.id, case.op, case.dtype, "fail", reason="out: max |error|/bound = 2", repro=case.repro("torch"))
+    assert format_failure(r) == (
+        "FAILED attention[mha-causal-bfloat16]: out: max |error|/bound = 2\n"
+        "  rerun: mlaspec check --backend torch --case 'attention[mha-causal-bfloat16]'"
+    )
+    r.verdict, r.reason = "error", "RuntimeError: boom"
+    assert format_failure(r).startswith("ERROR attention[mha-causal-bfloat16]: RuntimeError: boom\n  rerun: ")
+
+
+def test_cli_stops_when_the_cuda_context_is_lost(tmp_path, capsys, monkeypatch):
+    """After a case that breaks the CUDA context, every later launch would fail: the run stops and says so."""
+    from mlaspec.conformance import cli
+
+    monkeypatch.setattr(cli, "_cuda_broken", lambda: "AcceleratorError: CUDA error: an illegal memory access")
+    argv = ["check", "--backend", "spec", "--ops", "merge_attn_states", "--dtypes", "float32", "--generated", "2"]
+    assert main([*argv, "--report", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    n = len(curated_cases(dtypes=("float32",), ops=("merge_attn_states",))) + 2
+    assert "CUDA context lost after merge_attn_states[tp8-float32] (AcceleratorError: " in out
+    assert f"NOT RUN: {n - 1} of {n} cases" in out and "RUN   mlaspec" not in out  # no drawn case started
+    assert len(load_results(tmp_path)) == 1
+
+
+def test_cli_generated_cases_are_announced_before_they_run(tmp_path, capsys):
+    argv = ["check", "--backend", "spec", "--ops", "merge_attn_states", "--dtypes", "float32", "--generated", "3"]
+    assert main([*argv, "--seed", "5", "--report", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    runs = [i for i, line in enumerate(lines) if "] RUN   mlaspec check --backend spec --op merge_attn_states" in line]
+    assert runs and all(lines[i + 1].split("] ", 1)[0] == lines[i].split("] ", 1)[0] for i in runs)
+    results = load_results(tmp_path)
+    assert [r.repro for r in results if r.case_id.startswith("merge_attn_states[hyp-")] == [
+        lines[i].split("RUN   ", 1)[1] for i in runs
+    ]
+
+
+def test_cli_generated_does_not_go_with_params():
+    with pytest.raises(SystemExit, match="--generated"):
+        main(["check", "--op", "attention", "--params", "{}", "--generated", "1"])
 
 
 def test_projection_error_is_gamma_n_of_the_contracted_length():

@@ -23,10 +23,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlaspec.conformance.backends.triton import TritonBackend as TritonWithIndexer
 from mlaspec.conformance.cases import curated_cases
 from mlaspec.conformance.ops.indexer import logits_bound
 from mlaspec.conformance.runner import run_case
-from mlaspec.impl.backend import TritonBackend as TritonWithIndexer
 from mlaspec.impl.indexer import indexer_logits, paged_indexer_logits, topk_indices
 from mlaspec.spec import indexer as spec
 from mlaspec.spec.topk import topk_agreement

@@ -4,7 +4,7 @@
 ``TRITON_INTERPRET`` again while it runs, so this module sets ``TRITON_INTERPRET=1`` for its (xdist worker) process
 *before* importing ``mlaspec.impl``, and leaves it set. If another module of the same process imported the kernels
 compiled first, the module is skipped with that reason rather than run wrongly. bf16 is not tested here: the
-interpreter's ``tl.dot`` is wrong for bf16 (triton 3.9); ``python -m mlaspec.impl.selfcheck`` covers it on a GPU.
+interpreter's ``tl.dot`` is wrong for bf16 (triton 3.9); ``mlaspec check --backend triton`` covers it on a GPU.
 
 Budgets are the harness's (:func:`mlaspec.conformance.ops.common.attention_bounds`): derived from the fp32
 logit accumulation and the rounding of ``P`` and the output to the case dtype, per element.
@@ -12,6 +12,7 @@ logit accumulation and the rounding of ``P`` and the output to the case dtype, p
 
 import math
 import os
+import shlex
 import sys
 
 import pytest
@@ -26,11 +27,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlaspec.conformance import cli
+from mlaspec.conformance.backends.triton import TritonBackend, interpreted
 from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.ops.common import attention_bounds, unit_roundoff
 from mlaspec.conformance.runner import run_case
-from mlaspec.impl import selfcheck
-from mlaspec.impl.backend import TritonBackend, interpreted
 from mlaspec.impl.decode import DecodeConfig, mla_decode_paged, num_splits_heuristic, page_cache
 from mlaspec.impl.merge import merge_attn_states
 from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen, prefill_config, split_head_dim
@@ -238,7 +239,7 @@ def test_prefill_errors_name_the_limit():
         flash_attn_varlen(t[:, :, :8], t[:, :, :8].repeat(1, 2, 1)[:, :3], t[:, :, :8].repeat(1, 2, 1)[:, :3], cu, cu)
 
 
-# -- prefill at the GPU's tiles: the generated-case classes the H200 selfcheck failed on ------------------------------
+# -- prefill at the GPU's tiles: the generated-case classes the H200 self-check failed on ----------------------------
 # The H200 run (triton 3.6) failed attention[hyp-261-float16] and attention[hyp-83-float16] (unexpected NaN in out)
 # and attention[hyp-396-float16] (illegal address); their parameters were not printed and the draw was not seeded, so
 # these are the shape classes the curated cases never reach on a GPU: head dims split in three dots (33..40 = 32 + 16),
@@ -262,11 +263,12 @@ def test_attention_generated_classes_at_gpu_tiles(params, dtype, tile):
     assert r.verdict == "pass", f"{case!r} at {tile}: {r.verdict}: {r.reason}"
 
 
-# The seeded H200 run (`selfcheck --generated 120 --seed 0`, triton 3.6) failed these three, all fp16 with D_qk in
-# 33..40 (32 + 16 blocks) and a 16-wide v block: NaN at out[2, 0, 2, 2], error/bound 467 at out[0, 1, 0, 0], and an
-# illegal address. The interpreter computes them right (the kernel's masks are sound; the fault is in Triton 3.6's
-# Hopper code for these narrow, masked head dims, not yet worked around), so here they pin the shapes at the CPU tile
-# and at both GPU tiles; `selfcheck --case` reruns them on the GPU.
+# The seeded H200 run (`mlaspec check --backend triton --scale full --generated 120 --seed 0`, then run as `selfcheck`,
+# triton 3.6) failed these three, all fp16 with D_qk in 33..40 (32 + 16 blocks) and a 16-wide v block: NaN at
+# out[2, 0, 2, 2], error/bound 467 at out[0, 1, 0, 0], and an illegal address. The interpreter computes them right (the
+# kernel's masks are sound; the fault is in Triton 3.6's Hopper code for these narrow, masked head dims, not yet worked
+# around), so here they pin the shapes at the CPU tile and at both GPU tiles; each one's reproducer
+# (`mlaspec check --backend triton --op attention --name ... --params ...`) reruns it on the GPU.
 H200_SEED0_FAILURES = [
     ("hyp-376", dict(B=3, D_qk=35, D_v=3, H_kv=1, H_q=3, S_kv=17, S_q=2, causal=False)),
     ("hyp-379", dict(B=3, D_qk=35, D_v=5, H_kv=1, H_q=1, S_kv=20, S_q=2, causal=True)),
@@ -315,9 +317,9 @@ def test_prefill_config_and_out_are_checked():
 # -- fp32 up-projections: the harness's budget once lacked their accumulation error ------------------------------------
 # mla_prefill and chunked_prefill_attention materialise k_nope = kv_c W_UK and v = kv_c W_UV with an fp32 matmul. Where
 # the Lkv terms cancel, its accumulation error is far above one rounding of the result, which was all the budget
-# allowed: these failed at error/bound 1.2 (the reported reproducer) and 7.3, 37.8, 1.01, 1.26 (`selfcheck --dtypes
-# float32 --generated 200 --seed 0`; S_kv = 1 makes the output v itself). The budget now carries γ_Lkv |kv_c|.|W|
-# (conformance.ops.common.projection_error); a float64 projection passed them all along.
+# allowed: these failed at error/bound 1.2 (the reported reproducer) and 7.3, 37.8, 1.01, 1.26 (`mlaspec check --backend
+# triton --dtypes float32 --generated 200 --seed 0`, then `selfcheck`; S_kv = 1 makes the output v itself). The budget
+# now carries γ_Lkv |kv_c|.|W| (conformance.ops.common.projection_error); a float64 projection passed them all along.
 FP32_PROJECTION_CASES = [
     (
         "chunked_prefill_attention",
@@ -339,19 +341,54 @@ def test_fp32_up_projection_accumulation_is_budgeted(op, name, params):
     assert r.verdict == "pass", f"{op}[{name}] {params}: {r.verdict}: {r.reason}"
 
 
-# -- selfcheck: seeded draws, and the reproducer printed before the case runs ----------------------------------------
-def test_selfcheck_draws_are_seeded():
-    a, b = selfcheck._generated(3, ["float16"], seed=7), selfcheck._generated(3, ["float16"], seed=7)
+# -- mlaspec check --generated: seeded draws, and the reproducer printed before the case runs -------------------------
+def test_generated_draws_are_seeded():
+    a, b = cli._generated_cases(3, ("float16",), seed=7), cli._generated_cases(3, ("float16",), seed=7)
     assert [(c.id, c.params) for c in a] == [(c.id, c.params) for c in b]
 
 
-def test_selfcheck_prints_the_case_before_running_it(capsys):
+def test_check_prints_the_reproducer_before_running_the_case(tmp_path, capsys):
     case = Case("attention", "hyp-261", "float16", GENERATED_CLASSES[0])
-    assert selfcheck.main(["--scale", "tiny", "--case", selfcheck.case_json(case)]) == 0
+    argv = shlex.split(case.repro("triton"))[1:]
+    assert cli.main([*argv, "--report", str(tmp_path / "one")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    i = next(i for i, line in enumerate(lines) if line.startswith("# case "))
-    again = selfcheck._case_from_json(lines[i][len("# case ") :])
-    assert (again, again.params) == (case, case.params) and lines[i + 1].startswith(case.id)
+    i = next(i for i, line in enumerate(lines) if "RUN   mlaspec check" in line)
+    assert lines[i].split("RUN   ", 1)[1] == case.repro("triton") and lines[i + 1].endswith(f"PASS  {case.id}")
+    # the printed line reruns exactly that case
+    again = cli._param_cases(cli.parser().parse_args(shlex.split(lines[i].split("RUN   ", 1)[1])[1:]))
+    assert [(c, c.params) for c in again] == [(case, case.params)]
+
+
+def test_check_generated_announces_each_drawn_case_with_the_same_draws(tmp_path, capsys):
+    argv = ["check", "--backend", "triton", "--ops", "merge_attn_states", "--dtypes", "float32", "--generated", "2"]
+    runs = []
+    for k in range(2):
+        assert cli.main([*argv, "--seed", "3", "--report", str(tmp_path / str(k))]) == 0
+        runs.append([line for line in capsys.readouterr().out.splitlines() if "RUN   " in line])
+    curated = len(curated_cases(dtypes=("float32",), ops=("merge_attn_states",)))
+    drawn = cli._generated_cases(2, ("float32",), seed=3, ops=("merge_attn_states",))
+    assert runs[0] == runs[1] and len(runs[0]) == len(drawn) > 0  # only the drawn cases are announced
+    assert [line.split("RUN   ", 1)[1] for line in runs[0]] == [c.repro("triton") for c in drawn]
+    assert runs[0][0].startswith(f"[{curated + 1:>3}/{curated + len(drawn)}] RUN   ")
+
+
+def test_prefill_tile_from_the_environment(tmp_path, capsys, monkeypatch):
+    """``MLASPEC_TRITON_PREFILL_CONFIG=M,N,WARPS,STAGES`` (once selfcheck's ``--prefill-config``) pins the tile."""
+    monkeypatch.setenv("MLASPEC_TRITON_PREFILL_CONFIG", "64,32,8,2")
+    b = TritonBackend()
+    assert b.prefill_config == GPU_TILES[1]
+    assert b.version.endswith("prefill tile 64,32,8,2 (MLASPEC_TRITON_PREFILL_CONFIG)")
+    assert TritonBackend(prefill_config=GPU_TILES[0]).prefill_config == GPU_TILES[0]  # an argument wins
+    case = Case("attention", "hyp-261", "float16", GENERATED_CLASSES[0])
+    assert cli.main([*shlex.split(case.repro("triton"))[1:], "--report", str(tmp_path)]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("mlaspec check: backend triton (") and "prefill tile 64,32,8,2" in header
+    for bad in ("64,32", "64,32,8,x"):
+        monkeypatch.setenv("MLASPEC_TRITON_PREFILL_CONFIG", bad)
+        with pytest.raises(ValueError, match="MLASPEC_TRITON_PREFILL_CONFIG must be four integers"):
+            TritonBackend()
+    monkeypatch.delenv("MLASPEC_TRITON_PREFILL_CONFIG")
+    assert TritonBackend().prefill_config is None and TritonBackend().version == TritonBackend.version
 
 
 # -- merge_attn_states ------------------------------------------------------------------------------------------------

@@ -23,10 +23,10 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch
 
+from mlaspec.conformance.backends.triton import TritonBackend
+from mlaspec.conformance.backends.triton.layer import LAYER_OPS
 from mlaspec.conformance.cases import curated_cases
 from mlaspec.conformance.runner import run_case
-from mlaspec.impl.backend import TritonBackend
-from mlaspec.impl.backend_layer import LAYER_OPS
 from mlaspec.impl.decode import mla_decode_paged, page_cache
 from mlaspec.impl.layer import context_chunks, mla_mixed_batch_layer, split_decodes
 from mlaspec.impl.sparse import BlockTable, float_keys, fp8_keys, paged_decode, sparse_mla

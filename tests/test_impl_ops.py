@@ -24,14 +24,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlaspec.conformance.backend import missing_op_reason, skip_reason
+from mlaspec.conformance.backends.triton import TritonBackend
+from mlaspec.conformance.backends.triton.metadata import HOST_SIDE
 from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.ops import unit_roundoff
 from mlaspec.conformance.ops.dense import _absorbed_bounds
 from mlaspec.conformance.ops.serving import _chunked_bounds
 from mlaspec.conformance.runner import run_case
 from mlaspec.conformance.verdict import judge
-from mlaspec.impl.backend import TritonBackend
-from mlaspec.impl.backend_metadata import HOST_SIDE
 from mlaspec.impl.slot_mapping import slot_mapping_from_block_table
 from mlaspec.spec import paged_cache as spec_paged
 from mlaspec.spec.chunked_context import chunked_prefill_attention, plan_context_chunks

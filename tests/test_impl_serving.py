@@ -33,10 +33,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlaspec.conformance.backends.torch_serving import TorchServing
+from mlaspec.conformance.backends.triton import TritonBackend as TritonWithServing
 from mlaspec.conformance.cases import curated_cases
 from mlaspec.conformance.runner import run_case
 from mlaspec.impl import cache as kc
-from mlaspec.impl.backend import TritonBackend as TritonWithServing
 from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec import paged_cache as spec
 

@@ -23,12 +23,12 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch
 
+from mlaspec.conformance.backends.triton import TritonBackend
+from mlaspec.conformance.backends.triton.sparse import SPARSE_OPS
 from mlaspec.conformance.cases import curated_cases
 from mlaspec.conformance.ops.common import unit_roundoff
 from mlaspec.conformance.ops.sparse import gather_keys, sparse_bounds
 from mlaspec.conformance.runner import run_case
-from mlaspec.impl.backend import TritonBackend
-from mlaspec.impl.backend_sparse import SPARSE_OPS
 from mlaspec.impl.sparse import (
     SparseConfig,
     decode_splits,

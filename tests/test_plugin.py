@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from mlaspec.conformance.backends.torch_eager import TorchBackend
 from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.cli import main
-from mlaspec.conformance.generated import GENERATED_OPS, case_strategy, repro_command
+from mlaspec.conformance.generated import GENERATED_OPS, case_strategy
 from mlaspec.conformance.plugin import worker_device
 from mlaspec.conformance.report import environment, load_results
 from mlaspec.conformance.runner import run_case
@@ -203,10 +203,10 @@ def test_generated_cases_pass_on_the_torch_backend(case):
 @given(case=case_strategy("merge_attn_states", ("float16",)))
 def test_generated_reproducer_names_the_same_case(tmp_path_factory, case):
     out = tmp_path_factory.mktemp("repro")
-    argv = shlex.split(repro_command("spec", case))[1:] + ["--report", str(out)]
+    argv = shlex.split(case.repro("spec"))[1:] + ["--report", str(out)]
     assert main(argv) == 0
     [r] = load_results(out)
-    assert r.case_id == case.id and r.repro == repro_command("spec", case)
+    assert r.case_id == case.id and r.repro == case.repro("spec")
 
 
 def test_case_strategy_rejects_bad_arguments():

@@ -12,11 +12,10 @@ in the interpreter too.
 
 from __future__ import annotations
 
-from .indexer import indexer_logits, paged_indexer_logits, topk_indices
+from mlaspec.conformance.ops import implemented_ops
+from mlaspec.impl.indexer import indexer_logits, paged_indexer_logits, topk_indices
 
 __all__ = ["INDEXER_OPS", "TritonIndexer"]
-
-INDEXER_OPS = frozenset({"indexer_logits", "paged_indexer_logits", "topk_indices"})
 
 
 def _pow2(x: int, minimum: int = 1) -> bool:
@@ -69,3 +68,7 @@ class TritonIndexer:
             row_ends=None if row_ends is None else row_ends.to(dev),
             relative=relative,
         )
+
+
+INDEXER_OPS = implemented_ops(TritonIndexer)
+"""The ops this mixin has a method for."""

@@ -1,4 +1,5 @@
-"""Input validation shared by every spec function.
+"""The spec's shared validation helpers: the input checks every spec function makes, public so that the kernels'
+host launchers (:mod:`mlaspec.impl`) validate their arguments by the same rules and with the same messages.
 
 One rule for the whole spec: a malformed argument raises at the boundary, and the message names the argument,
 what was expected and what came. Shapes are checked against named dimensions (``B, S_q, S_kv, H_q, H_kv, D_qk,
@@ -15,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+__all__ = ["BOOL", "FLOAT", "FP8", "INT", "Dims", "cu_seqlens", "finite_float", "positive_int"]
 
 FLOAT = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

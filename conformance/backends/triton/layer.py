@@ -22,28 +22,20 @@ from __future__ import annotations
 
 import torch
 
+from mlaspec.conformance.ops import implemented_ops
+from mlaspec.impl.decode import mla_decode_paged, page_cache
+from mlaspec.impl.layer import chunked_prefill, mla_mixed_batch_layer
+from mlaspec.impl.sparse import fp8_keys, paged_decode
 from mlaspec.spec.chunked_context import ChunkPlan
 
-from . import decode as _decode
-from .decode import mla_decode_paged, page_cache
-from .layer import chunked_prefill, mla_mixed_batch_layer
-from .sparse import fp8_keys, paged_decode
+from .dense import interpreted
+from .dense import pow2_at_least_16 as _pow2_at_least_16
 
 __all__ = ["LAYER_OPS", "TritonLayer"]
 
-LAYER_OPS = frozenset({"mla_mixed_batch", "mla_decode_fp8", "chunked_prefill_attention"})
-
-
-def _interpreted() -> bool:
-    return type(_decode._mla_decode_split_kernel).__name__ == "InterpretedFunction"
-
-
-def _pow2_at_least_16(x: int) -> bool:
-    return x >= 16 and not x & (x - 1)
-
 
 def _bf16_in_interpreter(case) -> str | None:
-    if _interpreted() and case.dtype == "bfloat16":
+    if interpreted() and case.dtype == "bfloat16":
         return "the Triton interpreter's tl.dot is wrong for bfloat16 (triton 3.9): run bf16 on a GPU"
     return None
 
@@ -176,3 +168,7 @@ class TritonLayer:
                 chunk_width=plan.max_context_chunk,
             )
         )
+
+
+LAYER_OPS = implemented_ops(TritonLayer)
+"""The ops this mixin has a method for."""

@@ -1,4 +1,4 @@
-"""Backend ``triton``: the kernels of :mod:`mlaspec.impl` behind the conformance harness's protocol.
+"""The dense ops of backend ``triton`` (a mixin of :class:`mlaspec.conformance.backends.triton.TritonBackend`).
 
 Each method translates the harness's arguments (the spec function's, padded batch) to a kernel's interface and
 back:
@@ -17,35 +17,20 @@ back:
   when ``Lkv`` and ``R`` are powers of two >= 16 (DeepSeek's 512 + 64), else the varlen kernel as MQA (one KV head,
   ``v = kv_c``) when ``Lkv + R <= 256``; other widths are a named limit.
 * ``merge_attn_states``: :func:`mlaspec.impl.merge.merge_attn_states` directly.
-* the mixins: ``backend_layer`` (mixed batch, chunked prefill, fp8 decode), ``backend_sparse``, ``backend_indexer``,
-  ``backend_serving`` (cache ops), ``backend_metadata`` (the slot-mapping kernel; the host-side metadata ops are
-  named in ``not_implemented`` with the reason).
-
-Device: CUDA when available. Without a GPU the kernels run on CPU tensors through Triton's interpreter, which
-must be switched on (``TRITON_INTERPRET=1``) *before* :mod:`mlaspec.impl` is imported, since ``@triton.jit``
-decides at decoration time; otherwise every case is skipped with that reason. The interpreter's ``tl.dot`` is
-wrong for bfloat16 (triton 3.9), so bf16 cases of the ops that multiply matrices are skipped there too.
-
-Register with ``triton = "mlaspec.impl.backend:TritonBackend"`` in the ``mlaspec.backends`` entry-point group.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
 
-from . import decode as _decode
-from .backend_indexer import INDEXER_OPS, TritonIndexer
-from .backend_layer import LAYER_OPS, TritonLayer
-from .backend_metadata import HOST_SIDE, METADATA_OPS, TritonMetadata
-from .backend_serving import SERVING_OPS, TritonServing
-from .backend_sparse import SPARSE_OPS, TritonSparse
-from .decode import mla_decode_paged, page_cache
-from .layer import absorb_query, unabsorb_output
-from .merge import merge_attn_states as _merge
-from .prefill import PrefillConfig, flash_attn_varlen
+from mlaspec.conformance.ops import implemented_ops
+from mlaspec.impl import decode as _decode
+from mlaspec.impl.decode import mla_decode_paged, page_cache
+from mlaspec.impl.layer import absorb_query, unabsorb_output
+from mlaspec.impl.merge import merge_attn_states as _merge
+from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen
 
-__all__ = ["TritonBackend", "interpreted"]
+__all__ = ["DENSE_OPS", "TritonDense", "interpreted", "pow2_at_least_16"]
 
 
 def interpreted() -> bool:
@@ -53,49 +38,38 @@ def interpreted() -> bool:
     return type(_decode._mla_decode_split_kernel).__name__ == "InterpretedFunction"
 
 
-def _pow2_at_least_16(x: int) -> bool:
+def pow2_at_least_16(x: int) -> bool:
     return x >= 16 and not x & (x - 1)
 
 
 def _absorbed_by_decode(lkv: int, r: int) -> bool:
     """Whether the paged decode kernel takes entries of ``Lkv + R`` (it splits them into two power-of-two dots)."""
-    return _pow2_at_least_16(lkv) and _pow2_at_least_16(r)
+    return pow2_at_least_16(lkv) and pow2_at_least_16(r)
 
 
-DENSE_OPS = frozenset({"attention", "mla_decode", "mla_prefill", "mla_absorbed", "merge_attn_states"})
-# ops whose kernels multiply in the case dtype: the interpreter's bf16 tl.dot is wrong for them
-_DOT_OPS = (DENSE_OPS - {"merge_attn_states"}) | SPARSE_OPS | LAYER_OPS
+class TritonDense:
+    """Dense attention, the MLA decode / prefill / absorbed forms and the merge; expects ``self.device`` and
+    ``self.prefill_config`` (set by ``TritonBackend.__init__``)."""
 
-
-class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing, TritonMetadata):
-    name = "triton"
-    version = f"triton {triton.__version__}"
-    ops = DENSE_OPS | SPARSE_OPS | INDEXER_OPS | SERVING_OPS | LAYER_OPS | METADATA_OPS
-    not_implemented = HOST_SIDE  # left out on purpose, with the reason the harness shows in the skip
-    dtypes = frozenset({"bfloat16", "float16", "float32"})
-
-    def __init__(self, device: str | None = None, *, prefill_config: PrefillConfig | None = None):
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
-        self.device = torch.device(device)
-        self.prefill_config = prefill_config  # tile override of the varlen kernel (None: its heuristic)
+    device: torch.device
+    prefill_config: PrefillConfig | None
 
     # -- limits, named -------------------------------------------------------------------------------------------
-    def unsupported(self, case) -> str | None:
-        """Why a case cannot run here (None when it can)."""
+    def _unsupported_attention(self, case) -> str | None:
         p = case.params
-        if self.device.type != "cuda" and not interpreted():
-            return "no CUDA device, and TRITON_INTERPRET=1 was not set before mlaspec.impl was imported"
-        if interpreted() and case.dtype == "bfloat16" and case.op in _DOT_OPS:
-            return "the Triton interpreter's tl.dot is wrong for bfloat16 (triton 3.9): run bf16 on a GPU"
-        check = getattr(self, f"_unsupported_{case.op}", None)  # the mixins' named limits
-        if check is not None:
-            return check(case)
-        if case.op == "attention" and (p["D_qk"] > 256 or p["D_v"] > 256):
+        if p["D_qk"] > 256 or p["D_v"] > 256:
             return f"attention head dims must be <= 256, got D_qk={p['D_qk']}, D_v={p['D_v']}"
-        if case.op == "mla_decode" and not (_pow2_at_least_16(p["D_v"]) and _pow2_at_least_16(p["D_qk"] - p["D_v"])):
+        return None
+
+    def _unsupported_mla_decode(self, case) -> str | None:
+        p = case.params
+        if not (pow2_at_least_16(p["D_v"]) and pow2_at_least_16(p["D_qk"] - p["D_v"])):
             return f"mla_decode needs D_v and D_qk - D_v powers of two >= 16 (512 + 64), got {p['D_v']}, {p['D_qk']}"
-        if case.op == "mla_prefill" and (p["P"] + p["R"] > 256 or p["V"] > 256):
+        return None
+
+    def _unsupported_mla_prefill(self, case) -> str | None:
+        p = case.params
+        if p["P"] + p["R"] > 256 or p["V"] > 256:
             return f"mla_prefill head dims must be <= 256, got qk {p['P']} + {p['R']}, v {p['V']}"
         return None
 
@@ -173,3 +147,7 @@ class TritonBackend(TritonLayer, TritonSparse, TritonIndexer, TritonServing, Tri
     def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
         args = (t.to(self.device) for t in (prefix_output, prefix_lse, suffix_output, suffix_lse))
         return tuple(_merge(*args))
+
+
+DENSE_OPS = implemented_ops(TritonDense)
+"""The ops this mixin has a method for."""

@@ -15,7 +15,8 @@ No op multiplies matrices, so bf16 cases run in the interpreter too.
 
 from __future__ import annotations
 
-from .cache import (
+from mlaspec.conformance.ops import implemented_ops
+from mlaspec.impl.cache import (
     CACHE_DTYPES,
     concat_and_cache_mla,
     dequantize_records,
@@ -27,10 +28,6 @@ from .cache import (
 )
 
 __all__ = ["SERVING_OPS", "TritonServing"]
-
-SERVING_OPS = frozenset(
-    {"concat_and_cache_mla", "gather_cache", "quantize", "dequantize", "write_pages", "read_tokens"}
-)
 
 
 def _layout_limit(op: str, case) -> str | None:
@@ -110,3 +107,7 @@ class TritonServing:
 
     def read_tokens(self, pages, layout, block_size, slots):
         return read_tokens(pages.to(self.device), layout, block_size, slots.to(self.device))
+
+
+SERVING_OPS = implemented_ops(TritonServing)
+"""The ops this mixin has a method for."""

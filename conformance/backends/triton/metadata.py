@@ -14,11 +14,11 @@ No op here multiplies matrices, so bf16 cases run in the interpreter too.
 
 from __future__ import annotations
 
-from .slot_mapping import slot_mapping_from_block_table
+from mlaspec.conformance.ops import implemented_ops
+from mlaspec.impl.slot_mapping import slot_mapping_from_block_table
 
 __all__ = ["HOST_SIDE", "METADATA_OPS", "TritonMetadata"]
 
-METADATA_OPS = frozenset({"slot_mapping_from_block_table"})
 
 _HOST = "host-side batch metadata: vLLM builds it on the CPU; no Triton kernel to judge"
 HOST_SIDE = {
@@ -52,3 +52,7 @@ class TritonMetadata:
             pad_to=pad_to,
         )
         return tuple(out)
+
+
+METADATA_OPS = implemented_ops(TritonMetadata)
+"""The ops this mixin has a method for."""

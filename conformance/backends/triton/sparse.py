@@ -1,4 +1,5 @@
-"""The sparse ops of backend ``triton`` (a mixin of :class:`mlaspec.impl.backend.TritonBackend`).
+"""The sparse ops of backend ``triton`` (a mixin of
+:class:`mlaspec.conformance.backends.triton.TritonBackend`).
 
 Each method translates the harness's arguments to :func:`mlaspec.impl.sparse.sparse_mla` and back:
 
@@ -11,8 +12,10 @@ Each method translates the harness's arguments to :func:`mlaspec.impl.sparse.spa
   slots ``block * P + offset`` are the cache's flat rows; ``topk_length [B]`` is repeated over each request's
   ``S_q`` queries; the V4 extra cache is the kernel's second index list; the slots are split across programs when
   the rows alone would not fill the GPU (merged by LSE).
-* ``v4_attention``: the sliding window ``(p - W, p]`` over ``raw_kv`` is the main index list and the compressed
-  entries the extra one (``topk_indices[i, :min((p + 1) // r, K)]`` as ``extra_topk_length``), as vLLM's V4 decode
+* ``v4_attention``: the sliding window ``(p - W, p]`` over ``raw_kv`` is the main index list (the spec's
+  :func:`mlaspec.spec.sliding_window.swa_indices_and_lens` over one page holding the request, its lengths as
+  ``topk_length``) and the compressed entries the extra one (``topk_indices[i, :min((p + 1) // r, K)]``, the count
+  from :func:`mlaspec.spec.sliding_window.num_visible_compressed`, as ``extra_topk_length``), as vLLM's V4 decode
   feeds FlashMLA (``vllm/models/deepseek_v4/attention/impl/flashmla.py``).
 
 """
@@ -21,11 +24,11 @@ from __future__ import annotations
 
 import torch
 
-from .sparse import float_keys, quantize_keys, sparse_mla, sparse_mla_decode
+from mlaspec.conformance.ops import implemented_ops
+from mlaspec.impl.sparse import float_keys, quantize_keys, sparse_mla, sparse_mla_decode
+from mlaspec.spec.sliding_window import num_visible_compressed, swa_indices_and_lens
 
 __all__ = ["SPARSE_OPS", "TritonSparse"]
-
-SPARSE_OPS = frozenset({"sparse_prefill", "sparse_decode", "v4_attention"})
 
 
 def _dims_ok(d_qk: int, d_v: int) -> bool:
@@ -38,7 +41,6 @@ class TritonSparse:
     """Sparse MLA prefill / decode and one DeepSeek V4 layer on :mod:`mlaspec.impl.sparse`."""
 
     device: torch.device
-    sparse_ops = SPARSE_OPS
     sparse_fp8 = True  # read fp8-representable decode caches as FlashMLA's fp8 layout (False: case dtype)
 
     # -- limits, named -------------------------------------------------------------------------------------------
@@ -134,24 +136,35 @@ class TritonSparse:
     ):
         dev = self.device
         s_q, s_kv = q.shape[0], raw_kv.shape[0]
-        pos = torch.arange(s_q, device=dev)[:, None] + (s_kv - s_q)  # the queries are the request's last positions
-        win = pos - window + 1 + torch.arange(window, device=dev)[None, :]  # (p - W, p]; < 0 is skipped
+        # the window (p - W, p] of the request's last s_q positions, by the spec's rule: raw_kv is one page, so the
+        # slots are its rows ([T, 1, W], -1 padded past each row's length)
+        swa = swa_indices_and_lens(
+            torch.tensor([0, s_q]),
+            torch.tensor([s_kv]),
+            torch.zeros(1, 1, dtype=torch.int64),
+            window=window,
+            block_size=max(s_kv, 1),
+        )
         kw = {}
         if compress_ratio > 1 and compressed_kv is not None and topk_indices is not None:
+            visible = num_visible_compressed(swa.positions, compress_ratio).clamp(max=topk_indices.shape[1])
             kw = dict(
                 extra=float_keys(compressed_kv.to(dev).contiguous()),
                 extra_indices=topk_indices.to(dev, torch.int32),
-                extra_topk_length=torch.clamp((pos[:, 0] + 1) // compress_ratio, max=topk_indices.shape[1]).to(
-                    torch.int32
-                ),
+                extra_topk_length=visible.to(dev, torch.int32),
             )
         res = sparse_mla(
             q.to(dev).contiguous(),
             float_keys(raw_kv.to(dev).contiguous()),
-            win.to(torch.int32),
+            swa.indices.to(dev),
             scale=scale,
             d_v=d_v,
+            topk_length=swa.lens.to(dev),
             attn_sink=None if attn_sink is None else attn_sink.to(dev),
             **kw,
         )
         return res.out, res.lse
+
+
+SPARSE_OPS = implemented_ops(TritonSparse)
+"""The ops this mixin has a method for."""
