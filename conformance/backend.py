@@ -7,6 +7,8 @@ An adapter is any object with
 * ``dtypes: frozenset[str]``: the case dtypes it accepts (``"bfloat16"``, ``"float16"``, ``"float32"``);
 * optionally ``unsupported(case) -> str | None``: a reason to skip a case it cannot run (a head count, a page
   size, a top-k multiple...). A skip is reported with its reason, never counted as a pass;
+* optionally ``unavailable: str | None``: why no case can run on this machine (no GPU, a library missing), shown by
+  ``mlaspec backends``; every case then skips with it;
 * optionally ``not_implemented: Mapping[str, str]``: op name -> why the backend leaves that op out on purpose (e.g.
   host-side metadata that has no kernel); the skip of its cases says so after "does not implement";
 * one method per op, named after it, taking the op's keyword arguments (the spec function's) and returning the
@@ -47,6 +49,8 @@ def missing_op_reason(backend: Backend, op: str) -> str:
 
 def skip_reason(backend: Backend, case: Case) -> str | None:
     """Why ``backend`` cannot run ``case`` (None when it can)."""
+    if getattr(backend, "unavailable", None):
+        return str(backend.unavailable)
     if case.op not in backend.ops:
         return missing_op_reason(backend, case.op)
     if case.dtype not in backend.dtypes:

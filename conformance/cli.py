@@ -31,75 +31,137 @@ from pathlib import Path
 __all__ = ["main", "parser"]
 
 
-def _check(args: argparse.Namespace) -> int:
-    from .backend import load_backend
-    from .cases import case_by_id, curated_cases
-    from .report import environment, summary_table, write_html
-    from .runner import run_cases
-    from .verdict import format_failure
+class UsageError(Exception):
+    """A mistake on the command line: printed as one line, exit status 2."""
 
-    backend = load_backend(args.backend)
-    ops = tuple(args.ops.split(",")) if args.ops else None
-    dtypes = tuple(args.dtypes.split(","))
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_EMPTY = 0, 1, 2, 3
+
+
+def _load(name: str, *, isolated: bool, timeout: float | None):
+    """The backend ``name``, in a worker process (``isolated``) or in this one; a usage error when it cannot be
+    loaded."""
+    from .backend import load_backend
+    from .worker import WorkerBackend
+
+    try:
+        return WorkerBackend(name, timeout=timeout) if isolated else load_backend(name)
+    except Exception as exc:  # not importable, no such attribute, raises on construction
+        message = str(exc).splitlines()[0] if isolated else f"{type(exc).__name__}: {exc}"
+        message = message.removeprefix(f"backend {name!r} could not be loaded: ")
+        hint = ""
+        if ":" in name:
+            hint = (
+                " (a 'module:attr' backend must be importable: the current directory is on the path; elsewhere "
+                "install it or set PYTHONPATH)"
+            )
+        raise UsageError(f"backend {name!r} could not be loaded: {message}{hint}") from None
+
+
+def _names(text: str | None, known, what: str) -> tuple[str, ...] | None:
+    """``text`` split at commas, each checked against ``known`` (a usage error names the unknown ones)."""
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"unknown {what} {', '.join(map(repr, unknown)) or repr(text)}; known: {', '.join(known)}")
+    return names
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .cases import case_by_id, curated_cases
+    from .ops import DTYPES, OPS
+    from .report import environment, header_line, summary_table, write_html
+    from .runner import run_cases
+
+    ops = _names(args.ops, tuple(OPS), "op")
+    dtypes = _names(args.dtypes, tuple(DTYPES), "dtype")
     if args.params is not None or args.op is not None:
         if args.generated:
-            raise SystemExit("mlaspec check: --generated adds drawn cases to the curated ones, not to --params")
+            raise UsageError("--generated adds drawn cases to the curated ones, not to --params")
         cases = _param_cases(args)
         announced = 0  # every case is announced
     else:
         if args.case:
-            cases = [case_by_id(c, scale=args.scale) for c in args.case]
+            try:
+                cases = [case_by_id(c, scale=args.scale) for c in args.case]
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         else:
             cases = curated_cases(scale=args.scale, dtypes=dtypes, ops=ops)
         announced = len(cases)  # the curated ones are not announced, the generated ones after them are
         if args.generated:
             cases += _generated_cases(args.generated, dtypes, args.seed, ops)
-    out_dir = Path(args.report)
-    for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
-        stale.unlink()
-    env = environment()
-    print(f"mlaspec check: backend {backend.name} ({backend.version}), {len(cases)} cases, report in {out_dir}/")
+    backend = _load(args.backend, isolated=args.isolation == "process", timeout=args.timeout)
+    try:
+        out_dir = Path(args.report)
+        for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
+            stale.unlink()
+        env = environment()
+        print(f"mlaspec check: backend {backend.name} ({backend.version}), {len(cases)} cases, report in {out_dir}/")
 
-    def announce(i: int, case) -> None:
-        if i >= announced:  # the reproducer first: a crash must not take it along
-            print(f"[{i + 1:>3}/{len(cases)}] RUN   {case.repro(args.backend, args.scale)}", flush=True)
+        def announce(i: int, case) -> None:
+            if i >= announced:  # the reproducer first: a crash must not take it along
+                print(f"[{i + 1:>3}/{len(cases)}] RUN   {case.repro(args.backend, args.scale)}", flush=True)
 
-    def progress(i: int, r) -> None:
-        print(f"[{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}", flush=True)
+        def progress(i: int, r) -> None:
+            print(f"[{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}", flush=True)
 
-    lost: list[str] = []
+        lost: list[str] = []
 
-    def context_lost(i: int, r) -> bool:
-        broken = _cuda_broken()
-        if broken:
-            not_run = len(cases) - i - 1
-            lost.append(f"CUDA context lost after {r.case_id} ({broken}); the {not_run} cases after it not run")
-            print(lost[0], flush=True)
-        return bool(broken)
+        def context_lost(i: int, r) -> bool:
+            broken = None if args.isolation == "process" else _cuda_broken()  # a worker restarts with a new one
+            if broken:
+                not_run = len(cases) - i - 1
+                lost.append(f"CUDA context lost after {r.case_id} ({broken}); the {not_run} cases after it not run")
+                print(lost[0], flush=True)
+            return bool(broken)
 
-    results = run_cases(
-        backend,
-        cases,
-        backend_name=args.backend,
-        out_dir=out_dir,
-        scale=args.scale,
-        timeout=args.timeout,
-        on_result=progress,
-        before=announce,
-        stop=context_lost,
-    )
+        results = run_cases(
+            backend,
+            cases,
+            backend_name=args.backend,
+            out_dir=out_dir,
+            scale=args.scale,
+            timeout=args.timeout,
+            on_result=progress,
+            before=announce,
+            stop=context_lost,
+            header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
+        )
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
     print()
     print(summary_table(results))
     page = write_html(results, out_dir, backend=args.backend, version=backend.version, env=env)
     print(f"report: {page}")
-    failed = [r for r in results if r.verdict in ("fail", "error")]
+    return _verdict(results, [c.id for c in cases], allow_empty=args.allow_empty, why_not_run=lost)
+
+
+def _verdict(results: list, planned: list[str], *, allow_empty: bool, why_not_run: list[str] = ()) -> int:
+    """Print the failures, the cases that never ran, and say the exit status: 0 when every planned case passed or
+    was skipped with a reason and at least one ran; 1 on any fail / error / crash / timeout or a planned case with
+    no verdict; 3 when nothing was checked (no case, or every case skipped) unless ``allow_empty``."""
+    from .verdict import FAILED, format_failure
+
+    failed = [r for r in results if r.verdict in FAILED]
     for r in failed:
         print(format_failure(r))
-    not_run = len(cases) - len(results)
-    if not_run:
-        print(f"NOT RUN: {not_run} of {len(cases)} cases ({lost[0] if lost else 'the run stopped early'})")
-    return 1 if failed or not_run else 0
+    seen = {r.case_id for r in results}
+    missing = [c for c in planned if c not in seen]
+    if missing:
+        why = why_not_run[0] if why_not_run else "the run stopped before them"
+        shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+        print(f"NOT RUN: {len(missing)} of {len(planned)} planned cases have no verdict ({why}): {shown}")
+    if failed or missing:
+        return EXIT_FAILED
+    if not any(r.verdict == "pass" for r in results) and not allow_empty:
+        print("NOTHING CHECKED: no case ran (none selected, or every one skipped); --allow-empty accepts that")
+        return EXIT_EMPTY
+    return EXIT_OK
 
 
 def _param_cases(args: argparse.Namespace) -> list:
@@ -108,16 +170,23 @@ def _param_cases(args: argparse.Namespace) -> list:
     from .ops import OPS
 
     if args.op is None or args.params is None:
-        raise SystemExit("mlaspec check: --op and --params go together (--params '{\"B\": 1, ...}' --op attention)")
+        raise UsageError("--op and --params go together (--params '{\"B\": 1, ...}' --op attention)")
     if args.op not in OPS:
-        raise SystemExit(f"mlaspec check: --op must be one of {', '.join(OPS)}, got {args.op!r}")
+        raise UsageError(f"--op must be one of {', '.join(OPS)}, got {args.op!r}")
     try:
         params = json.loads(args.params)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"mlaspec check: --params is not valid JSON: {exc}") from None
+        raise UsageError(f"--params is not valid JSON: {exc}") from None
     if not isinstance(params, dict):
-        raise SystemExit(f"mlaspec check: --params must be a JSON object, got {args.params!r}")
-    return [Case(args.op, args.name, dtype, params) for dtype in args.dtypes.split(",")]
+        raise UsageError(f"--params must be a JSON object, got {args.params!r}")
+    cases = [Case(args.op, args.name, dtype, params) for dtype in args.dtypes.split(",")]
+    try:  # the harness builds these inputs too: parameters it cannot build from are the user's to fix
+        OPS[args.op].make_inputs(cases[0])
+    except KeyError as exc:
+        raise UsageError(f"--params lacks {exc} for op {args.op}") from None
+    except Exception as exc:
+        raise UsageError(f"--params cannot build a {args.op} case: {type(exc).__name__}: {exc}") from None
+    return cases
 
 
 def _generated_cases(n: int, dtypes: tuple[str, ...], seed: int, ops: tuple[str, ...] | None = None) -> list:
@@ -127,7 +196,7 @@ def _generated_cases(n: int, dtypes: tuple[str, ...], seed: int, ops: tuple[str,
         from hypothesis import HealthCheck, given, settings
         from hypothesis import seed as hypothesis_seed
     except ImportError:
-        raise SystemExit("mlaspec check: --generated draws cases with hypothesis (pip install hypothesis)") from None
+        raise UsageError("--generated draws cases with hypothesis (pip install hypothesis)") from None
     from .generated import case_strategy, generated_ops
 
     drawn: list = []
@@ -168,7 +237,11 @@ def _backends(args: argparse.Namespace) -> int:
     for name, target in sorted(available_backends().items()):
         try:
             b = load_backend(name)
-            status = f"usable ({b.version}); ops: {', '.join(sorted(b.ops))}"
+            why_not = getattr(b, "unavailable", None)
+            if why_not:
+                status = f"not usable here: {why_not}"
+            else:
+                status = f"usable ({b.version}); ops: {', '.join(sorted(b.ops))}"
         except Exception as exc:  # report, don't crash, on a broken or absent backend
             status = f"not usable: {type(exc).__name__}: {exc}"
         print(f"{name:<10} {target:<50} {status}")
@@ -176,16 +249,26 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import load_results, summary_table, write_html
+    """Rebuild the report of a run (whole, killed, or sharded) and say what it found; the exit status is
+    :func:`_verdict`'s over the planned cases of the run's header."""
+    from .report import load_run, summary_table, write_html
 
     out_dir = Path(args.dir)
-    results = load_results(out_dir)
+    try:
+        headers, results = load_run(out_dir)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
     env_file = out_dir / "environment.json"
     env = json.loads(env_file.read_text()) if env_file.exists() else {}
-    backend = env.pop("backend", "?")
+    backend = env.pop("backend", None) or next((h["backend"] for h in headers), "?")
+    version = env.pop("version", None) or next((h["version"] for h in headers), "")
+    env = env or next((h["environment"] for h in headers), {})
+    planned = list(dict.fromkeys(c for h in headers for c in h["planned"]))
+    of = f" of {len(planned)} planned cases" if planned else " (no header: the planned cases are unknown)"
+    print(f"mlaspec report: backend {backend} ({version}), {len(results)} verdicts{of}")
     print(summary_table(results))
-    print(f"report: {write_html(results, out_dir, backend=backend, version=env.pop('version', ''), env=env)}")
-    return 0
+    print(f"report: {write_html(results, out_dir, backend=backend, version=version, env=env)}")
+    return _verdict(results, planned or [r.case_id for r in results], allow_empty=True)
 
 
 def _matrix(args: argparse.Namespace) -> int:
@@ -231,6 +314,16 @@ def parser() -> argparse.ArgumentParser:
         "--generated", type=int, default=0, metavar="N", help="add N hypothesis-drawn cases per generated op"
     )
     check.add_argument("--seed", type=int, default=0, help="hypothesis seed of the --generated cases (default: 0)")
+    check.add_argument(
+        "--isolation",
+        choices=["process", "none"],
+        default="process",
+        help="process (default): the backend runs in a worker process, so a crash, exit or hang fails only its "
+        "case; none: in this process (for a debugger)",
+    )
+    check.add_argument(
+        "--allow-empty", action="store_true", help="exit 0 when nothing was checked (no case ran), instead of 3"
+    )
     check.set_defaults(func=_check)
     sub.add_parser("backends", help="list registered backends").set_defaults(func=_backends)
     rep = sub.add_parser("report", help="rebuild the report from DIR/results*.jsonl")
@@ -257,8 +350,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``mlaspec``; returns the exit status (0 all passed, 1 a failure or a case without a verdict, 2 a usage
+    error, 3 nothing checked)."""
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"mlaspec {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

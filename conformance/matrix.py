@@ -26,7 +26,7 @@ from .backend import available_backends, load_backend
 from .cases import curated_cases
 from .report import environment
 from .runner import run_cases
-from .verdict import Result
+from .verdict import FAILED, Result
 
 __all__ = ["KNOWN_BACKENDS", "matrix_markdown", "merge_matrix", "merge_results_jsonl", "run_matrix", "write_matrix"]
 
@@ -41,7 +41,7 @@ KNOWN_BACKENDS = {
     "vllm": "mlaspec.conformance.backends.vllm:VLLMBackend",
 }
 PACKAGES = ("torch", "triton", "flashinfer-python", "vllm", "deep_gemm", "flash_mla")
-MARK = {"pass": "✅", "fail": "❌", "error": "💥", "skip": "➖", "unavailable": "·"}
+MARK = {"pass": "✅", "fail": "❌", "error": "💥", "crash": "💥", "timeout": "💥", "skip": "➖", "unavailable": "·"}
 
 
 def _resolve(name: str) -> str:
@@ -174,6 +174,7 @@ def matrix_markdown(data: dict) -> str:
             lines.append(f"| `{n}` | not usable: {e['reason']} | | | | |")
             continue
         c = {v: sum(r["verdict"] == v for r in e["results"]) for v in ("pass", "fail", "error", "skip")}
+        c["error"] += sum(r["verdict"] in ("crash", "timeout") for r in e["results"])
         lines.append(f"| `{n}` | {e['version']} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} |")
     lines += [
         "",
@@ -195,7 +196,7 @@ def matrix_markdown(data: dict) -> str:
         lines += [f"### `{n}`", ""]
         for r in bad:
             reason = r["reason"].replace("|", "\\|").replace("\n", " ")
-            tail = f" — rerun: `{r['repro']}`" if r["verdict"] in ("fail", "error") else ""
+            tail = f" — rerun: `{r['repro']}`" if r["verdict"] in FAILED else ""
             lines.append(f"- {MARK[r['verdict']]} `{r['case_id']}`: {reason}{tail}")
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -223,10 +224,14 @@ def merge_matrix(old: dict, new: dict) -> dict:
 def merge_results_jsonl(path: Path, old_lines: list[str]) -> None:
     """Put back into a backend's ``results.jsonl`` the lines of ``old_lines`` whose case this run did not redo."""
     path = Path(path)
-    new_lines = path.read_text().splitlines() if path.exists() else []
-    ran = {json.loads(line)["case_id"] for line in new_lines if line.strip()}
-    kept = [line for line in old_lines if line.strip() and json.loads(line)["case_id"] not in ran]
-    path.write_text("".join(line + "\n" for line in kept + new_lines))
+    new = [
+        (line, json.loads(line)) for line in (path.read_text().splitlines() if path.exists() else []) if line.strip()
+    ]
+    header = [line for line, d in new if "case_id" not in d]  # this run's header stays first
+    ran = {d["case_id"] for _, d in new if "case_id" in d}
+    old = [(line, json.loads(line)) for line in old_lines if line.strip()]
+    kept = [line for line, d in old if "case_id" in d and d["case_id"] not in ran]
+    path.write_text("".join(line + "\n" for line in header + kept + [line for line, d in new if "case_id" in d]))
 
 
 def write_matrix(data: dict, out_dir: Path, *, merge: bool = False) -> tuple[Path, Path]:

@@ -79,6 +79,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--mla-examples", metavar="N", type=int, default=20, help="hypothesis-generated cases per op (default: 20)"
     )
     group.addoption(
+        "--mla-isolation",
+        choices=("process", "none"),
+        default="process",
+        help="process (default): the backend runs in a worker process (one per pytest-xdist worker), so a crash, "
+        "an exit or a hang fails only its case; none: in the test process",
+    )
+    group.addoption(
         "--mla-seed",
         metavar="S",
         type=int,
@@ -104,6 +111,8 @@ class _State:
     examples: int
     seed: int
     worker: str | None  # pytest-xdist worker id ("gw0"), None in the controller or without xdist
+    isolation: str = "process"
+    planned: list[str] = field(default_factory=list)
     markers_registered: bool = False
     _backend: Any = None
     _load_error: str | None = None
@@ -129,6 +138,7 @@ class _State:
             opt("mla_examples"),
             opt("mla_seed"),
             worker,
+            opt("mla_isolation"),
         )
 
     @property
@@ -140,13 +150,17 @@ class _State:
         __tracebackhide__ = True
         if self._backend is None and self._load_error is None:
             from .backend import load_backend
+            from .worker import WorkerBackend
 
             try:
-                self._backend = load_backend(self.backend_name)
+                if self.isolation == "process":
+                    self._backend = WorkerBackend(self.backend_name, timeout=self.timeout)
+                else:
+                    self._backend = load_backend(self.backend_name)
             except Exception as exc:  # any import or construction failure is the user's to see
-                self._load_error = (
-                    f"mlaspec: backend {self.backend_name!r} could not be loaded: {type(exc).__name__}: {exc}"
-                )
+                message = str(exc) if self.isolation == "process" else f"{type(exc).__name__}: {exc}"
+                prefix = f"backend {self.backend_name!r} could not be loaded: "
+                self._load_error = f"mlaspec: {prefix}{message.removeprefix(prefix)}"
         if self._load_error:
             pytest.fail(self._load_error, pytrace=False)
         return self._backend
@@ -159,6 +173,10 @@ class _State:
             self.report_dir.mkdir(parents=True, exist_ok=True)
             name = f"results-{self.worker}.jsonl" if self.worker else "results.jsonl"
             self._sink = open(self.report_dir / name, "w")  # noqa: SIM115 - closed at session finish
+            from .report import environment, header_line
+
+            backend = self.backend()
+            self._sink.write(header_line(self.backend_name, backend.version, environment(), self.planned) + "\n")
         self._sink.write(json.dumps(result.to_json()) + "\n")
         self._sink.flush()
 
@@ -166,6 +184,8 @@ class _State:
         if self._sink is not None:
             self._sink.close()
             self._sink = None
+        if self._backend is not None and hasattr(self._backend, "close"):
+            self._backend.close()
 
 
 _KEY = pytest.StashKey[_State]()
@@ -217,6 +237,13 @@ def pytest_configure(config: pytest.Config) -> None:
             torch.cuda.set_device(torch.device(device))
     if state.backend_name is None:
         return  # not in use: options only
+    if state.worker is None:  # the controller, or a run without xdist: a backend that cannot load is one usage error
+        try:
+            backend = state.backend()
+        except BaseException as exc:  # pytest.fail's exception carries the reason
+            raise pytest.UsageError(str(getattr(exc, "msg", exc))) from None
+        if getattr(config.option, "numprocesses", None) and hasattr(backend, "close"):
+            backend.close()  # xdist's workers run the cases, each with a worker of its own
     _register_markers(config)
     if state.report_dir is not None and state.worker is None and state.report_dir.is_dir():
         for stale in state.report_dir.glob("results*.jsonl"):  # this run's verdicts only
@@ -246,7 +273,15 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     state = config.stash.get(_KEY, None)
-    if state is None or state.backend_name is not None:
+    if state is None:
+        return
+    if state.backend_name is not None:  # the cases this run plans: the results file's header names them
+        for item in items:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            if "mla_case" in params:
+                state.planned.append(params["mla_case"].id)
+            elif "mla_op" in params:
+                state.planned.append(f"{params['mla_op']}[generated]")
         return
     if any("mla_backend" in getattr(item, "fixturenames", ()) for item in items):
         raise pytest.UsageError(_missing_backend())
@@ -318,7 +353,7 @@ def assert_conforms(result) -> None:
     __tracebackhide__ = True
     if result.verdict == "skip":
         pytest.skip(result.reason)
-    if result.verdict in ("fail", "error"):
+    if result.verdict != "pass":  # fail, error, crash, timeout
         from .verdict import format_failure
 
         raise AssertionError(format_failure(result))
@@ -376,7 +411,7 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
         from .backend import missing_op_reason, skip_reason
         from .generated import case_strategy, generated_ops
         from .runner import run_case
-        from .verdict import Result, format_failure
+        from .verdict import FAILED, Result, format_failure
 
         backend = mla_backend
         if op not in generated_ops():
@@ -411,7 +446,7 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
             assume(reason is None)
             last["case"], last["n"] = case, last.get("n", 0) + 1
             result = last["result"] = run(case)
-            if result.verdict in ("fail", "error"):
+            if result.verdict in FAILED:
                 raise AssertionError(f"{result.verdict.upper()}: {result.reason}")
 
         try:

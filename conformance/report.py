@@ -10,11 +10,21 @@ import base64
 import html
 import json
 import platform
+import warnings
 from pathlib import Path
 
-from .verdict import Result, format_failure
+from .verdict import FAILED, Result, format_failure
 
-__all__ = ["environment", "load_results", "summary_table", "write_html"]
+__all__ = [
+    "HEADER",
+    "environment",
+    "header_line",
+    "load_results",
+    "load_run",
+    "read_jsonl",
+    "summary_table",
+    "write_html",
+]
 
 
 def environment() -> dict[str, str]:
@@ -40,17 +50,58 @@ def _curated_rank() -> dict[str, int]:
     return {c.id: i for i, c in enumerate(curated_cases(dtypes=("bfloat16", "float16", "float32")))}
 
 
-def load_results(out_dir: Path) -> list[Result]:
-    """The verdicts in ``out_dir/results.jsonl``, or merged from every ``results*.jsonl`` there (one per pytest-xdist
-    worker: ``results-gw0.jsonl``, ...) in the curated order, generated cases after the curated ones."""
+HEADER = "mlaspec_run"
+"""The key of a results file's first line: ``{"mlaspec_run": {"backend", "version", "environment", "planned"}}``,
+written before any case runs, so a run that dies still says what it was asked to do."""
+
+
+def header_line(backend: str, version: str, env: dict, planned: list[str]) -> str:
+    """The first line of a ``results.jsonl``: the backend, its version, the environment and the planned case ids."""
+    return json.dumps({HEADER: dict(backend=backend, version=version, environment=env, planned=planned)})
+
+
+def read_jsonl(path: Path) -> tuple[dict | None, list[dict]]:
+    """``(header, verdict records)`` of one results file. A line that is not complete JSON (the last line of a run
+    killed while writing it) is skipped with a warning; a file written before headers existed has none."""
+    header, records = None, []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            warnings.warn(
+                f"{path}:{n}: skipped a line that is not complete JSON (a run killed mid-line?)", stacklevel=2
+            )
+            continue
+        if HEADER in record:
+            header = record[HEADER]
+        else:
+            records.append(record)
+    return header, records
+
+
+def load_run(out_dir: Path) -> tuple[list[dict], list[Result]]:
+    """The headers and the verdicts in ``out_dir/results.jsonl``, or merged from every ``results*.jsonl`` there (one
+    per pytest-xdist worker: ``results-gw0.jsonl``, ...) in the curated order, generated cases after the curated
+    ones."""
     files = sorted(Path(out_dir).glob("results*.jsonl"))
     if not files:
         raise FileNotFoundError(f"no results.jsonl (or results-<worker>.jsonl) in {out_dir}")
-    results = [Result.from_json(json.loads(line)) for f in files for line in f.read_text().splitlines() if line.strip()]
+    headers, results = [], []
+    for f in files:
+        header, records = read_jsonl(f)
+        headers += [header] if header else []
+        results += [Result.from_json(r) for r in records]
     if len(files) > 1:
         rank = _curated_rank()
         results.sort(key=lambda r: rank.get(r.case_id, len(rank)))  # stable: generated cases keep their order
-    return results
+    return headers, results
+
+
+def load_results(out_dir: Path) -> list[Result]:
+    """The verdicts of :func:`load_run`."""
+    return load_run(out_dir)[1]
 
 
 def _worst(r: Result) -> tuple[str, str]:
@@ -69,10 +120,19 @@ def summary_table(results: list[Result]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
     lines.append("")
-    lines.append(", ".join(f"{n} {v}ed" if v in ("pass", "fail", "skip") else f"{n} {v}s" for v, n in counts.items()))
-    return "\n".join(lines).replace("skiped", "skipped").replace("passed", "passed")
+    lines.append(verdict_counts(results))
+    return "\n".join(lines)
+
+
+_COUNTED = {"pass": "passed", "fail": "failed", "error": "errors", "crash": "crashed", "timeout": "timed out"}
+
+
+def verdict_counts(results: list[Result]) -> str:
+    """``"3 passed, 1 failed, 0 errors, 2 skipped"`` (crashes and timeouts named only when there are some)."""
+    shown = [v for v in _COUNTED if v in ("pass", "fail", "error") or any(r.verdict == v for r in results)]
+    counts = [f"{sum(r.verdict == v for r in results)} {_COUNTED[v]}" for v in shown]
+    return ", ".join([*counts, f"{sum(r.verdict == 'skip' for r in results)} skipped"])
 
 
 def _img(path: str, alt: str = "error heat map") -> str:
@@ -120,14 +180,14 @@ def write_html(
     rows = []
     for r in results:
         worst, bound = _worst(r)
-        link = f'<a href="#{esc(r.case_id)}">{esc(r.case_id)}</a>' if r.verdict in ("fail", "error") else esc(r.case_id)
+        link = f'<a href="#{esc(r.case_id)}">{esc(r.case_id)}</a>' if r.verdict in FAILED else esc(r.case_id)
         rows.append(
             f"<tr><td>{esc(r.op)}</td><td>{link}</td><td>{esc(worst)}</td><td>{bound}</td>"
             f'<td class="{r.verdict}">{r.verdict.upper()}</td><td>{esc(r.reason)}</td></tr>'
         )
     failures = []
     for r in results:
-        if r.verdict not in ("fail", "error"):
+        if r.verdict not in FAILED:
             continue
         metrics = "".join(
             f"<li>{esc(m.output)} {esc(m.name)} = {m.value:.4g} (bound {m.bound:.4g})</li>" for m in r.metrics
@@ -137,6 +197,7 @@ def write_html(
             f'<pre class="failure">{_failure_markup(r)}</pre><ul>{metrics}</ul>{_pictures(r)}</section>'
         )
     counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
+    counts["error"] += sum(r.verdict in ("crash", "timeout") for r in results)  # the page counts them as errors
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mlaspec report: {esc(backend)}</title>
 <style>{CSS}</style></head><body><h1>mlaspec conformance report</h1><table>{head}</table>
 <h2>Summary: {counts["pass"]} passed, {counts["fail"]} failed, {counts["error"]} errors, {counts["skip"]} skipped</h2>

@@ -22,6 +22,7 @@ from .backend import Backend, skip_reason
 from .cases import Case
 from .ops import DTYPES, OPS, unit_roundoff
 from .verdict import Result, judge
+from .worker import Outcome, WorkerBackend, contract_breaches
 
 __all__ = ["run_case", "run_cases"]
 
@@ -59,6 +60,31 @@ def _error_map(name: str, ratio: torch.Tensor) -> torch.Tensor:
     return ratio.reshape(-1, ratio.shape[-1]) if ratio.dim() else ratio.reshape(1, 1)  # [rows, columns]
 
 
+def _error_message(exc: BaseException) -> str:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if len(message) > 300:  # compiler errors run to pages: the report keeps the first line's start
+        message = message[:300] + " ..."
+    return f"{type(exc).__name__}: {message}"
+
+
+def _call(backend: Backend, case: Case, inputs: dict, writes: tuple[str, ...], timeout: float | None) -> Outcome:
+    """Run ``case`` in this process: the backend gets clones of ``inputs`` (which stay untouched for the contract
+    check); a Python-level timeout (SIGALRM: it cannot stop native code, a worker process can)."""
+    given = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    start = time.perf_counter()
+    try:
+        with _time_limit(timeout):
+            got = getattr(backend, case.op)(**given)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    except CaseTimeout as exc:
+        return Outcome("timeout", reason=str(exc), seconds=time.perf_counter() - start)
+    except Exception as exc:  # any backend failure is a verdict, not a crash of the run
+        return Outcome("error", reason=_error_message(exc), seconds=time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return Outcome("ok", outputs=got, seconds=seconds, breaches=tuple(contract_breaches(inputs, given, got, writes)))
+
+
 def run_case(
     backend: Backend,
     case: Case,
@@ -68,34 +94,46 @@ def run_case(
     timeout: float | None = 60.0,
     figure_dir: Path | None = None,
 ) -> Result:
-    """Judge ``backend`` on ``case``; the result's ``repro`` is :meth:`Case.repro` of ``backend_name``."""
+    """Judge ``backend`` on ``case``; the result's ``repro`` is :meth:`Case.repro` of ``backend_name``.
+
+    ``backend`` is an adapter object (run in this process) or a :class:`~mlaspec.conformance.worker.WorkerBackend`
+    (run in its worker process, while this process computes the reference). Whatever the backend does, the case
+    gets exactly one verdict: ``pass``, ``fail`` (numbers, non-finite pattern, or the input contract broken),
+    ``error`` (it raised, or returned what cannot be judged), ``crash`` (its worker died), ``timeout`` or ``skip``.
+    """
     result = Result(case.id, case.op, case.dtype, "skip", repro=case.repro(backend_name, scale))
-    reason = skip_reason(backend, case)
+    try:
+        reason = skip_reason(backend, case)
+    except Exception as exc:  # a backend's unsupported() that raises (or whose worker dies) is its error
+        result.verdict, result.reason = "error", f"unsupported(case) failed: {_error_message(exc)}"
+        return result
     if reason:
         result.reason = reason
         return result
     op = OPS[case.op]
+    isolated = isinstance(backend, WorkerBackend)
+    if isolated:
+        backend.send(case, op.writes)  # the worker computes while the reference is computed here
     inputs = op.make_inputs(case)
     ref = tuple(op.reference(**inputs))
     bounds = None if op.bounds is None else op.bounds(inputs, ref, unit_roundoff(DTYPES[case.dtype]))
-    start = time.perf_counter()
-    try:
-        with _time_limit(timeout):
-            got = getattr(backend, case.op)(
-                **{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-            )
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-    except Exception as exc:  # any backend failure is a verdict, not a crash of the run
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        if len(message) > 300:  # compiler errors run to pages: the report keeps the first line's start
-            message = message[:300] + " ..."
-        result.verdict, result.reason = "error", f"{type(exc).__name__}: {message}"
-        result.seconds = time.perf_counter() - start
+    outcome = backend.collect() if isolated else _call(backend, case, inputs, op.writes, timeout)
+    result.seconds = outcome.seconds
+    if outcome.kind != "ok":
+        result.verdict = outcome.kind
+        result.reason = outcome.reason + (f"; the worker's last output:\n{outcome.log}" if outcome.log else "")
         return result
-    result.seconds = time.perf_counter() - start
-    verdict = judge(op.outputs, got, ref, bounds) if op.compare is None else op.compare(inputs, got, ref)
+    got = outcome.outputs
+    try:
+        verdict = judge(op.outputs, got, ref, bounds) if op.compare is None else op.compare(inputs, got, ref)
+    except Exception as exc:  # an output the judge cannot read is the backend's error, never the run's end
+        verdict = ("error", f"the output cannot be judged: {_error_message(exc)}", [], {}, {})
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict
+    if outcome.breaches:
+        result.verdict = "fail" if result.verdict == "pass" else result.verdict
+        result.reason = "; ".join(
+            ["input contract: " + b for b in outcome.breaches] + [result.reason] * bool(result.reason)
+        )
     if result.verdict == "fail" and figure_dir is not None:
         _save_figures(result, op, case, inputs, got, ref, ratios, figure_dir)
     return result
@@ -146,18 +184,23 @@ def run_cases(
     on_result: Callable[[int, Result], None] | None = None,
     before: Callable[[int, Case], None] | None = None,
     stop: Callable[[int, Result], bool] | None = None,
+    header: str | None = None,
 ) -> list[Result]:
     """Run every case; stream each verdict to ``out_dir/results.jsonl`` as it comes.
 
     ``before(i, case)`` is called before case ``i`` runs (``mlaspec check`` prints a reproducer there, so a case
     that kills the process leaves it as the last line); after ``on_result(i, result)``, the run ends early when
     ``stop(i, result)`` is true (a lost CUDA context, where every later launch would fail): fewer results than cases.
+    ``header`` (:func:`~mlaspec.conformance.report.header_line`) is the file's first line.
     """
     results = []
     sink = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         sink = open(out_dir / "results.jsonl", "w")  # noqa: SIM115 - kept open across cases, closed below
+        if header is not None:  # what was asked, before anything runs (report.header_line)
+            sink.write(header + "\n")
+            sink.flush()
     try:
         for i, case in enumerate(cases):
             if before is not None:

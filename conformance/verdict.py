@@ -30,8 +30,9 @@ class Metric:
 
 @dataclass
 class Result:
-    """The verdict on one case: ``pass``, ``fail`` (wrong numbers or non-finite pattern), ``error`` (raised, wrong
-    shape or type, timed out) or ``skip`` (unsupported, with the reason).
+    """The verdict on one case: ``pass``, ``fail`` (wrong numbers or non-finite pattern, or an input written or
+    aliased against the op's contract), ``error`` (raised, wrong shape or type, an output that cannot be judged),
+    ``crash`` (the backend's worker process died), ``timeout`` or ``skip`` (unsupported, with the reason).
 
     ``figure`` is the error heat map of a failing case; ``figures`` are its op's pictures (the mask, sparse pattern,
     chunk schedule, top-k or byte layout the case stands for, next to what the backend did). JSON lines written
@@ -57,10 +58,15 @@ class Result:
         return cls(**{**d, "metrics": [Metric(**m) for m in d.get("metrics", [])]})
 
 
+FAILED = ("fail", "error", "crash", "timeout")
+"""The verdicts that fail a run: wrong numbers or a broken input contract, an output that cannot be judged or a
+raise, a worker that died, a case past its timeout."""
+
+
 def format_failure(result: Result) -> str:
-    """A failing (or erroring) verdict as two lines: ``FAILED <case id>: <reason>`` (``ERROR`` for an error: the
-    backend raised, returned the wrong shape or type, or timed out) and ``  rerun: <the case's reproducer>``."""
-    word = "ERROR" if result.verdict == "error" else "FAILED"
+    """A failing verdict as two lines: ``FAILED <case id>: <reason>`` (``ERROR``: the backend raised or returned
+    what cannot be judged; ``CRASH``: its worker died; ``TIMEOUT``) and ``  rerun: <the case's reproducer>``."""
+    word = {"error": "ERROR", "crash": "CRASH", "timeout": "TIMEOUT"}.get(result.verdict, "FAILED")
     return f"{word} {result.case_id}: {result.reason}\n  rerun: {result.repro}"
 
 
@@ -89,6 +95,14 @@ def judge(names: tuple[str, ...], got: object, ref: tuple, bounds: tuple) -> tup
     for name, g, r, b in zip(names, got, ref, bounds):
         if not isinstance(g, torch.Tensor):
             return "error", f"{name}: expected a tensor, got {type(g).__name__}", [], {}, {}
+        if g.layout != torch.strided or g.device.type == "meta":
+            return (
+                "error",
+                f"{name}: a {g.layout} tensor on {g.device}: expected a dense tensor with values",
+                [],
+                {},
+                {},
+            )
         if tuple(g.shape) != tuple(r.shape):
             return "error", f"{name}: shape {list(g.shape)}, spec {list(r.shape)}", [], {}, {}
         if not (g.dtype.is_floating_point or g.dtype.is_complex):

@@ -106,6 +106,10 @@ class Op:
     ``cases(scale) -> [(name, params), ...]`` are the op's curated cases at a :class:`Scale`, named after the
     deployments they stand for; ``generator`` is a hypothesis ``@composite`` strategy of ``params`` (sizes within
     :data:`LIMITS`), or ``None`` where the op has no generated cases.
+
+    ``writes`` names the arguments the op may write in place (a cache a kernel fills, e.g. ``kv_cache``): the harness
+    checks that a backend leaves every other input bit for bit as it was given, and that no output shares memory
+    with an input it does not write.
     """
 
     name: str
@@ -119,6 +123,7 @@ class Op:
     spec: Callable[..., tuple] | None = None
     cases: Callable[[Scale], list[tuple[str, dict]]] = _no_cases
     generator: Callable[[], SearchStrategy[dict]] | None = None
+    writes: tuple[str, ...] = ()
 
     @property
     def spec_function(self) -> Callable[..., tuple]:

@@ -1176,6 +1176,7 @@ OPS = [
         cases=_concat_and_cache_mla_cases,
         generator=_concat_and_cache_mla_params,
         spec=concat_and_cache_mla,
+        writes=("kv_cache",),
     ),
     Op(
         "gather_cache",
@@ -1237,6 +1238,7 @@ OPS = [
         "(spec.cache_layouts.write_pages)",
         cases=_write_pages_cases,
         spec=cl.write_pages,
+        writes=("pages",),
     ),
     Op(
         "read_tokens",
@@ -1269,6 +1271,7 @@ OPS = [
         "prefills through workspace-chunked context, outputs in token order (spec.chunked_context.mla_mixed_batch)",
         cases=_mla_mixed_batch_cases,
         spec=mla_mixed_batch,
+        writes=("kv_cache",),
     ),
     Op(
         "build_metadata",

@@ -82,10 +82,17 @@ class TritonBackend(TritonDense, TritonLayer, TritonSparse, TritonIndexer, Trito
                 self.version = f"{type(self).version}, prefill tile {tile} ({PREFILL_CONFIG_ENV})"
         self.prefill_config = prefill_config  # tile override of the varlen kernel (None: its heuristic)
 
+    @property
+    def unavailable(self) -> str | None:
+        """Why no case can run here (the protocol's optional ``unavailable``), None when some can."""
+        if self.device.type != "cuda" and not interpreted():
+            return "needs CUDA (or TRITON_INTERPRET=1, set before mlaspec.impl is imported)"
+        return None
+
     def unsupported(self, case) -> str | None:
         """Why a case cannot run here (None when it can): no device, bf16 in the interpreter, or a mixin's limit."""
-        if self.device.type != "cuda" and not interpreted():
-            return "no CUDA device, and TRITON_INTERPRET=1 was not set before mlaspec.impl was imported"
+        if self.unavailable:
+            return self.unavailable
         if interpreted() and case.dtype == "bfloat16" and case.op in _DOT_OPS:
             return "the Triton interpreter's tl.dot is wrong for bfloat16 (triton 3.9): run bf16 on a GPU"
         check = getattr(self, f"_unsupported_{case.op}", None)  # the mixins' named limits

@@ -1,0 +1,363 @@
+"""The backend in a process of its own: whatever it does, the run goes on and every case gets a verdict.
+
+The parent (the CLI or the pytest plugin) owns the case list, the float64 reference, the judge and the results
+file; a worker process (``spawn``: no state inherited but the environment and the working directory) loads the
+backend by name and runs one case at a time. What crosses between them is small:
+
+* parent -> worker: the case (op, name, dtype, params). The worker rebuilds the inputs from the case's seed, so no
+  tensor is sent; the parent builds the same inputs for the reference, bit for bit.
+* worker -> parent: the outputs, moved to CPU and pickled (one copy of each output; none of
+  the inputs), with the seconds the call took and any breach of the input contract (an input written that the op
+  does not write, an output that aliases an input).
+
+The worker is ``python -m mlaspec.conformance.worker`` started with :mod:`subprocess` (never ``fork``: a CUDA
+context does not survive one), connected over a local socket, its stdout and stderr going to a log file.
+
+While the worker runs a case, the parent computes that case's reference and budget, so the isolation costs the
+transfers and, after a crash, a fresh worker's start (the backend's import and, for a GPU, its CUDA context).
+
+A worker that dies (any exit status, any signal, ``sys.exit`` or ``os._exit`` inside an op) gives the case a
+``crash`` verdict naming the status or signal and the last lines of the worker's output; one that runs past the
+per-case timeout, even spinning in native code where no Python signal handler can interrupt it, is killed and
+gives ``timeout``. Either way the next case runs in a new worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import torch
+
+from .cases import Case
+
+__all__ = ["Outcome", "WorkerBackend", "contract_breaches"]
+
+_START_TIMEOUT = 600.0  # importing a backend may compile kernels
+
+
+@dataclass
+class Outcome:
+    """What running one case in the worker gave: ``kind`` is ``"ok"`` (``outputs`` holds what the op returned, on
+    CPU), ``"error"`` (the op raised: ``reason``), ``"crash"`` or ``"timeout"`` (``reason`` and ``log``, the tail of
+    the worker's stdout and stderr). ``breaches`` lists input-contract violations of an ``ok`` call."""
+
+    kind: str
+    outputs: object = None
+    reason: str = ""
+    seconds: float = 0.0
+    breaches: tuple[str, ...] = ()
+    log: str = ""
+
+
+# -- the worker side ------------------------------------------------------------------------------------------------
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes on CPU (bit patterns, so NaN equals NaN)."""
+    t = t.detach()
+    if t.is_sparse or t.layout != torch.strided:
+        t = t.to_dense()
+    return t.contiguous().cpu().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def _storage_span(t: torch.Tensor) -> tuple[str, int, int] | None:
+    """``(device, first byte, end byte)`` of the memory a strided tensor can reach; None if it has none."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.device.type == "meta" or not t.numel():
+        return None
+    start = t.data_ptr()
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0) + 1
+    return str(t.device), start, start + extent * t.element_size()
+
+
+def contract_breaches(
+    inputs: Mapping[str, object], given: Mapping[str, object], outputs: object, writes: tuple[str, ...] = ()
+) -> list[str]:
+    """The input contract: ``given`` (the tensors the backend was handed) must still equal ``inputs`` (the
+    untouched originals) byte for byte, except the arguments an op declares it ``writes``; and no output may share
+    memory with an input (except a written one, which an op may return)."""
+    breaches = []
+    for name, original in inputs.items():
+        if not isinstance(original, torch.Tensor) or name in writes:
+            continue
+        after = given[name]
+        if (
+            not isinstance(after, torch.Tensor)
+            or after.shape != original.shape
+            or not torch.equal(_bytes(after), _bytes(original))
+        ):
+            breaches.append(f"the backend wrote into its input {name!r}, which the op does not write")
+    spans = {name: _storage_span(t) for name, t in given.items() if name not in writes}
+    outs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    for i, out in enumerate(outs):
+        o = _storage_span(out) if isinstance(out, torch.Tensor) else None
+        for name, s in spans.items():
+            if o is not None and s is not None and o[0] == s[0] and o[1] < s[2] and s[1] < o[2]:
+                breaches.append(f"output {i} shares memory with the input {name!r}")
+    return breaches
+
+
+def _to_cpu(x: object) -> object:
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            raise TypeError("an output is on the 'meta' device: it has no values to judge")
+        return x.detach().to("cpu").clone()
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a NamedTuple
+        return type(x)(*(_to_cpu(v) for v in x))
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to_cpu(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    return x
+
+
+def _cuda_broken() -> bool:
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # any CUDA error here means the context is gone
+        return True
+    return False
+
+
+def _pack(outputs: object) -> bytes:
+    return pickle.dumps(outputs, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the worker process
+    """The worker's loop: load the backend, then answer ``("skip", case)`` and ``("run", case, writes)`` until
+    ``("stop",)``."""
+    from .backend import load_backend
+    from .ops import OPS
+
+    try:
+        backend = load_backend(backend_name)
+    except BaseException as exc:
+        conn.send(("load-error", f"{type(exc).__name__}: {exc}"))
+        return
+    meta = dict(
+        name=str(backend.name),
+        version=str(backend.version),
+        ops=frozenset(backend.ops),
+        dtypes=frozenset(backend.dtypes),
+        not_implemented=dict(getattr(backend, "not_implemented", None) or {}),
+        has_unsupported=callable(getattr(backend, "unsupported", None)),
+        unavailable=getattr(backend, "unavailable", None),
+    )
+    conn.send(("ready", meta))
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            return
+        case = Case(**msg[1])
+        try:
+            if msg[0] == "skip":
+                conn.send(("ok", backend.unsupported(case)))
+                continue
+            inputs = OPS[case.op].make_inputs(case)
+            given = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+            start = time.perf_counter()
+            got = getattr(backend, case.op)(**given)
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            breaches = contract_breaches(inputs, given, got, msg[2])
+            conn.send(("ok", _pack(_to_cpu(got)), seconds, tuple(breaches)))
+            if _cuda_broken():  # an illegal address: every later launch in this process would fail
+                return  # the parent starts a new worker (a new CUDA context) for the next case
+        except Exception as exc:  # the op's failure is the case's verdict, not the worker's end
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if len(message) > 300:
+                message = message[:300] + " ..."
+            traceback.print_exc()
+            conn.send(("error", f"{type(exc).__name__}: {message}"))
+
+
+# -- the parent side ------------------------------------------------------------------------------------------------
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class WorkerBackend:
+    """A backend, by name, in a worker process; it quacks like a backend for what the harness asks before a call
+    (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``, ``unsupported``) and runs ops
+    through :meth:`send` / :meth:`collect` (or :meth:`run`). Raises ``RuntimeError`` when the backend cannot be
+    loaded (the message is the worker's)."""
+
+    def __init__(self, backend_name: str, *, timeout: float | None = 120.0):
+        self.backend_name = backend_name
+        self.timeout = timeout
+        self._log = Path(tempfile.mkdtemp(prefix="mlaspec-worker-")) / "worker.log"
+        self._proc = None
+        self._conn = None
+        meta = self._start()
+        self.name, self.version = meta["name"], meta["version"]
+        self.ops, self.dtypes = meta["ops"], meta["dtypes"]
+        self.not_implemented = meta["not_implemented"]
+        self._has_unsupported = meta["has_unsupported"]
+        self.unavailable = meta["unavailable"]
+        self.starts = 1
+
+    def _start(self) -> dict:
+        self._conn, child = Pipe(duplex=True)
+        with open(self._log, "wb") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "mlaspec.conformance.worker", str(child.fileno()), self.backend_name],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=[child.fileno()],
+            )
+        child.close()
+        reply = self._receive(_START_TIMEOUT)
+        if reply is None or reply[0] != "ready":
+            if reply is not None and reply[0] == "load-error":
+                why = reply[1]
+            else:
+                why = f"the worker {_status(self._proc.poll())}: {_tail(self._log, 4)}"
+            self.close()
+            raise RuntimeError(f"backend {self.backend_name!r} could not be loaded: {why}")
+        return reply[1]
+
+    def _receive(self, timeout: float | None):
+        """The worker's reply, or None if it died or ``timeout`` passed first (then it is killed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 0.5 if deadline is None else min(0.5, max(deadline - time.monotonic(), 0.0))
+            try:
+                if self._conn.poll(wait):
+                    return self._conn.recv()
+            except (EOFError, OSError):
+                return None
+            if self._proc.poll() is not None and not self._conn.poll(0):
+                return None
+            if deadline is not None and time.monotonic() >= deadline:
+                self._kill()
+                return None
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _kill(self) -> None:
+        if self._alive():
+            self._proc.kill()
+        if self._proc is not None:
+            self._proc.wait(10)
+
+    def _restart(self) -> None:
+        self._kill()
+        self._start()
+        self.starts += 1
+
+    def _failure(self, since: float, timeout: float | None) -> Outcome:
+        """The outcome of a call the worker did not answer (it died, or ``timeout`` passed); a new worker starts."""
+        seconds = time.perf_counter() - since
+        if timeout is not None and seconds >= timeout:
+            self._kill()
+            outcome = Outcome("timeout", reason=f"timed out after {timeout:g} s; the worker was killed")
+        else:  # the connection closed: the worker is exiting, or gone
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(10)
+            status = _status(self._proc.poll())
+            self._kill()
+            outcome = Outcome("crash", reason=f"the backend's worker {status} during the call")
+        outcome.seconds, outcome.log = seconds, _tail(self._log)
+        self._restart()
+        return outcome
+
+    def _send(self, message: tuple) -> float:
+        if not self._alive():
+            self._restart()
+        with contextlib.suppress(BrokenPipeError, OSError):  # a worker that died meanwhile: _failure says why
+            self._conn.send(message)
+        return time.perf_counter()
+
+    def send(self, case: Case, writes: tuple[str, ...] = ()) -> None:
+        """Start running ``case`` (collect it with :meth:`collect`); ``writes`` names the inputs the op writes."""
+        self._pending = self._send(("run", _case_dict(case), tuple(writes)))
+
+    def collect(self) -> Outcome:
+        """The outcome of the case :meth:`send` started."""
+        reply = self._receive(self.timeout)
+        if reply is None:
+            return self._failure(self._pending, self.timeout)
+        if reply[0] == "error":
+            return Outcome("error", reason=reply[1], seconds=time.perf_counter() - self._pending)
+        _, packed, seconds, breaches = reply
+        outputs = pickle.loads(packed)  # our own worker's bytes
+        return Outcome("ok", outputs=outputs, seconds=seconds, breaches=breaches)
+
+    def run(self, case: Case, writes: tuple[str, ...] = ()) -> Outcome:
+        self.send(case, writes)
+        return self.collect()
+
+    def unsupported(self, case: Case) -> str | None:
+        """The backend's own skip reason for ``case`` (its ``unsupported``), asked in the worker."""
+        if not self._has_unsupported:
+            return None
+        since = self._send(("skip", _case_dict(case)))
+        reply = self._receive(self.timeout)
+        if reply is None:
+            failure = self._failure(since, self.timeout)
+            raise RuntimeError(f"unsupported(case): {failure.reason}")
+        if reply[0] == "error":
+            raise RuntimeError(f"unsupported(case) raised {reply[1]}")
+        return reply[1]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conn.send(("stop",))
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(5)
+            self._kill()
+
+    def __enter__(self) -> WorkerBackend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _case_dict(case: Case) -> dict:
+    return dict(op=case.op, name=case.name, dtype=case.dtype, params=case.params)
+
+
+def _main() -> None:  # pragma: no cover - the worker process
+    faulthandler.enable()  # a fatal signal writes the Python stack to the log the parent shows
+    fd, backend_name = int(sys.argv[1]), sys.argv[2]
+    with Connection(fd) as conn:
+        _serve(backend_name, conn)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,109 @@
+"""Adapters that misbehave the ways a real backend can, each wrapped around the CPU ``torch`` backend and doing its
+mischief in ``attention`` only, on the case named ``BAD`` (every other case is the honest backend's).
+
+Loaded by ``module:attr`` from a worker process (``tests/test_isolation.py`` puts this folder on the path), as a
+kernel author's adapter would be. ``spin`` calls a C function compiled at test time that spins with every signal
+blocked, so no Python-level timeout (SIGALRM) can stop it: only killing the process can.
+"""
+
+import ctypes
+import os
+import sys
+
+import torch
+
+from mlaspec.conformance.backends.torch_eager import TorchBackend
+
+BAD = "gqa-noncausal"  # the case each adapter misbehaves on (attention[gqa-noncausal-<dtype>])
+
+
+class _Misbehaving(TorchBackend):
+    def attention(self, q, k, v, **kw):
+        if q.shape[2] == 6:  # gqa-noncausal is the only attention case with 6 query heads
+            return self.misbehave(q, k, v, **kw)
+        return super().attention(q, k, v, **kw)
+
+    def misbehave(self, q, k, v, **kw):
+        return self.honest(q, k, v, **kw)  # the well-behaved adapter (``_Misbehaving`` itself)
+
+    def honest(self, q, k, v, **kw):
+        return TorchBackend.attention(self, q, k, v, **kw)
+
+
+class SysExit(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        sys.exit(0)
+
+
+class OsExit(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        os._exit(0)
+
+
+class Segfault(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+class Spin(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        ctypes.CDLL(os.environ["MLASPEC_TEST_SPIN_LIB"]).spin()
+
+
+class MetaOutput(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        out, lse = self.honest(q, k, v, **kw)
+        return out.to("meta"), lse
+
+
+class NotATensor(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        out, lse = self.honest(q, k, v, **kw)
+        return out, None
+
+
+class SparseOutput(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        out, lse = self.honest(q, k, v, **kw)
+        return out.to_sparse(), lse
+
+
+class WritesInput(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        out, lse = self.honest(q, k, v, **kw)
+        k.zero_()  # scribbles over its input after using it: the output is right
+        return out, lse
+
+
+class AliasesInput(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        out, lse = self.honest(q, k, v, **kw)
+        if out.shape == q[..., : out.shape[-1]].shape:
+            q[..., : out.shape[-1]] = out  # returns its output in the input's memory
+            return q[..., : out.shape[-1]], lse
+        return out, lse
+
+
+class HugeAllocation(_Misbehaving):
+    def misbehave(self, q, k, v, **kw):
+        torch.empty(1 << 62, dtype=torch.uint8)  # raises: more memory than any machine has
+
+
+class FailsToImport:
+    def __init__(self):
+        raise ImportError("the adapter's kernels are not built")
+
+
+SPIN_C = """
+#include <signal.h>
+void spin(void) {
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, 0);
+    for (volatile unsigned long i = 0;; ++i) {}
+}
+"""
+
+
+class Unavailable(TorchBackend):
+    unavailable = "needs a device this machine does not have"

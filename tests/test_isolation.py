@@ -1,0 +1,150 @@
+"""A run that survives its backend: real misbehaving adapters (``tests/misbehaving.py``) under ``mlaspec check`` and
+under the pytest plugin, each misbehaving on one attention case. Every case gets one verdict, the cases after the
+bad one still run, and the exit status says what happened."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlaspec.conformance.cli import EXIT_EMPTY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from mlaspec.conformance.report import read_jsonl
+
+TESTS = Path(__file__).resolve().parent
+BAD = "attention[gqa-noncausal-float32]"
+NAMES = ("mha-causal", "mqa-extend", "gqa-noncausal", "more-queries-than-keys", "empty-context")
+CASES = [f"attention[{n}-float32]" for n in NAMES]
+
+
+@pytest.fixture
+def misbehaving(monkeypatch, tmp_path):
+    """The adapters importable by the worker (PYTHONPATH), and the spinning C function built for ``Spin``."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(TESTS))
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc:
+        import misbehaving as m
+
+        (tmp_path / "spin.c").write_text(m.SPIN_C)
+        lib = tmp_path / "libspin.so"
+        subprocess.run([cc, "-shared", "-fPIC", "-O0", "-o", str(lib), str(tmp_path / "spin.c")], check=True)
+        monkeypatch.setenv("MLASPEC_TEST_SPIN_LIB", str(lib))
+    return tmp_path
+
+
+def _check(adapter: str, out: Path, *extra: str) -> tuple[int, dict[str, dict]]:
+    argv = ["check", "--backend", f"misbehaving:{adapter}", "--ops", "attention", "--dtypes", "float32"]
+    status = main([*argv, "--report", str(out), "--timeout", "20", *extra])
+    header, records = read_jsonl(out / "results.jsonl")
+    assert header["planned"] == (CASES if "--case" not in extra else list(extra[1::2]))
+    assert header["backend"] == f"misbehaving:{adapter}"
+    return status, {r["case_id"]: r for r in records}
+
+
+@pytest.mark.parametrize(
+    "adapter, verdict, reason",
+    [
+        ("SysExit", "crash", "exited with status 0"),
+        ("OsExit", "crash", "exited with status 0"),
+        ("Segfault", "crash", "killed by signal SIGSEGV"),
+        ("Spin", "timeout", "timed out after"),
+        ("MetaOutput", "error", "'meta' device"),
+        ("NotATensor", "error", "lse: expected a tensor, got NoneType"),
+        ("SparseOutput", "error", "sparse_coo"),
+        ("WritesInput", "fail", "wrote into its input 'k'"),
+        ("AliasesInput", "fail", "output 0 shares memory with the input 'q'"),
+        ("HugeAllocation", "error", "RuntimeError"),
+    ],
+)
+def test_a_misbehaving_backend_fails_only_its_case(misbehaving, adapter, verdict, reason):
+    if adapter == "Spin" and "MLASPEC_TEST_SPIN_LIB" not in os.environ:
+        pytest.skip("no C compiler to build the spinning function")
+    extra = ("--timeout", "3") if adapter == "Spin" else ()
+    status, by_case = _check(adapter, misbehaving / "report", *extra)
+    assert status == EXIT_FAILED
+    assert list(by_case) == CASES  # every planned case has exactly one verdict, the ones after the bad one too
+    assert by_case[BAD]["verdict"] == verdict and reason in by_case[BAD]["reason"], by_case[BAD]
+    assert {by_case[c]["verdict"] for c in CASES if c != BAD} == {"pass"}
+
+
+def test_the_honest_adapter_passes_with_exit_0(misbehaving):
+    status, by_case = _check("_Misbehaving", misbehaving / "report", "--case", CASES[0], "--case", CASES[1])
+    assert status == EXIT_OK
+
+
+def test_a_crash_keeps_the_worker_output(misbehaving):
+    _, by_case = _check("Segfault", misbehaving / "report")
+    assert 'misbehaving.py", line' in by_case[BAD]["reason"]  # faulthandler's stack, from the worker's log
+
+
+def test_nothing_checked_is_its_own_exit_status(misbehaving, capsys):
+    argv = ["check", "--backend", "torch", "--ops", "attention", "--dtypes", "float32", "--report"]
+    assert main([*argv, str(misbehaving / "r"), "--case", "attention[mha-causal-float32]"]) == EXIT_OK
+    # an adapter whose every case is skipped checks nothing: exit 3 unless --allow-empty
+    empty = ["check", "--backend", "mlaspec.conformance.backends.reference:SpecBackend", "--ops", "attention"]
+    assert main([*empty, "--dtypes", "float32", "--report", str(misbehaving / "e")]) == EXIT_OK
+    skipping = ["check", "--backend", "misbehaving:Unavailable", "--ops", "attention", "--dtypes", "float32"]
+    assert main([*skipping, "--report", str(misbehaving / "s")]) == EXIT_EMPTY
+    assert "NOTHING CHECKED" in capsys.readouterr().out
+    assert main([*skipping, "--report", str(misbehaving / "s"), "--allow-empty"]) == EXIT_OK
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--backend", "nosuchmod:Foo"], "must be importable: the current directory is on the path"),
+        (["--backend", "misbehaving:NoSuchClass"], "could not be loaded"),
+        (["--backend", "misbehaving:FailsToImport"], "the adapter's kernels are not built"),
+        (["--backend", "nosuchname"], "neither a registered name"),
+        (["--case", "attention[nosuch-float32]"], "names no curated case"),
+        (["--op", "mla_decode", "--params", '{"B": 1}'], "--params lacks 'S_q' for op mla_decode"),
+        (["--ops", "nosuchop"], "unknown op 'nosuchop'"),
+        (["--dtypes", "bogus"], "unknown dtype 'bogus'"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(misbehaving, capsys, argv, message):
+    assert main(["check", *argv, "--report", str(misbehaving / "r")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_report_of_a_killed_run_names_what_never_ran(misbehaving, capsys):
+    _check("_Misbehaving", misbehaving / "report")
+    path = misbehaving / "report" / "results.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:3]) + "\n" + lines[3][:40])  # killed: two verdicts and a torn third line
+    with pytest.warns(UserWarning, match="not complete JSON"):
+        status = main(["report", str(misbehaving / "report")])
+    out = capsys.readouterr().out
+    assert status == EXIT_FAILED
+    assert "backend misbehaving:_Misbehaving" in out and "2 verdicts of 5 planned cases" in out
+    assert "NOT RUN: 3 of 5 planned cases have no verdict" in out and CASES[2] in out
+    assert main(["report", str(misbehaving / "nonexistent")]) == EXIT_USAGE
+
+
+def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "pytest", "--pyargs", "mlaspec.conformance", "-p", "no:cacheprovider", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("adapter, verdict", [("OsExit", "CRASH"), ("Spin", "TIMEOUT")])
+def test_the_pytest_front_end_survives_its_backend(misbehaving, adapter, verdict):
+    if adapter == "Spin" and "MLASPEC_TEST_SPIN_LIB" not in os.environ:
+        pytest.skip("no C compiler to build the spinning function")
+    args = ["--mla-backend", f"misbehaving:{adapter}", "--mla-dtypes", "float32", "-m", "attention", "-k", "curated"]
+    run = _pytest(*args, "--mla-timeout", "3", "--mla-report", str(misbehaving / "r"), cwd=misbehaving)
+    assert run.returncode == 1, run.stdout[-2000:]
+    assert "4 passed" in run.stdout and "1 failed" in run.stdout, run.stdout[-2000:]
+    assert f"{verdict} {BAD}" in run.stdout
+    header, records = read_jsonl(misbehaving / "r" / "results.jsonl")
+    assert sorted(r["case_id"] for r in records) == sorted(header["planned"]) == sorted(CASES)
+
+
+def test_pytest_with_a_backend_that_cannot_load_is_one_usage_error(misbehaving):
+    run = _pytest("--mla-backend", "misbehaving:FailsToImport", cwd=misbehaving)
+    assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
+    assert (run.stdout + run.stderr).count("the adapter's kernels are not built") == 1
