@@ -44,10 +44,11 @@ from __future__ import annotations
 import torch
 
 from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec.sliding_window import v4_attention_indices
 
 from .common import case_param, cuda_capability, import_first, pad_heads, pad_last, page_kv, require_cuda, round_up
 
-__all__ = ["FlashMLABackend", "quantize_sparse_cache", "v4_indices"]
+__all__ = ["FlashMLABackend", "quantize_sparse_cache"]
 
 PAGE = 64  # FlashMLA's page_block_size (dense: TORCH_CHECK(page_block_size == 64))
 DENSE_HEAD_DIMS = (576, 512)
@@ -285,31 +286,20 @@ class FlashMLABackend:
         attn_sink=None,
         d_v=512,
     ):
-        s_q, s_kv = q.shape[0], raw_kv.shape[0]
         num_c = 0 if compressed_kv is None or compress_ratio == 1 else compressed_kv.shape[0]
         rows = raw_kv if num_c == 0 else torch.cat([compressed_kv, raw_kv])
-        idx = v4_indices(s_q, s_kv, window, compress_ratio, topk_indices if num_c else None, num_c)
-        out, _, lse = self.sparse_prefill(q, rows[:, None], idx, scale, d_v, attn_sink)
+        # how vLLM's V4 path feeds FlashMLA (vllm/models/deepseek_v4/attention/impl/flashmla.py): the compressed
+        # top-k and the window as index rows into cat(compressed_kv, raw_kv), the spec's rule
+        idx = v4_attention_indices(
+            q.shape[0],
+            raw_kv.shape[0],
+            window=window,
+            compress_ratio=compress_ratio,
+            topk_indices=topk_indices if num_c else None,
+            num_compressed=num_c,
+        )
+        out, _, lse = self.sparse_prefill(q, rows[:, None], idx[:, None].to(torch.int32), scale, d_v, attn_sink)
         return out, lse
-
-
-def v4_indices(
-    s_q: int, s_kv: int, window: int, compress_ratio: int, topk_indices, num_compressed: int
-) -> torch.Tensor:
-    """The ``[S_q, 1, K_c + W]`` int32 rows into ``cat(compressed_kv, raw_kv)`` one V4 layer reads (``-1`` padded):
-    query ``i`` at ``p = S_kv - S_q + i`` takes ``topk_indices[i, :min((p + 1) // r, K_c)]`` and the raw window
-    ``(p - W, p]`` shifted by ``C`` -- how vLLM's V4 path feeds FlashMLA (window as one index list, compressed
-    entries as another; ``vllm/models/deepseek_v4/attention/impl/flashmla.py``)."""
-    k_c = 0 if topk_indices is None else topk_indices.shape[1]
-    out = torch.full((s_q, k_c + window), -1, dtype=torch.int64)
-    for i in range(s_q):
-        p = s_kv - s_q + i
-        if k_c:
-            n = min((p + 1) // compress_ratio, k_c)
-            out[i, :n] = topk_indices[i, :n].long()
-        lo = max(p - window + 1, 0)
-        out[i, k_c : k_c + p + 1 - lo] = num_compressed + torch.arange(lo, p + 1)
-    return out[:, None].to(torch.int32)
 
 
 def _flag(case, *names: str) -> bool:
