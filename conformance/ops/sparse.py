@@ -48,7 +48,10 @@ index 0, or wrapped Python-style to the last key, shows up as NaN). Prefill rows
 *valid* indices of finite rows, so a kernel that ignores ``topk_length`` attends to the wrong keys but does not hit
 FlashMLA's documented NaN caveat ("a valid topk index between topk_length[i] ~ s_kv that points to a k token
 containing NaN", ``flash_mla/flash_mla_interface.py``). Indices within a row are unique (FlashMLA's tests and
-vLLM's indexer never repeat one).
+vLLM's indexer never repeat one). In ``v4_attention`` the raw keys no query's window reaches and the compressed
+entries no query selects are NaN; the reference is the spec itself, which never reads a key no query may attend
+(:func:`~mlaspec.spec.attention.attention`), so only a kernel that reads outside a window or an unselected entry
+sees the NaN.
 """
 
 from __future__ import annotations
@@ -421,37 +424,6 @@ def _v4_rows(kw) -> tuple[torch.Tensor, int]:
     return idx[:, None], num_c
 
 
-def _v4_reference(
-    q, raw_kv, *, window, scale, compressed_kv=None, compress_ratio=1, topk_indices=None, attn_sink=None, d_v=512
-):
-    """:func:`~mlaspec.spec.sliding_window.v4_attention` on a copy whose rows no query may read are zeroed.
-
-    The spec builds V4 attention as *dense* attention under a mask, and ``0 * NaN`` in its ``P @ V`` lets a NaN
-    key that the mask excludes reach the output. Its result does not depend on those rows' (finite) values, so
-    zeroing them gives the spec's own answer, while the backend still gets the NaN: a kernel that reads outside
-    the window or an unselected compressed entry fails.
-    """
-    kw = dict(q=q, raw_kv=raw_kv, window=window, compressed_kv=compressed_kv, compress_ratio=compress_ratio)
-    idx, num_c = _v4_rows({**kw, "topk_indices": topk_indices})
-    idx = idx.reshape(-1)
-    read = torch.zeros(num_c + raw_kv.shape[0], dtype=torch.bool)
-    read[idx[idx >= 0]] = True
-    raw = torch.where(read[num_c:, None], raw_kv, torch.zeros((), dtype=raw_kv.dtype))
-    if compressed_kv is not None:
-        compressed_kv = torch.where(read[:num_c, None], compressed_kv, torch.zeros((), dtype=compressed_kv.dtype))
-    return v4_attention(
-        q,
-        raw,
-        window=window,
-        scale=scale,
-        compressed_kv=compressed_kv,
-        compress_ratio=compress_ratio,
-        topk_indices=topk_indices,
-        attn_sink=attn_sink,
-        d_v=d_v,
-    )
-
-
 def _v4_bounds(kw, ref, u):
     out, lse = ref
     comp = kw["compressed_kv"]
@@ -582,7 +554,7 @@ OPS = [
     Op(
         "v4_attention",
         _v4_inputs,
-        _v4_reference,
+        v4_attention,
         None,
         compare=judged(("out", "lse"), _v4_bounds, {"lse": lambda r: r.T}),
         picture=_v4_picture,
