@@ -46,7 +46,7 @@ import torch
 from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.sliding_window import v4_attention_indices
 
-from .common import case_param, cuda_capability, import_first, pad_heads, pad_last, page_kv, require_cuda, round_up
+from .common import case_param, cuda_capability, import_first, pad_heads, pad_last, page_kv, require_cuda
 
 __all__ = ["FlashMLABackend", "quantize_sparse_cache"]
 
@@ -59,9 +59,10 @@ def quantize_sparse_cache(entries: torch.Tensor, page: int = PAGE) -> torch.Tens
     """Write a dequantized cache ``[T, D]`` (``T`` flat slots) as FlashMLA's fp8 sparse cache pages.
 
     ``D = 576`` uses :data:`~mlaspec.spec.cache_layouts.FP8_DS_MLA_V32` (656 B per token), ``D = 512`` the V4
-    layout (584 B). Scales: whichever rule (power-of-two as FlashMLA's ``tests/quant.py``, or vLLM's raw
-    ``amax / 448``) reproduces ``entries`` exactly; ``ValueError`` if neither does. Rows are padded to a multiple of
-    ``page`` with ``0xFF`` bytes (fp8 NaN): a kernel that reads an unused slot poisons its output.
+    layout (584 B). The bytes are the spec's :func:`~mlaspec.spec.cache_layouts.exact_pages`: scales by whichever
+    rule (power-of-two as FlashMLA's ``tests/quant.py``, or vLLM's raw ``amax / 448``) reproduces ``entries``
+    exactly, ``ValueError`` if none does; rows with NaN and the padding up to a multiple of ``page`` are ``0xFF``
+    bytes (fp8 NaN): a kernel that reads an unused slot poisons its output.
 
     Returns:
         ``uint8 [num_blocks, page, 1, token_bytes]``, a strided view of the page blocks (``stride(0)`` is the
@@ -71,26 +72,13 @@ def quantize_sparse_cache(entries: torch.Tensor, page: int = PAGE) -> torch.Tens
     if d not in SPARSE_LAYOUTS:
         raise ValueError(f"kv_cache must have D_qk 576 (V3.2) or 512 (V4) for FlashMLA's fp8 cache, got {d}")
     layout = SPARSE_LAYOUTS[d]
-    x = entries.reshape(-1, d).to("cpu", torch.float64)
-    finite = torch.isfinite(x).all(dim=1)  # rows with NaN are the op's hostile unused slots: written as 0xFF
-    xf = x[finite]
-    raw = None
-    rules = (True, False) if layout.scale_rule.kind == "fp32" else (False,)
-    for pow2 in rules:
-        q = cl.quantize(xf, layout, pow2_scales=pow2).raw
-        if torch.equal(cl.dequantize(q, layout).entries, xf):
-            raw = q
-            break
-    if raw is None:
+    try:
+        pages = cl.exact_pages(entries.reshape(-1, d).cpu(), layout, page)  # [num_blocks, page_bytes]
+    except ValueError as exc:
         raise ValueError(
             f"kv_cache is not exactly representable in the {layout.token_bytes}-byte {layout.name} layout; "
             "FlashMLA's sparse decode reads only fp8 caches, so give it entries from dequantize(quantize(...))"
-        )
-    t = x.shape[0]
-    rows = round_up(max(t, 1), page)
-    padded = torch.full((rows, layout.token_bytes), 0xFF, dtype=torch.uint8)
-    padded[:t][finite] = raw
-    pages = cl.to_pages(padded, layout, page)  # [num_blocks, page_bytes]
+        ) from exc
     nb, page_bytes = pages.shape
     return pages.as_strided((nb, page, 1, layout.token_bytes), (page_bytes, layout.token_bytes, layout.token_bytes, 1))
 
