@@ -35,10 +35,13 @@ __all__ = [
 ]
 
 LN2 = math.log(2.0)
-VENDOR_HINT = "vendor it with ../shared/tools/vendor-kernels and put the unpacked folder on PYTHONPATH"
+INSTALL_HINT = (
+    "pip install vllm==0.33.0: its wheel vendors FlashMLA as vllm.third_party.flashmla and ships DeepGEMM as "
+    "deep_gemm; or install upstream FlashMLA / DeepGEMM"
+)
 
 
-def import_first(*names: str, what: str, hint: str = VENDOR_HINT) -> ModuleType:
+def import_first(*names: str, what: str, hint: str = INSTALL_HINT) -> ModuleType:
     """The first of ``names`` that imports; ``ImportError`` naming every attempt and ``hint`` otherwise."""
     errors = []
     for name in names:

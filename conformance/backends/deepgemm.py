@@ -1,7 +1,7 @@
 """Backend ``deepgemm``: DeepGEMM's lightning-indexer logits, as vLLM 0.33 calls them.
 
-Imports ``deep_gemm`` (upstream, or the copy ``../shared/tools/vendor-kernels`` packs from the vLLM 0.33 wheel:
-DeepGEMM 2.8.1), else ``vllm.third_party.deep_gemm``. DeepGEMM JIT-compiles its kernels on first use and needs
+Imports ``deep_gemm`` (upstream, or DeepGEMM 2.8.1 as the vLLM 0.33.0 wheel ships it: ``pip install
+vllm==0.33.0``), else ``vllm.third_party.deep_gemm``. DeepGEMM JIT-compiles its kernels on first use and needs
 ``nvcc`` (``CUDA_HOME``). Ops:
 
 * ``indexer_logits`` -> ``fp8_fp4_mqa_logits((q_fp8, None), (k_fp8, k_scale), weights, ks, ke, max_seqlen_k)``

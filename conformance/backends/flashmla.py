@@ -1,7 +1,7 @@
 """Backend ``flashmla``: DeepSeek's FlashMLA kernels, as vLLM 0.33 ships them.
 
-Imports ``flash_mla`` (upstream FlashMLA, or the vendored copy ``../shared/tools/vendor-kernels`` packs from the
-vLLM 0.33 wheel), else ``vllm.third_party.flashmla.flash_mla_interface``. Ops:
+Imports ``flash_mla`` (upstream FlashMLA), else ``vllm.third_party.flashmla.flash_mla_interface`` (the copy the
+vLLM 0.33.0 wheel ships: ``pip install vllm==0.33.0``). Ops:
 
 * ``mla_decode`` -> ``flash_mla_with_kvcache`` (dense). The gathered ``kv [B, S_kv, 576]`` is paged into a
   ``[num_blocks, 64, 1, 576]`` cache with *shuffled* physical blocks and NaN in every slot past a request's
