@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from mlaspec.spec.indexer import decode_context_lens_native
 from mlaspec.spec.sliding_window import v4_attention_indices
 
 
@@ -136,7 +137,7 @@ class TorchSparse:
         b, next_n, h, d = q.shape
         block = cache.shape[1]
         if context_lens.dim() == 1:
-            lens = (context_lens.long()[:, None] - next_n + 1 + torch.arange(next_n)).clamp_min(0)
+            lens = decode_context_lens_native(context_lens, next_n)  # the spec's convention for 1-D lengths
         else:
             lens = context_lens.long()
         width = int(lens.max()) if max_context_len is None else max_context_len
