@@ -177,15 +177,12 @@ def mla_mha(
     causal: bool = False,
     mask: torch.Tensor | None = None,
 ) -> AttentionOutput:
-    """The compute-friendly (prefill) form: up-project, then MHA with ``D_qk = P + R``, ``D_v = V``.
+    """The compute-friendly (prefill) form: up-project (:func:`mha_inputs`), then MHA with ``D_qk = P + R``,
+    ``D_v = V``.
 
     Args:
-        q_nope: ``[B, S_q, N, P]`` float.
-        q_pe: ``[B, S_q, N, R]`` float, already rotated.
-        kv_c: ``[B, S_kv, Lkv]`` float, the normed latent.
-        k_pe: ``[B, S_kv, R]`` float, already rotated.
-        W_UK: ``[Lkv, N, P]`` float.
-        W_UV: ``[Lkv, N, V]`` float.
+        q_nope, q_pe, kv_c, k_pe, W_UK, W_UV: as :func:`mha_inputs` (``[B, S_q, N, P]``, ``[B, S_q, N, R]``,
+            ``[B, S_kv, Lkv]``, ``[B, S_kv, R]``, ``[Lkv, N, P]``, ``[Lkv, N, V]``, float).
         scale: softmax scale (``MLAConfig.softmax_scale``).
         causal, mask: as :func:`mlaspec.spec.attention.attention`.
 
