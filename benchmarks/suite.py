@@ -20,8 +20,8 @@ rows with their counts) and ``roofline.png`` (every row against the measured cop
     python benchmarks/suite.py --quick --out-dir /tmp/bench      # a handful of shapes, under a minute
     python benchmarks/suite.py --kernels sparse_prefill,indexer --out-dir /tmp/bench
 
-FlashMLA and DeepGEMM come from ``../shared/tools/vendor-kernels`` (``tar xzf .vendor/kernels.tgz -C /tmp/vendor``
-and ``PYTHONPATH=/tmp/vendor``); DeepGEMM JIT-compiles on first use and needs ``nvcc``.
+FlashMLA and DeepGEMM come from the vLLM 0.33.0 wheel (``pip install vllm==0.33.0``: ``vllm.third_party.flashmla``
+and ``deep_gemm``) or from upstream; DeepGEMM JIT-compiles on first use and needs ``nvcc``.
 
 Importing this module runs nothing.
 """

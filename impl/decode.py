@@ -50,6 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mlaspec.spec.paged_cache import page_entries
+
 __all__ = ["DecodeConfig", "DecodeOutput", "decode_config", "mla_decode_paged", "num_splits_heuristic", "page_cache"]
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
@@ -469,20 +471,13 @@ def page_cache(
     extra_pages: int = 1,
     fill: float = math.nan,
 ):
-    """Scatter dense entries ``kv [B, S_kv, D]`` into a paged cache with shuffled physical pages.
+    """Scatter dense entries ``kv [B, S_kv, D]`` into a paged cache with shuffled physical pages
+    (:func:`mlaspec.spec.paged_cache.page_entries`, which fixes the draws).
 
     Returns ``(kv_cache [num_pages, P, D], block_table [B, pages + 1] int32, seq_lens [B] int32)``: unused slots
     and spare pages hold ``fill`` (NaN by default, so a read past a sequence's end shows), and the block table has
     one spare column of ``-1`` that no kernel may follow.
     """
-    B, S_kv, D = kv.shape
-    pages = max(1, triton.cdiv(S_kv, page_size))
-    num_pages = B * pages + extra_pages
-    perm = torch.randperm(num_pages, generator=generator)[: B * pages].view(B, pages)
-    cache = torch.full((num_pages, page_size, D), fill, dtype=kv.dtype, device=kv.device)
-    padded = torch.full((B, pages * page_size, D), fill, dtype=kv.dtype, device=kv.device)
-    padded[:, :S_kv] = kv
-    cache[perm.to(kv.device)] = padded.view(B, pages, page_size, D)
-    block_table = torch.cat([perm, torch.full((B, 1), -1, dtype=perm.dtype)], 1).to(torch.int32).to(kv.device)
-    seq_lens = torch.full((B,), S_kv, dtype=torch.int32, device=kv.device)
-    return cache, block_table, seq_lens
+    return tuple(
+        page_entries(kv, page_size, generator=generator, spare_pages=extra_pages, fill=fill, spare_column=True)
+    )

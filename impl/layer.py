@@ -23,8 +23,9 @@ Decodes of different query lengths share one launch: each request's queries are 
 padding rows in front are dropped afterwards.
 
 The chunk plan follows vLLM's builder: ``W = round_down(workspace_size // #prefills_with_context, block_size)``,
-chunk ``i`` covers context positions ``[i W, (i + 1) W)`` of every prefill. The host-side bookkeeping (the split,
-the plan) is plain integer arithmetic on the metadata; nothing here calls the spec.
+chunk ``i`` covers context positions ``[i W, (i + 1) W)`` of every prefill; the width comes from the spec's
+:func:`mlaspec.spec.chunked_context.plan_context_chunks` (host-side input preparation). The split is plain integer
+arithmetic on the query lengths; the arithmetic of the attention is this module's and the kernels'.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+from mlaspec.spec.chunked_context import plan_context_chunks
 
 from .cache import concat_and_cache_mla, gather_cache
 from .decode import mla_decode_paged
@@ -67,18 +70,12 @@ def split_decodes(query_lens: list[int], decode_threshold: int) -> int:
 def context_chunks(context_lens: list[int], workspace_size: int, block_size: int) -> tuple[int, int]:
     """``(W, n)``: the chunk width every prefill gets and the number of chunks (``(0, 0)`` without context).
 
-    ``W = round_down(workspace_size // #(context_lens > 0), block_size)``, ``n = ceil(max(context_lens) / W)``.
+    ``W = round_down(workspace_size // #(context_lens > 0), block_size)``, ``n = ceil(max(context_lens) / W)``: the
+    spec's plan (:func:`mlaspec.spec.chunked_context.plan_context_chunks`), which raises ``ValueError`` when ``W``
+    would be 0.
     """
-    with_ctx = sum(1 for c in context_lens if c > 0)
-    if with_ctx == 0:
-        return 0, 0
-    width = workspace_size // with_ctx // block_size * block_size
-    if width <= 0:
-        raise ValueError(
-            f"workspace_size={workspace_size} must give each of the {with_ctx} prefills with context "
-            f"one page of block_size={block_size}"
-        )
-    return width, -(-max(context_lens) // width)
+    plan = plan_context_chunks(list(context_lens), workspace_size, block_size)
+    return plan.max_context_chunk, plan.num_chunks
 
 
 def _up_project(kv_c: torch.Tensor, k_pe: torch.Tensor, W_UK: torch.Tensor, W_UV: torch.Tensor, dtype):

@@ -434,7 +434,8 @@ def fp8_keys(raw: torch.Tensor, layout: str, page_size: int = 64) -> KeyCache:
 
 def quantize_keys(entries: torch.Tensor, page_size: int = 64) -> KeyCache | None:
     """Write dequantized entries ``[N, D]`` (``N`` global slots; D 576 or 512) as FlashMLA's fp8 sparse cache with
-    the spec's writer (:func:`mlaspec.spec.cache_layouts.quantize`), or None if the layout cannot hold them exactly.
+    the spec's exact writer (:func:`mlaspec.spec.cache_layouts.exact_pages`), or None if the layout cannot hold them
+    exactly.
 
     Rows with a non-finite value (the harness's never-named slots) are written as ``0xFF`` bytes (fp8 NaN); scales
     are FlashMLA's power-of-two rule or vLLM's raw ``amax / 448``, whichever reproduces the entries exactly (V3.2), or
@@ -444,24 +445,17 @@ def quantize_keys(entries: torch.Tensor, page_size: int = 64) -> KeyCache | None
     layout = {576: cl.FP8_DS_MLA_V32, 512: cl.FP8_DS_MLA_V4}.get(d)
     if layout is None:
         return None
-    x = entries.reshape(-1, d).to("cpu", torch.float64)
-    finite = torch.isfinite(x).all(dim=1)
-    xf = x[finite]
-    raw = None
-    for pow2 in (True, False) if d == 576 else (False,):
-        q = cl.quantize(xf, layout, pow2_scales=pow2).raw
-        if torch.equal(cl.dequantize(q, layout).entries, xf):
-            raw = q
-            break
-    if raw is None:
+    x = entries.reshape(-1, d)
+    n = x.shape[0]
+    if d == 512 and n % page_size:
         return None
-    rows = torch.full((x.shape[0], layout.token_bytes), 0xFF, dtype=torch.uint8)
-    rows[finite] = raw
-    if d == 576:
-        return fp8_keys(rows.to(entries.device), "fp8_v32", page_size)
-    if x.shape[0] % page_size:
+    try:
+        pages = cl.exact_pages(x.cpu(), layout, page_size)
+    except ValueError:  # not exactly representable
         return None
-    return fp8_keys(cl.to_pages(rows, layout, page_size).to(entries.device), "fp8_v4", page_size)
+    if d == 576:  # token-interleaved: the records themselves, without the padding of the last page
+        return fp8_keys(pages.reshape(-1, layout.token_bytes)[:n].to(entries.device), "fp8_v32", page_size)
+    return fp8_keys(pages.to(entries.device), "fp8_v4", page_size)
 
 
 class BlockTable(NamedTuple):

@@ -104,6 +104,7 @@ __all__ = [
     "dequantize",
     "detect_layout",
     "error_bound",
+    "exact_pages",
     "from_pages",
     "page_bytes",
     "quantize",
@@ -748,6 +749,59 @@ def write_pages(
     tail = p * layout.token_bytes  # alignment padding keeps whatever the old pages had there
     out[:, tail:] = pages[:, tail:]
     return out
+
+
+def exact_pages(entries: torch.Tensor, layout: CacheLayout | str, block_size: int) -> torch.Tensor:
+    """Page blocks of a group-scaled layout that hold ``entries`` *exactly*, or ``ValueError``.
+
+    For handing a kernel that reads only an fp8 cache (FlashMLA's sparse decode) the very entries a case gives in
+    float: no quantization error may pose as a kernel error. Entries must come from ``dequantize(quantize(...))``
+    under one of the layout's scale rules; rows holding a NaN or inf (a harness's never-read, hostile slots) are
+    written as ``0xFF`` bytes, the e4m3 NaN, so a kernel that reads one poisons its output. Pseudocode::
+
+        finite = rows of entries without NaN / inf
+        rules  = (pow2_scales=True, pow2_scales=False) for fp32 scales (656 B: FlashMLA's tests/quant.py, then
+                 vLLM's raw amax / 448); the exact e8m0 rule for V4 / V4.1
+        raw    = quantize(entries[finite], layout, rule) for the first rule with
+                 dequantize(raw) == entries[finite] bit for bit              (none: ValueError)
+        records[t] = raw[t] if finite[t] else 0xFF * token_bytes
+        records padded with 0xFF rows to ceil(T / P) * P rows, then to_pages(records, layout, P)
+
+    Example (656 B, ``P = 2``): three entries whose groups are e4m3 values times powers of two, the middle one
+    NaN, give 2 pages: page 0 holds entry 0 (scales powers of two) and ``0xFF`` * 656, page 1 entry 2 and ``0xFF``
+    * 656; ``dequantize(from_pages(pages)[[0, 2]])`` is entries 0 and 2 again.
+
+    Args:
+        entries: ``[T, D]`` float (``D = layout.entry_dim``), flat slots ``t = block * P + offset``.
+        layout: a group-scaled :class:`CacheLayout` (``fp8_ds_mla_v32``, ``fp8_ds_mla_v4``, ``mxfp8_ds_mla_v41``)
+            or its name.
+        block_size: ``P``, tokens per page.
+
+    Returns:
+        ``pages [ceil(T / P), page_bytes]`` uint8 on ``entries``' device.
+    """
+    layout = _layout(layout)
+    if layout.num_groups == 0:
+        raise ValueError(f"layout must have group scales stored in the bytes, not the per-tensor {layout.name}")
+    p = positive_int("block_size", block_size)
+    Dims().tensor("entries", entries, ("T", layout.entry_dim), FLOAT)
+    x = entries.to(torch.float64)
+    finite = torch.isfinite(x).all(dim=1)
+    xf = x[finite]
+    rules = (True, False) if layout.scale_rule.kind == "fp32" else (False,)
+    for pow2 in rules:
+        raw = quantize(xf, layout, pow2_scales=pow2).raw
+        if torch.equal(dequantize(raw, layout).entries, xf):
+            break
+    else:
+        raise ValueError(
+            f"entries must be exactly representable in the {layout.token_bytes}-byte {layout.name} layout (values "
+            "from dequantize(quantize(...))); they are not under any of its scale rules"
+        )
+    t = x.shape[0]
+    records = torch.full((-(-t // p) * p, layout.token_bytes), 0xFF, dtype=torch.uint8, device=x.device)
+    records[:t][finite] = raw
+    return to_pages(records, layout, p)
 
 
 # ------------------------------------------------------------------------------------------------ detection

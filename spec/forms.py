@@ -43,12 +43,24 @@ Source: vLLM ``vllm/model_executor/layers/attention/mla_attention.py`` (module d
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .attention import AttentionOutput, attention
 from .checks import FLOAT, Dims
 
-__all__ = ["absorb_query", "mla_absorbed", "mla_mha", "mqa_latent_attention", "unabsorb_output"]
+__all__ = [
+    "AbsorbedInputs",
+    "MHAInputs",
+    "absorb_query",
+    "absorbed_inputs",
+    "mha_inputs",
+    "mla_absorbed",
+    "mla_mha",
+    "mqa_latent_attention",
+    "unabsorb_output",
+]
 
 
 def _check(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV) -> Dims:
@@ -66,6 +78,93 @@ def _f64(*ts: torch.Tensor) -> list[torch.Tensor]:
     return [t.to(torch.float64) for t in ts]
 
 
+class MHAInputs(NamedTuple):
+    """The compute-friendly form's attention inputs, float64: ``q [B, S_q, N, P + R]``, ``k [B, S_kv, N, P + R]``,
+    ``v [B, S_kv, N, V]``."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def mha_inputs(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    W_UK: torch.Tensor,
+    W_UV: torch.Tensor,
+) -> MHAInputs:
+    """Up-project the latent into per-head keys and values: the MHA inputs of the compute-friendly form.
+
+    Pseudocode (per batch ``b``, token ``j``, head ``n``)::
+
+        k_nope[j, n] = kv_c[j] @ W_UK[:, n, :]              [P]
+        v[j, n]      = kv_c[j] @ W_UV[:, n, :]              [V]
+        q[i, n]      = [q_nope[i, n], q_pe[i, n]]           [P + R]
+        k[j, n]      = [k_nope[j, n], k_pe[j]]              [P + R]    the rope key is shared by every head
+
+    Example: ``Lkv = 2, N = 1, P = V = 1, R = 1``, ``kv_c = [[1, 2]]``, ``W_UK[:, 0, 0] = [3, 4]``, ``W_UV[:, 0, 0] =
+    [5, 6]``, ``k_pe = [[7]]`` give ``k = [[[11, 7]]]`` and ``v = [[[17]]]`` (per batch).
+
+    Args:
+        q_nope: ``[B, S_q, N, P]`` float.
+        q_pe: ``[B, S_q, N, R]`` float, already rotated.
+        kv_c: ``[B, S_kv, Lkv]`` float, the normed latent.
+        k_pe: ``[B, S_kv, R]`` float, already rotated.
+        W_UK: ``[Lkv, N, P]`` float.
+        W_UV: ``[Lkv, N, V]`` float.
+
+    Returns:
+        :class:`MHAInputs` ``q [B, S_q, N, P + R]``, ``k [B, S_kv, N, P + R]``, ``v [B, S_kv, N, V]``, float64.
+    """
+    dims = _check(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
+    q_nope, q_pe, kv_c, k_pe, W_UK, W_UV = _f64(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
+    k_nope = torch.einsum("bsl,lnp->bsnp", kv_c, W_UK)  # [B, S_kv, N, P]
+    v = torch.einsum("bsl,lnv->bsnv", kv_c, W_UV)  # [B, S_kv, N, V]
+    k_pe_heads = k_pe[:, :, None, :].expand(-1, -1, dims["N"], -1)  # the shared rope key, for every head
+    q = torch.cat([q_nope, q_pe], dim=-1)  # [B, S_q, N, P + R]
+    k = torch.cat([k_nope, k_pe_heads], dim=-1)  # [B, S_kv, N, P + R]
+    return MHAInputs(q, k, v)
+
+
+class AbsorbedInputs(NamedTuple):
+    """The data-movement-friendly form's attention inputs, float64: the absorbed ``q [B, S_q, N, Lkv + R]`` and the
+    cache entries ``kv [B, S_kv, Lkv + R]`` (keys; their first ``Lkv`` columns are the values)."""
+
+    q: torch.Tensor
+    kv: torch.Tensor
+
+
+def absorbed_inputs(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, W_UK: torch.Tensor
+) -> AbsorbedInputs:
+    """Absorb ``W_UK`` into the query and lay out the cache entries: the MQA inputs of the absorbed form.
+
+    Pseudocode::
+
+        q[i, n] = [q_nope[i, n] @ W_UK[:, n, :]^T, q_pe[i, n]]      [Lkv + R]   (:func:`absorb_query`)
+        kv[j]   = [kv_c[j], k_pe[j]]                               [Lkv + R]   the cache entry, latent first
+
+    Example: ``Lkv = 2, N = 1, P = 1, R = 1``, ``q_nope = [[[[2]]]]``, ``W_UK[:, 0, 0] = [3, 4]``, ``q_pe =
+    [[[[5]]]]``, ``kv_c = [[[1, 2]]]``, ``k_pe = [[[7]]]`` give ``q = [[[[6, 8, 5]]]]`` and ``kv = [[[1, 2, 7]]]``.
+
+    Args: as :func:`mha_inputs`, without ``W_UV``.
+
+    Returns:
+        :class:`AbsorbedInputs` ``q [B, S_q, N, Lkv + R]`` and ``kv [B, S_kv, Lkv + R]``, float64.
+    """
+    dims = Dims()
+    dims.tensor("q_nope", q_nope, ("B", "S_q", "N", "P"), FLOAT)
+    dims.tensor("q_pe", q_pe, ("B", "S_q", "N", "R"), FLOAT)
+    dims.tensor("kv_c", kv_c, ("B", "S_kv", "Lkv"), FLOAT)
+    dims.tensor("k_pe", k_pe, ("B", "S_kv", "R"), FLOAT)
+    dims.tensor("W_UK", W_UK, ("Lkv", "N", "P"), FLOAT)
+    q = absorb_query(q_nope, q_pe, W_UK)  # [B, S_q, N, Lkv + R]
+    kv = torch.cat([kv_c.to(torch.float64), k_pe.to(torch.float64)], dim=-1)  # [B, S_kv, Lkv + R]: the cache entry
+    return AbsorbedInputs(q, kv)
+
+
 def mla_mha(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
@@ -78,28 +177,19 @@ def mla_mha(
     causal: bool = False,
     mask: torch.Tensor | None = None,
 ) -> AttentionOutput:
-    """The compute-friendly (prefill) form: up-project, then MHA with ``D_qk = P + R``, ``D_v = V``.
+    """The compute-friendly (prefill) form: up-project (:func:`mha_inputs`), then MHA with ``D_qk = P + R``,
+    ``D_v = V``.
 
     Args:
-        q_nope: ``[B, S_q, N, P]`` float.
-        q_pe: ``[B, S_q, N, R]`` float, already rotated.
-        kv_c: ``[B, S_kv, Lkv]`` float, the normed latent.
-        k_pe: ``[B, S_kv, R]`` float, already rotated.
-        W_UK: ``[Lkv, N, P]`` float.
-        W_UV: ``[Lkv, N, V]`` float.
+        q_nope, q_pe, kv_c, k_pe, W_UK, W_UV: as :func:`mha_inputs` (``[B, S_q, N, P]``, ``[B, S_q, N, R]``,
+            ``[B, S_kv, Lkv]``, ``[B, S_kv, R]``, ``[Lkv, N, P]``, ``[Lkv, N, V]``, float).
         scale: softmax scale (``MLAConfig.softmax_scale``).
         causal, mask: as :func:`mlaspec.spec.attention.attention`.
 
     Returns:
         ``out [B, S_q, N, V]`` and ``lse [B, N, S_q]``, float64.
     """
-    dims = _check(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
-    q_nope, q_pe, kv_c, k_pe, W_UK, W_UV = _f64(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
-    k_nope = torch.einsum("bsl,lnp->bsnp", kv_c, W_UK)  # [B, S_kv, N, P]
-    v = torch.einsum("bsl,lnv->bsnv", kv_c, W_UV)  # [B, S_kv, N, V]
-    k_pe_heads = k_pe[:, :, None, :].expand(-1, -1, dims["N"], -1)  # the shared rope key, for every head
-    q = torch.cat([q_nope, q_pe], dim=-1)  # [B, S_q, N, P + R]
-    k = torch.cat([k_nope, k_pe_heads], dim=-1)  # [B, S_kv, N, P + R]
+    q, k, v = mha_inputs(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
     return attention(q, k, v, scale=scale, causal=causal, mask=mask)
 
 
@@ -179,7 +269,6 @@ def mla_absorbed(
     Same arguments and results as :func:`mla_mha` (``out [B, S_q, N, V]``, ``lse [B, N, S_q]``, float64).
     """
     dims = _check(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
-    q = absorb_query(q_nope, q_pe, W_UK)  # [B, S_q, N, Lkv + R]
-    kv = torch.cat([kv_c.to(torch.float64), k_pe.to(torch.float64)], dim=-1)  # [B, S_kv, Lkv + R]: the cache entry
+    q, kv = absorbed_inputs(q_nope, q_pe, kv_c, k_pe, W_UK)
     o_latent, lse = mqa_latent_attention(q, kv, d_v=dims["Lkv"], scale=scale, causal=causal, mask=mask)
     return AttentionOutput(unabsorb_output(o_latent, W_UV), lse)

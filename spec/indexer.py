@@ -623,7 +623,7 @@ def paged_indexer_logits(
         raise ValueError("context_lens must be a tensor of shape [B] or [B, next_n]")
     if context_lens.dim() == 1:
         dims.tensor("context_lens", context_lens, ("B",), INT)
-        lens = context_lens.to(torch.int64)[:, None] - next_n + 1 + torch.arange(next_n)[None, :]
+        lens = decode_context_lens_native(context_lens, next_n)  # clamped at 0 (a padding request)
     else:
         dims.tensor("context_lens", context_lens, ("B", "next_n"), INT)
         lens = context_lens.to(torch.int64)

@@ -32,6 +32,7 @@ Conventions and sources (vLLM 0.33):
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -41,10 +42,12 @@ from .checks import FLOAT, INT, Dims, cu_seqlens, positive_int
 
 __all__ = [
     "GatheredCache",
+    "PagedEntries",
     "SlotMapping",
     "TokenPositions",
     "concat_and_cache_mla",
     "gather_cache",
+    "page_entries",
     "slot_mapping_from_block_table",
     "token_positions",
 ]
@@ -314,3 +317,90 @@ def gather_cache(
     slots = pages * p + pos % p
     entries = kv_cache.reshape(dims["num_blocks"] * p, *kv_cache.shape[2:])[slots].clone()
     return GatheredCache(entries, slots)
+
+
+class PagedEntries(NamedTuple):
+    """``cache [num_pages, P, *entry]`` (``kv``'s dtype), ``block_table [B, pages (+ 1)]`` int32, ``seq_lens [B]``
+    int32, all on ``kv``'s device."""
+
+    cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+def page_entries(
+    kv: torch.Tensor,
+    page_size: int,
+    *,
+    seq_lens: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    spare_pages: int = 1,
+    fill: float = math.nan,
+    spare_column: bool = False,
+) -> PagedEntries:
+    """Scatter gathered entries ``kv [B, S_kv, *entry]`` into a paged cache that is hostile wherever it is not read.
+
+    The inverse of :func:`gather_cache`, for handing a paged kernel the entries a case gives densely. Physical
+    pages are drawn at random, so a kernel that ignores the block table reads the wrong tokens; every slot past a
+    request's length, and ``spare_pages`` pages nobody owns, hold ``fill`` (NaN, or ``0xFF`` -- the e4m3 NaN -- for
+    a byte cache), so a kernel that reads past ``seq_lens`` poisons its output. Pseudocode::
+
+        pages  = max(1, ceil(S_kv / P))                              per request
+        perm   = torch.randperm(B * pages + spare_pages, generator=generator)
+        table  = perm[:B * pages].reshape(B, pages)                  request-major: the draws are fixed by the seed
+        cache  = full([B * pages + spare_pages, P, *entry], fill)
+        for b, t < seq_lens[b]:  cache[table[b, t // P], t % P] = kv[b, t]
+        block_table = table, plus a column of -1 if spare_column (a column no kernel may follow)
+
+    Example: ``B = 2, S_kv = 3, P = 2, spare_pages = 1``: ``torch.randperm(5, generator=manual_seed(0))`` is
+    ``[4, 0, 1, 3, 2]`` (torch's CPU generator), so ``block_table = [[4, 0], [1, 3]]``; request 0's tokens sit in
+    slots ``8, 9, 0``, request 1's in ``2, 3, 6``; slots ``1`` and ``7`` (past the length) and page 2 hold ``fill``.
+
+    Args:
+        kv: ``[B, S_kv, *entry]`` any dtype (``entry`` is ``[576]`` for an MLA cache, ``[656]`` for the bytes of the
+            656-byte record, or ``[H_kv, D]``).
+        page_size: ``P``, tokens per page.
+        seq_lens: optional ``[B]`` int in ``[0, S_kv]``, tokens of each request (default ``S_kv`` for all).
+        generator: the page permutation's generator (``None``: torch's default generator).
+        spare_pages: pages no request owns (``>= 0``).
+        fill: the value of every slot not written; an int in the dtype's range for an integer ``kv``.
+        spare_column: append a column of ``-1`` to the block table.
+
+    Returns:
+        :class:`PagedEntries`: ``cache [B * pages + spare_pages, P, *entry]``, ``block_table [B, pages]`` (``+ 1``
+        with ``spare_column``) int32 and ``seq_lens [B]`` int32.
+    """
+    if not isinstance(kv, torch.Tensor):
+        raise TypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
+    if kv.dim() < 2:
+        raise ValueError(f"kv must have shape [B, S_kv, *entry], got {list(kv.shape)}")
+    p = positive_int("page_size", page_size)
+    spare = positive_int("spare_pages", spare_pages, minimum=0)
+    if not isinstance(spare_column, bool):
+        raise TypeError(f"spare_column must be a bool, got {type(spare_column).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)):
+        raise TypeError(f"fill must be a number, got {type(fill).__name__}")
+    if not kv.dtype.is_floating_point:
+        info = torch.iinfo(kv.dtype) if kv.dtype != torch.bool else None
+        if info is None or not float(fill).is_integer() or not info.min <= fill <= info.max:
+            raise ValueError(f"fill must be an int in the range of kv's dtype {kv.dtype}, got {fill!r}")
+    b, s_kv = kv.shape[:2]
+    if seq_lens is None:
+        lens = torch.full((b,), s_kv, dtype=torch.int64)
+    else:
+        lens = Dims(B=b).tensor("seq_lens", seq_lens, ("B",), INT).to("cpu", torch.int64)
+        if bool(((lens < 0) | (lens > s_kv)).any()):
+            raise ValueError(f"seq_lens must lie in [0, S_kv={s_kv}], got {lens.tolist()}")
+    pages = max(1, -(-s_kv // p))
+    total = b * pages + spare
+    table = torch.randperm(total, generator=generator)[: b * pages].reshape(b, pages)
+    cache = torch.full((total, p, *kv.shape[2:]), fill, dtype=kv.dtype, device=kv.device)
+    t = torch.arange(s_kv)
+    slots = table[:, t // p] * p + t % p  # [B, S_kv]
+    keep = t[None, :] < lens[:, None]
+    cache.view(total * p, *kv.shape[2:])[slots[keep].to(kv.device)] = kv[keep.to(kv.device)]
+    if spare_column:
+        table = torch.cat([table, torch.full((b, 1), -1, dtype=table.dtype)], dim=1)
+    return PagedEntries(cache, table.to(torch.int32).to(kv.device), lens.to(torch.int32).to(kv.device))

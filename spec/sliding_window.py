@@ -36,7 +36,8 @@ the compressed entries into ``[0, N)`` of a bf16 workspace row of width ``M`` an
 (:func:`prefill_gather_lens`, :func:`prefill_workspace`), then builds indices into that flat workspace
 (:func:`combine_topk_swa_indices`), in chunks of requests (:func:`prefill_chunk_plan`).
 
-:func:`v4_attention` is the definition every one of those paths must equal.
+:func:`v4_attention` is the definition every one of those paths must equal; :func:`v4_attention_indices` is the
+same layer as one index list per query (compressed top-k, then the window), the form a sparse kernel reads.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ __all__ = [
     "prefill_workspace",
     "swa_indices_and_lens",
     "v4_attention",
+    "v4_attention_indices",
     "window_mask",
 ]
 
@@ -492,6 +494,77 @@ def prefill_chunk_plan(
         plan.append(PrefillChunk(s, e, mc, mc + mg))
         s = e
     return plan
+
+
+def v4_attention_indices(
+    s_q: int,
+    s_kv: int,
+    *,
+    window: int,
+    compress_ratio: int = 1,
+    topk_indices: torch.Tensor | None = None,
+    num_compressed: int = 0,
+) -> torch.Tensor:
+    """The keys :func:`v4_attention` lets each query read, as rows of indices into ``cat(compressed_kv, raw_kv)``.
+
+    Query ``i`` sits at ``p = S_kv - S_q + i``. Its row holds the compressed entries it uses, then its window,
+    each part left-aligned and ``-1`` padded (how vLLM's V4 path feeds FlashMLA: the compressed top-k as one index
+    list, the window as another, ``vllm/models/deepseek_v4/attention/impl/flashmla.py``)::
+
+        n     = min((p + 1) // r, K)                      0 for swaonly (no topk_indices, K = 0)
+        lo    = max(p - W + 1, 0)
+        row[:n]                   = topk_indices[i, :n]          compressed rows [0, C)
+        row[K : K + p + 1 - lo]   = C + [lo, lo + 1, ..., p]      raw rows, shifted by C = num_compressed
+        everything else           = -1
+
+    Example ``S_q = 2, S_kv = 9, W = 3, r = 4, C = 2``, ``topk_indices = [[1, 0], [0, 1]]`` (positions 7 and 8 see
+    ``(7 + 1) // 4 = 2`` and ``9 // 4 = 2`` entries)::
+
+        [[1, 0, 2 + 5, 2 + 6, 2 + 7],          -> [[1, 0,  7,  8,  9],
+         [0, 1, 2 + 6, 2 + 7, 2 + 8]]              [0, 1,  8,  9, 10]]
+
+    Args:
+        s_q: ``S_q``, the request's last ``S_q`` positions are the queries.
+        s_kv: ``S_kv >= S_q``, the request's raw keys (``seq_len``).
+        window: ``W >= 1``.
+        compress_ratio: 1 (swaonly), 4 (c4a) or 128 (c128a).
+        topk_indices: ``[S_q, K]`` int local compressed indices (c128a: :func:`c128a_topk_indices`), required for
+            c4a / c128a and ``None`` for swaonly; each row's first ``n`` must lie in ``[0, (p + 1) // r)`` and
+            below ``num_compressed``.
+        num_compressed: ``C >= 0``, the number of compressed rows before the raw ones (``compressed_kv.shape[0]``).
+
+    Returns:
+        ``[S_q, K + W]`` int64, ``-1`` where a slot is unused.
+    """
+    s_q = positive_int("s_q", s_q, minimum=0)
+    s_kv = positive_int("s_kv", s_kv, minimum=0)
+    window = positive_int("window", window)
+    num_c = positive_int("num_compressed", num_compressed, minimum=0)
+    if s_q > s_kv:
+        raise ValueError(f"s_q must be <= s_kv (queries are the last s_q positions), got s_q={s_q}, s_kv={s_kv}")
+    kind = layer_kind(compress_ratio)
+    pos = torch.arange(s_q) + (s_kv - s_q)
+    if kind == "swaonly":
+        if topk_indices is not None:
+            raise ValueError(f"topk_indices must be None for a swaonly layer (compress_ratio={compress_ratio})")
+        comp = torch.zeros(s_q, 0, dtype=torch.int64)
+    else:
+        if topk_indices is None:
+            raise ValueError(f"topk_indices are required for a {kind} layer (compress_ratio={compress_ratio})")
+        dims = Dims(S_q=s_q)
+        dims.tensor("topk_indices", topk_indices, ("S_q", "K"), INT)
+        vis = (pos + 1) // compress_ratio
+        used = torch.arange(dims["K"])[None, :] < torch.clamp(vis, max=dims["K"])[:, None]
+        idx = topk_indices.long()
+        if bool((used & ((idx < 0) | (idx >= vis[:, None]))).any()):
+            raise ValueError("topk_indices must name only compressed entries visible to the query: c < (p + 1) // r")
+        if bool((used & (idx >= num_c)).any()):
+            raise ValueError(f"topk_indices must be < num_compressed={num_c} where used")
+        comp = torch.where(used, idx, -1)
+    lo = (pos - window + 1).clamp(min=0)
+    k = torch.arange(window)[None, :]
+    win = torch.where(k < (pos + 1 - lo)[:, None], num_c + lo[:, None] + k, -1)
+    return torch.cat([comp, win], dim=1)
 
 
 def v4_attention(

@@ -340,6 +340,50 @@ def test_bad_scale_bytes_are_reported():
 # ------------------------------------------------------------------------------------------ bad input
 
 
+def test_exact_pages_worked_example_656_bytes():
+    # P = 2, three entries, the middle one NaN (a hostile unused slot). Entry 0's groups are e4m3 values times 2^-2,
+    # so FlashMLA's power-of-two rule holds them; entry 2's group amax is 1, whose scale 1/448 only vLLM's raw rule
+    # reproduces.
+    x = torch.zeros(3, 576, dtype=F64)
+    x[0, :512] = torch.tensor([448.0, 1.0, -0.5, 0.0] * 128, dtype=F64) * 2.0**-2
+    x[0, 512:] = 0.75  # bf16 RoPE, stored verbatim
+    x[1, 7] = math.nan
+    raw2 = cl.quantize(torch.linspace(-1.0, 1.0, 576, dtype=F64)[None], cl.FP8_DS_MLA_V32).raw
+    x[2] = cl.dequantize(raw2, cl.FP8_DS_MLA_V32).entries[0]
+    pages = cl.exact_pages(x[:2], cl.FP8_DS_MLA_V32, 2)  # entries 0 and 1: power-of-two scales
+    assert pages.shape == (1, 2 * 656) and pages.dtype == torch.uint8
+    rec = cl.from_pages(pages, cl.FP8_DS_MLA_V32, 2)
+    assert cl.FP32.decode(rec[0, 512:528]).tolist() == [0.25] * 4
+    assert torch.equal(cl.dequantize(rec[:1], cl.FP8_DS_MLA_V32).entries, x[:1])
+    assert (rec[1] == 0xFF).all()
+    pages = cl.exact_pages(x, cl.FP8_DS_MLA_V32, 2)  # entry 2 needs vLLM's raw amax / 448 scales: all take them
+    rec = cl.from_pages(pages, cl.FP8_DS_MLA_V32, 2)
+    assert pages.shape == (2, 2 * 656)
+    assert cl.FP32.decode(rec[2, 512:516]).item() == cl.round_to_format(torch.tensor(1 / 448, dtype=F64), cl.FP32)
+    assert torch.equal(cl.dequantize(rec[[0, 2]], cl.FP8_DS_MLA_V32).entries, x[[0, 2]])
+    assert (rec[1] == 0xFF).all() and (rec[3] == 0xFF).all()  # the NaN entry and the padding of the last page
+
+
+@pytest.mark.parametrize("layout", GROUPED, ids=lambda l: l.name)
+@given(data=st.data())
+def test_exact_pages_hold_the_entries_and_nothing_else(layout, data):
+    x = data.draw(representable_entries(layout))
+    t = x.shape[0]
+    hostile = torch.tensor(data.draw(st.lists(st.booleans(), min_size=t, max_size=t)))
+    p = data.draw(st.integers(1, 4))
+    x[hostile, 3] = math.nan
+    pages = cl.exact_pages(x, layout, p)
+    assert pages.shape == (-(-t // p), cl.page_bytes(layout, p))
+    rec = cl.from_pages(pages, layout, p)
+    assert torch.equal(cl.dequantize(rec[:t][~hostile], layout).entries, x[~hostile])
+    assert (rec[:t][hostile] == 0xFF).all() and (rec[t:] == 0xFF).all()
+    if bool((~hostile).any()):  # one float64 ulp off a finite value: no scale rule holds it, so it is refused
+        row = int(torch.nonzero(~hostile)[0])
+        x[row, 1] = torch.nextafter(x[row, 1], torch.tensor(math.inf, dtype=F64))
+        with pytest.raises(ValueError, match="entries"):
+            cl.exact_pages(x, layout, p)
+
+
 def test_bad_input_raises_naming_the_argument():
     x = torch.zeros(2, 576, dtype=F64)
     with pytest.raises(ValueError, match="entries"):
@@ -373,6 +417,16 @@ def test_bad_input_raises_naming_the_argument():
         cl.write_pages(pages, x[:2], torch.tensor([1, 1]), cl.FP8_DS_MLA_V32, 2)
     with pytest.raises(ValueError, match="block_size"):
         cl.page_bytes(cl.FP8_DS_MLA_V32, 0)
+    with pytest.raises(ValueError, match="layout"):
+        cl.exact_pages(x, cl.FP8_PER_TENSOR, 2)
+    with pytest.raises(TypeError, match="entries"):
+        cl.exact_pages(x.to(torch.int32), cl.FP8_DS_MLA_V32, 2)
+    with pytest.raises(ValueError, match="entries"):
+        cl.exact_pages(torch.zeros(2, 512, dtype=F64), cl.FP8_DS_MLA_V32, 2)
+    with pytest.raises(ValueError, match="block_size"):
+        cl.exact_pages(x, cl.FP8_DS_MLA_V32, 0)
+    with pytest.raises(ValueError, match="entries must be exactly representable"):
+        cl.exact_pages(torch.full((1, 576), 0.3, dtype=F64), cl.FP8_DS_MLA_V32, 2)
 
 
 # ------------------------------------------------------------------------------------------ viz

@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from mlaspec.spec.attention import attention
 from mlaspec.spec.config import MLAConfig, make_weights
-from mlaspec.spec.forms import absorb_query, mla_absorbed, mla_mha, mqa_latent_attention, unabsorb_output
+from mlaspec.spec.forms import (
+    absorb_query,
+    absorbed_inputs,
+    mha_inputs,
+    mla_absorbed,
+    mla_mha,
+    mqa_latent_attention,
+    unabsorb_output,
+)
 from mlaspec.spec.layer import mla_layer
 from mlaspec.spec.projections import project
 
@@ -63,6 +71,40 @@ def test_forms_agree_under_any_mask(problem, data):
     m = mla_absorbed(q_nope, q_pe, kv_c, k_pe, w.W_UK, w.W_UV, scale=0.3, mask=mask)
     assert rel_err(m.out, a.out) < RTOL or a.out.norm() == 0
     torch.testing.assert_close(m.lse, a.lse, rtol=RTOL, atol=RTOL)
+
+
+def test_form_inputs_worked_example():
+    # Lkv = 2, N = 1, P = V = R = 1: k_nope = [1, 2] . [3, 4] = 11, v = [1, 2] . [5, 6] = 17, ql_nope = 2 * [3, 4]
+    W_UK = torch.tensor([3.0, 4.0]).reshape(2, 1, 1)
+    W_UV = torch.tensor([5.0, 6.0]).reshape(2, 1, 1)
+    q_nope, q_pe = torch.tensor([[[[2.0]]]]), torch.tensor([[[[5.0]]]])
+    kv_c, k_pe = torch.tensor([[[1.0, 2.0]]]), torch.tensor([[[7.0]]])
+    q, k, v = mha_inputs(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
+    assert q.tolist() == [[[[2.0, 5.0]]]] and k.tolist() == [[[[11.0, 7.0]]]] and v.tolist() == [[[[17.0]]]]
+    assert q.dtype == k.dtype == v.dtype == torch.float64
+    qa, kv = absorbed_inputs(q_nope, q_pe, kv_c, k_pe, W_UK)
+    assert qa.tolist() == [[[[6.0, 8.0, 5.0]]]] and kv.tolist() == [[[1.0, 2.0, 7.0]]]
+    # the same logit both ways: 2 * 11 + 5 * 7 = 6 * 1 + 8 * 2 + 5 * 7 = 57
+    assert (q * k).sum().item() == (qa * kv).sum().item() == 57.0
+
+
+@given(inputs())
+def test_form_inputs_give_the_same_logits_and_values(problem):
+    """Why the forms are equal, on their inputs: per head ``q . k_j = q_abs . kv_j`` (associativity) and
+    ``v_j = kv_j[:Lkv] @ W_UV`` (linearity)."""
+    c, w, (q_nope, q_pe, kv_c, k_pe) = problem
+    q, k, v = mha_inputs(q_nope, q_pe, kv_c, k_pe, w.W_UK, w.W_UV)
+    qa, kv = absorbed_inputs(q_nope, q_pe, kv_c, k_pe, w.W_UK)
+    b, s_q, n = q_nope.shape[:3]
+    s_kv = kv_c.shape[1]
+    assert q.shape == (b, s_q, n, c.qk_head_dim) and k.shape == (b, s_kv, n, c.qk_head_dim)
+    assert v.shape == (b, s_kv, n, c.v_head_dim) and qa.shape == (b, s_q, n, c.kv_entry_dim)
+    assert kv.shape == (b, s_kv, c.kv_entry_dim)
+    mha = torch.einsum("bqnd,bknd->bnqk", q, k)
+    mqa = torch.einsum("bqnd,bkd->bnqk", qa, kv)
+    torch.testing.assert_close(mqa, mha, rtol=RTOL, atol=RTOL * max(1.0, mha.abs().max().item()))
+    latent = kv[..., : c.kv_lora_rank]  # the values of the absorbed form, one latent per token for every head
+    torch.testing.assert_close(unabsorb_output(latent[:, :, None].expand(-1, -1, n, -1), w.W_UV), v)
 
 
 def test_varlen_batch_equals_each_request_alone():
@@ -152,6 +194,16 @@ def test_bad_input():
         mla_absorbed(q_nope, q_pe, kv_c, k_pe, w.W_UK[:, :2], w.W_UV, scale=1.0)
     with pytest.raises(ValueError, match="d_v"):
         mqa_latent_attention(torch.randn(1, 2, 4, 40), torch.randn(1, 3, 40), d_v=41, scale=1.0)
+    with pytest.raises(ValueError, match="W_UV must have shape"):
+        mha_inputs(q_nope, q_pe, kv_c, k_pe, w.W_UK, w.W_UV[:, :2])
+    with pytest.raises(TypeError, match="kv_c"):
+        mha_inputs(q_nope, q_pe, kv_c.to(torch.int32), k_pe, w.W_UK, w.W_UV)
+    with pytest.raises(ValueError, match="q_pe must have shape"):
+        absorbed_inputs(q_nope, torch.randn(1, 2, 3, 8), kv_c, k_pe, w.W_UK)
+    with pytest.raises(ValueError, match="kv_c must have shape"):
+        absorbed_inputs(q_nope, q_pe, torch.randn(2, 3, 32), k_pe, w.W_UK)
+    with pytest.raises(TypeError, match="W_UK"):
+        absorbed_inputs(q_nope, q_pe, kv_c, k_pe, None)
     with pytest.raises(ValueError, match="form"):
         mla_layer(torch.randn(2, c.hidden_size), torch.arange(2), w, c, form="flash")
     with pytest.raises(ValueError, match="hidden must have shape"):

@@ -11,6 +11,7 @@ from mlaspec.spec import cache_layouts
 from mlaspec.spec.paged_cache import (
     concat_and_cache_mla,
     gather_cache,
+    page_entries,
     slot_mapping_from_block_table,
     token_positions,
 )
@@ -81,6 +82,53 @@ def test_concat_and_cache_mla_fp8_ds_mla_record():
     want = cache_layouts.quantize(torch.cat([kv_c, k_pe], 1), "fp8_ds_mla_v32").raw
     assert torch.equal(new.view(4, 656)[0], want[0]) and torch.equal(new.view(4, 656)[3], want[2])
     assert torch.count_nonzero(new.view(4, 656)[1:3]) == 0
+
+
+def test_page_entries_worked_example():
+    # B = 2, S_kv = 3, P = 2, one spare page: torch.randperm(5) under seed 0 is [4, 0, 1, 3, 2], request-major
+    kv = torch.arange(6, dtype=F64).reshape(2, 3, 1)
+    paged = page_entries(kv, 2, generator=torch.Generator().manual_seed(0), spare_column=True)
+    assert paged.block_table.tolist() == [[4, 0, -1], [1, 3, -1]] and paged.block_table.dtype == torch.int32
+    assert paged.seq_lens.tolist() == [3, 3] and paged.seq_lens.dtype == torch.int32
+    flat = paged.cache.reshape(-1).tolist()
+    assert [flat[s] for s in (8, 9, 0, 2, 3, 6)] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert all(math.isnan(flat[s]) for s in (1, 7, 4, 5))  # past the length, and the spare page 2
+    # a byte cache with 0xFF (e4m3 NaN) fill and a shorter request; no spare page, no spare column
+    raw = torch.full((2, 3, 2), 7, dtype=torch.uint8)
+    g = torch.Generator().manual_seed(0)
+    paged = page_entries(raw, 2, seq_lens=torch.tensor([3, 1]), generator=g, spare_pages=0, fill=0xFF)
+    assert paged.cache.shape == (4, 2, 2) and paged.block_table.shape == (2, 2)
+    assert int((paged.cache == 7).all(-1).sum()) == 4 and int((paged.cache == 0xFF).all(-1).sum()) == 4
+
+
+@given(
+    st.integers(1, 3),
+    st.integers(0, 9),
+    st.integers(1, 4),
+    st.integers(0, 2),
+    st.booleans(),
+    st.integers(0, 2**16),
+    st.data(),
+)
+def test_page_entries_gather_back_and_nothing_else_is_written(b, s_kv, p, spare, column, seed, data):
+    lens = data.draw(st.lists(st.integers(0, s_kv), min_size=b, max_size=b))
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(b, s_kv, 2, 3, generator=g, dtype=F64)
+    paged = page_entries(kv, p, seq_lens=torch.tensor(lens), generator=g, spare_pages=spare, spare_column=column)
+    pages = max(1, -(-s_kv // p))
+    assert paged.cache.shape == (b * pages + spare, p, 2, 3)
+    table = paged.block_table.long()
+    assert table.shape == (b, pages + column)
+    if column:
+        assert (table[:, -1] == -1).all()
+        table = table[:, :-1]
+    assert sorted(table.reshape(-1).tolist()) == sorted(set(table.reshape(-1).tolist()))  # each page owned once
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    back = gather_cache(paged.cache, table, cu)
+    assert torch.equal(back.entries, torch.cat([kv[i, :n] for i, n in enumerate(lens)]))
+    written = torch.zeros(paged.cache.shape[0] * p, dtype=torch.bool)
+    written[back.slots] = True
+    assert torch.isnan(paged.cache.reshape(-1, 2, 3)[~written]).all()  # past every length, and the spare pages
 
 
 # ------------------------------------------------------------------------------------------ properties
@@ -178,6 +226,34 @@ def test_gather_kernels_agree_on_block_aligned_starts(p, start_blocks, n):
 
 
 # ------------------------------------------------------------------------------------------ bad input
+
+
+def test_page_entries_rejects_bad_input():
+    kv = torch.zeros(2, 3, 1)
+    with pytest.raises(ValueError, match="seq_lens"):
+        page_entries(kv, 2, seq_lens=torch.tensor([4, 1]))
+    with pytest.raises(ValueError, match="seq_lens"):
+        page_entries(kv, 2, seq_lens=torch.tensor([1, 1, 1]))
+    with pytest.raises(TypeError, match="seq_lens"):
+        page_entries(kv, 2, seq_lens=torch.tensor([1.0, 1.0]))
+    with pytest.raises(ValueError, match="page_size"):
+        page_entries(kv, 0)
+    with pytest.raises(TypeError, match="page_size"):
+        page_entries(kv, 2.0)
+    with pytest.raises(ValueError, match="kv"):
+        page_entries(torch.zeros(3), 2)
+    with pytest.raises(TypeError, match="kv"):
+        page_entries([[1.0]], 2)
+    with pytest.raises(ValueError, match="spare_pages"):
+        page_entries(kv, 2, spare_pages=-1)
+    with pytest.raises(TypeError, match="generator"):
+        page_entries(kv, 2, generator=3)
+    with pytest.raises(TypeError, match="spare_column"):
+        page_entries(kv, 2, spare_column=1)
+    with pytest.raises(ValueError, match="fill"):
+        page_entries(kv.to(torch.uint8), 2)  # NaN has no uint8
+    with pytest.raises(ValueError, match="fill"):
+        page_entries(kv.to(torch.uint8), 2, fill=256)
 
 
 def test_bad_slot_mapping_raises():

@@ -21,9 +21,10 @@ from mlaspec.spec.sliding_window import (
     prefill_workspace,
     swa_indices_and_lens,
     v4_attention,
+    v4_attention_indices,
     window_mask,
 )
-from mlaspec.spec.sparse import global_slot_indices, sparse_attention, sparse_decode, sparse_prefill
+from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_attention, sparse_decode, sparse_prefill
 
 # ---------------------------------------------------------------- window semantics
 
@@ -376,6 +377,84 @@ def test_v4_attention_rejects_future_or_repeated_compressed_entries():
         v4_attention(q, raw, window=2, scale=1.0, compress_ratio=128, d_v=4)
     with pytest.raises(ValueError, match="window"):
         v4_attention(q, raw, window=0, scale=1.0, d_v=4)
+
+
+# ---------------------------------------------------------------- one layer as index rows
+
+
+def test_v4_attention_indices_worked_example():
+    # positions 7 and 8, W = 3, r = 4: each sees (p + 1) // 4 = 2 compressed entries; C = 2 shifts the raw rows
+    topk = torch.tensor([[1, 0], [0, 1]], dtype=torch.int32)
+    got = v4_attention_indices(2, 9, window=3, compress_ratio=4, topk_indices=topk, num_compressed=2)
+    assert got.dtype == torch.int64
+    assert got.tolist() == [[1, 0, 7, 8, 9], [0, 1, 8, 9, 10]]
+    # swaonly, a prompt shorter than the window: left-aligned, -1 padded
+    assert v4_attention_indices(3, 3, window=4).tolist() == [[0, -1, -1, -1], [0, 1, -1, -1], [0, 1, 2, -1]]
+    # c4a at position 4 sees one entry: the second top-k slot is unused even though it holds a valid index
+    got = v4_attention_indices(1, 5, window=2, compress_ratio=4, topk_indices=torch.tensor([[0, 1]]), num_compressed=2)
+    assert got.tolist() == [[0, -1, 5, 6]]
+
+
+@given(st.integers(0, 2**16), st.sampled_from([1, 4, 128]), st.integers(1, 5), st.integers(1, 6), st.integers(0, 4))
+def test_v4_attention_indices_are_the_definition_mask(seed, r, s_q, w, extra):
+    """The index rows name exactly the keys of ``v4_attention``'s mask (compressed selection, then the window), and
+    sparse attention over them is ``v4_attention``."""
+    g = torch.Generator().manual_seed(seed)
+    s_kv = s_q + extra + (250 if r == 128 else 0)
+    pos = torch.arange(s_q) + (s_kv - s_q)
+    topk, num_c, comp = None, 0, None
+    if r > 1:
+        k = 3
+        num_c = s_kv // r + 1  # one more than written: never visible
+        topk = c128a_topk_indices(pos, r, k) if r == 128 else torch.full((s_q, k), -1, dtype=torch.int32)
+        if r == 4:
+            for i, p in enumerate(pos.tolist()):
+                n = min((p + 1) // r, k)
+                topk[i, :n] = torch.randperm((p + 1) // r, generator=g)[:n].to(torch.int32)
+        comp = torch.randn(num_c, 4, generator=g, dtype=torch.float64)
+    idx = v4_attention_indices(s_q, s_kv, window=w, compress_ratio=r, topk_indices=topk, num_compressed=num_c)
+    assert idx.shape == (s_q, (0 if topk is None else topk.shape[1]) + w)
+    got = indices_to_mask(idx[:, None], num_c + s_kv)[:, 0]
+    want = window_mask(s_q, s_kv, w)
+    if r > 1:
+        n = torch.clamp((pos + 1) // r, max=topk.shape[1])
+        sel = torch.zeros(s_q, num_c, dtype=torch.bool)
+        for i in range(s_q):
+            sel[i, topk[i, : int(n[i])].long()] = True
+        want = torch.cat([sel, want], dim=1)
+    assert torch.equal(got, want)
+    assert int((idx >= 0).sum()) == int(want.sum())  # no key twice
+    q = torch.randn(s_q, 2, 4, generator=g, dtype=torch.float64)
+    raw = torch.randn(s_kv, 4, generator=g, dtype=torch.float64)
+    keys = raw if comp is None else torch.cat([comp, raw])
+    sparse = sparse_prefill(q, keys[:, None], idx[:, None].to(torch.int32), 0.5, d_v=4)
+    ref = v4_attention(q, raw, window=w, scale=0.5, compressed_kv=comp, compress_ratio=r, topk_indices=topk, d_v=4)
+    assert torch.allclose(sparse.out, ref[0], rtol=1e-12, atol=1e-12)
+    assert torch.allclose(sparse.lse, ref[1], rtol=1e-12, atol=1e-12)
+
+
+def test_v4_attention_indices_rejects_bad_input():
+    topk = torch.tensor([[0, 1]])
+    args = dict(window=2, compress_ratio=4, topk_indices=topk, num_compressed=2)
+    for change, match in [
+        (dict(window=0), "window"),
+        (dict(compress_ratio=16), "compress_ratio"),
+        (dict(topk_indices=None), "topk_indices"),
+        (dict(topk_indices=torch.tensor([[0, 2]])), "topk_indices"),  # position 8 sees entries 0 and 1 only
+        (dict(topk_indices=torch.tensor([[0, -1]])), "topk_indices"),
+        (dict(topk_indices=torch.tensor([[0, 1], [1, 0]])), "topk_indices"),
+        (dict(num_compressed=1), "num_compressed"),
+        (dict(num_compressed=-1), "num_compressed"),
+        (dict(compress_ratio=1), "topk_indices"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            v4_attention_indices(1, 9, **{**args, **change})
+    with pytest.raises(ValueError, match="s_q"):
+        v4_attention_indices(3, 2, window=2)
+    with pytest.raises(TypeError, match="topk_indices"):
+        v4_attention_indices(1, 9, **{**args, "topk_indices": torch.tensor([[0.0, 1.0]])})
+    with pytest.raises(TypeError, match="window"):
+        v4_attention_indices(1, 9, window=2.0)
 
 
 # ---------------------------------------------------------------- chunk plan

@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import torch
 
+from mlaspec.spec.paged_cache import page_entries
+
 __all__ = [
     "LN2",
     "PagedKV",
@@ -33,10 +35,13 @@ __all__ = [
 ]
 
 LN2 = math.log(2.0)
-VENDOR_HINT = "vendor it with ../shared/tools/vendor-kernels and put the unpacked folder on PYTHONPATH"
+INSTALL_HINT = (
+    "pip install vllm==0.33.0: its wheel vendors FlashMLA as vllm.third_party.flashmla and ships DeepGEMM as "
+    "deep_gemm; or install upstream FlashMLA / DeepGEMM"
+)
 
 
-def import_first(*names: str, what: str, hint: str = VENDOR_HINT) -> ModuleType:
+def import_first(*names: str, what: str, hint: str = INSTALL_HINT) -> ModuleType:
     """The first of ``names`` that imports; ``ImportError`` naming every attempt and ``hint`` otherwise."""
     errors = []
     for name in names:
@@ -119,12 +124,13 @@ def page_kv(
     fill: float = math.nan,
     spare_blocks: int = 1,
 ) -> PagedKV:
-    """Page a gathered cache ``kv [B, S_kv, *entry]`` into a shuffled paged cache, hostile where unused.
+    """Page a gathered cache ``kv [B, S_kv, *entry]`` into a shuffled paged cache, hostile where unused: the spec's
+    :func:`mlaspec.spec.paged_cache.page_entries` with the permutation seeded by ``seed``.
 
     Request ``b``'s token ``t < seqlens[b]`` goes to slot ``block_table[b, t // P] * P + t % P``. The physical
     blocks are a random permutation (seeded), so a kernel that ignores the block table reads the wrong tokens;
     slots past a request's length, and ``spare_blocks`` blocks nobody owns, hold ``fill`` (NaN by default), so a
-    kernel that reads past ``seqlens`` poisons its output. Unused block-table entries point at a spare block.
+    kernel that reads past ``seqlens`` poisons its output.
 
     Args:
         kv: ``[B, S_kv, *entry]`` float (``entry`` is ``[576]`` for MLA, or ``[H_kv, D]``).
@@ -137,31 +143,9 @@ def page_kv(
     Returns:
         :class:`PagedKV` with ``cache`` in ``kv``'s dtype on ``kv``'s device, int32 ``block_table`` and ``seqlens``.
     """
-    if kv.dim() < 2:
-        raise ValueError(f"kv must have shape [B, S_kv, ...], got {list(kv.shape)}")
-    if not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
-    b, s_kv = kv.shape[:2]
-    lens = torch.full((b,), s_kv, dtype=torch.int64) if seqlens is None else seqlens.to("cpu", torch.int64)
-    if lens.shape != (b,) or bool((lens < 0).any()) or bool((lens > s_kv).any()):
-        raise ValueError(f"seqlens must have shape [{b}] with values in [0, {s_kv}], got {lens.tolist()}")
-    per_req = max(1, -(-s_kv // page_size))
-    total = b * per_req + spare_blocks
     g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(total, generator=g)
-    block_table = perm[: b * per_req].reshape(b, per_req)
-    spare = int(perm[-1]) if spare_blocks else int(perm[0])
-    cache = torch.full((total, page_size, *kv.shape[2:]), fill, dtype=kv.dtype, device=kv.device)
-    flat = cache.view(total * page_size, *kv.shape[2:])
-    for i in range(b):
-        n = int(lens[i])
-        used = -(-n // page_size)
-        if n:
-            t = torch.arange(n)
-            slots = block_table[i, t // page_size] * page_size + t % page_size
-            flat[slots.to(kv.device)] = kv[i, :n]
-        block_table[i, used:] = spare  # never read: points at a NaN block
-    return PagedKV(cache, block_table.to(torch.int32).to(kv.device), lens.to(torch.int32).to(kv.device))
+    paged = page_entries(kv, page_size, seq_lens=seqlens, generator=g, spare_pages=spare_blocks, fill=fill)
+    return PagedKV(*paged)
 
 
 # -------------------------------------------------------------------------------------------------------- padding

@@ -1,7 +1,7 @@
 """Backend ``deepgemm``: DeepGEMM's lightning-indexer logits, as vLLM 0.33 calls them.
 
-Imports ``deep_gemm`` (upstream, or the copy ``../shared/tools/vendor-kernels`` packs from the vLLM 0.33 wheel:
-DeepGEMM 2.8.1), else ``vllm.third_party.deep_gemm``. DeepGEMM JIT-compiles its kernels on first use and needs
+Imports ``deep_gemm`` (upstream, or DeepGEMM 2.8.1 as the vLLM 0.33.0 wheel ships it: ``pip install
+vllm==0.33.0``), else ``vllm.third_party.deep_gemm``. DeepGEMM JIT-compiles its kernels on first use and needs
 ``nvcc`` (``CUDA_HOME``). Ops:
 
 * ``indexer_logits`` -> ``fp8_fp4_mqa_logits((q_fp8, None), (k_fp8, k_scale), weights, ks, ke, max_seqlen_k)``
@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from mlaspec.spec.indexer import compressed_to_absolute
+from mlaspec.spec.indexer import compressed_to_absolute, decode_context_lens_native
 
 from .common import case_param, cuda_capability, import_first, require_cuda
 
@@ -51,12 +51,11 @@ def absolute_from_kernel(
 
 
 def expand_context_lens(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
-    """``[B]`` -> ``[B, next_n]`` by the spec's rule ``len[b, j] = context_lens[b] - next_n + j + 1`` (clamped at 0);
-    a 2-D tensor passes through. int32."""
+    """``[B]`` -> ``[B, next_n]`` by the spec's rule ``len[b, j] = context_lens[b] - next_n + j + 1`` (clamped at 0,
+    :func:`~mlaspec.spec.indexer.decode_context_lens_native`); a 2-D tensor passes through. int32."""
     if context_lens.dim() == 2:
         return context_lens.to(torch.int32)
-    j = torch.arange(next_n, device=context_lens.device)[None, :]
-    return (context_lens.to(torch.int64)[:, None] - next_n + 1 + j).clamp_min(0).to(torch.int32)
+    return decode_context_lens_native(context_lens.cpu(), next_n).to(context_lens.device, torch.int32)
 
 
 def mask_paged_tail(logits: torch.Tensor, lens: torch.Tensor, width: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Backend ``flashinfer``: FlashInfer's MLA paged decode and its two-state merge.
 
-Imports ``flashinfer`` (``../shared/tools/vendor-flashinfer`` packs 0.7.2.post1 for machines without network; its
+Imports ``flashinfer`` (FlashInfer 0.7.2.post1 from PyPI: ``pip install flashinfer-python==0.7.2.post1``; its
 kernels JIT-compile with the machine's ``nvcc`` on first use). Ops:
 
 * ``mla_decode`` -> ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` (``plan`` then ``run``): the query is split
@@ -54,7 +54,10 @@ class FlashInferBackend:
     dtypes = frozenset({"bfloat16", "float16"})
 
     def __init__(self, device: str | None = None):
-        hint = "vendor it with ../shared/tools/vendor-flashinfer and add it to PYTHONPATH"
+        hint = (
+            "pip install flashinfer-python==0.7.2.post1, FlashInfer 0.7.2.post1 from PyPI; where there is no "
+            "network, vendor that wheel onto PYTHONPATH"
+        )
         self.fi = import_first("flashinfer", what="flashinfer", hint=hint)
         self.device = torch.device(device) if device else require_cuda("flashinfer")
         self.backend = os.environ.get("MLASPEC_FLASHINFER_BACKEND", "auto")

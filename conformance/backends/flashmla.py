@@ -1,7 +1,7 @@
 """Backend ``flashmla``: DeepSeek's FlashMLA kernels, as vLLM 0.33 ships them.
 
-Imports ``flash_mla`` (upstream FlashMLA, or the vendored copy ``../shared/tools/vendor-kernels`` packs from the
-vLLM 0.33 wheel), else ``vllm.third_party.flashmla.flash_mla_interface``. Ops:
+Imports ``flash_mla`` (upstream FlashMLA), else ``vllm.third_party.flashmla.flash_mla_interface`` (the copy the
+vLLM 0.33.0 wheel ships: ``pip install vllm==0.33.0``). Ops:
 
 * ``mla_decode`` -> ``flash_mla_with_kvcache`` (dense). The gathered ``kv [B, S_kv, 576]`` is paged into a
   ``[num_blocks, 64, 1, 576]`` cache with *shuffled* physical blocks and NaN in every slot past a request's
@@ -44,10 +44,11 @@ from __future__ import annotations
 import torch
 
 from mlaspec.spec import cache_layouts as cl
+from mlaspec.spec.sliding_window import v4_attention_indices
 
-from .common import case_param, cuda_capability, import_first, pad_heads, pad_last, page_kv, require_cuda, round_up
+from .common import case_param, cuda_capability, import_first, pad_heads, pad_last, page_kv, require_cuda
 
-__all__ = ["FlashMLABackend", "quantize_sparse_cache", "v4_indices"]
+__all__ = ["FlashMLABackend", "quantize_sparse_cache"]
 
 PAGE = 64  # FlashMLA's page_block_size (dense: TORCH_CHECK(page_block_size == 64))
 DENSE_HEAD_DIMS = (576, 512)
@@ -58,9 +59,10 @@ def quantize_sparse_cache(entries: torch.Tensor, page: int = PAGE) -> torch.Tens
     """Write a dequantized cache ``[T, D]`` (``T`` flat slots) as FlashMLA's fp8 sparse cache pages.
 
     ``D = 576`` uses :data:`~mlaspec.spec.cache_layouts.FP8_DS_MLA_V32` (656 B per token), ``D = 512`` the V4
-    layout (584 B). Scales: whichever rule (power-of-two as FlashMLA's ``tests/quant.py``, or vLLM's raw
-    ``amax / 448``) reproduces ``entries`` exactly; ``ValueError`` if neither does. Rows are padded to a multiple of
-    ``page`` with ``0xFF`` bytes (fp8 NaN): a kernel that reads an unused slot poisons its output.
+    layout (584 B). The bytes are the spec's :func:`~mlaspec.spec.cache_layouts.exact_pages`: scales by whichever
+    rule (power-of-two as FlashMLA's ``tests/quant.py``, or vLLM's raw ``amax / 448``) reproduces ``entries``
+    exactly, ``ValueError`` if none does; rows with NaN and the padding up to a multiple of ``page`` are ``0xFF``
+    bytes (fp8 NaN): a kernel that reads an unused slot poisons its output.
 
     Returns:
         ``uint8 [num_blocks, page, 1, token_bytes]``, a strided view of the page blocks (``stride(0)`` is the
@@ -70,26 +72,13 @@ def quantize_sparse_cache(entries: torch.Tensor, page: int = PAGE) -> torch.Tens
     if d not in SPARSE_LAYOUTS:
         raise ValueError(f"kv_cache must have D_qk 576 (V3.2) or 512 (V4) for FlashMLA's fp8 cache, got {d}")
     layout = SPARSE_LAYOUTS[d]
-    x = entries.reshape(-1, d).to("cpu", torch.float64)
-    finite = torch.isfinite(x).all(dim=1)  # rows with NaN are the op's hostile unused slots: written as 0xFF
-    xf = x[finite]
-    raw = None
-    rules = (True, False) if layout.scale_rule.kind == "fp32" else (False,)
-    for pow2 in rules:
-        q = cl.quantize(xf, layout, pow2_scales=pow2).raw
-        if torch.equal(cl.dequantize(q, layout).entries, xf):
-            raw = q
-            break
-    if raw is None:
+    try:
+        pages = cl.exact_pages(entries.reshape(-1, d).cpu(), layout, page)  # [num_blocks, page_bytes]
+    except ValueError as exc:
         raise ValueError(
             f"kv_cache is not exactly representable in the {layout.token_bytes}-byte {layout.name} layout; "
             "FlashMLA's sparse decode reads only fp8 caches, so give it entries from dequantize(quantize(...))"
-        )
-    t = x.shape[0]
-    rows = round_up(max(t, 1), page)
-    padded = torch.full((rows, layout.token_bytes), 0xFF, dtype=torch.uint8)
-    padded[:t][finite] = raw
-    pages = cl.to_pages(padded, layout, page)  # [num_blocks, page_bytes]
+        ) from exc
     nb, page_bytes = pages.shape
     return pages.as_strided((nb, page, 1, layout.token_bytes), (page_bytes, layout.token_bytes, layout.token_bytes, 1))
 
@@ -285,31 +274,20 @@ class FlashMLABackend:
         attn_sink=None,
         d_v=512,
     ):
-        s_q, s_kv = q.shape[0], raw_kv.shape[0]
         num_c = 0 if compressed_kv is None or compress_ratio == 1 else compressed_kv.shape[0]
         rows = raw_kv if num_c == 0 else torch.cat([compressed_kv, raw_kv])
-        idx = v4_indices(s_q, s_kv, window, compress_ratio, topk_indices if num_c else None, num_c)
-        out, _, lse = self.sparse_prefill(q, rows[:, None], idx, scale, d_v, attn_sink)
+        # how vLLM's V4 path feeds FlashMLA (vllm/models/deepseek_v4/attention/impl/flashmla.py): the compressed
+        # top-k and the window as index rows into cat(compressed_kv, raw_kv), the spec's rule
+        idx = v4_attention_indices(
+            q.shape[0],
+            raw_kv.shape[0],
+            window=window,
+            compress_ratio=compress_ratio,
+            topk_indices=topk_indices if num_c else None,
+            num_compressed=num_c,
+        )
+        out, _, lse = self.sparse_prefill(q, rows[:, None], idx[:, None].to(torch.int32), scale, d_v, attn_sink)
         return out, lse
-
-
-def v4_indices(
-    s_q: int, s_kv: int, window: int, compress_ratio: int, topk_indices, num_compressed: int
-) -> torch.Tensor:
-    """The ``[S_q, 1, K_c + W]`` int32 rows into ``cat(compressed_kv, raw_kv)`` one V4 layer reads (``-1`` padded):
-    query ``i`` at ``p = S_kv - S_q + i`` takes ``topk_indices[i, :min((p + 1) // r, K_c)]`` and the raw window
-    ``(p - W, p]`` shifted by ``C`` -- how vLLM's V4 path feeds FlashMLA (window as one index list, compressed
-    entries as another; ``vllm/models/deepseek_v4/attention/impl/flashmla.py``)."""
-    k_c = 0 if topk_indices is None else topk_indices.shape[1]
-    out = torch.full((s_q, k_c + window), -1, dtype=torch.int64)
-    for i in range(s_q):
-        p = s_kv - s_q + i
-        if k_c:
-            n = min((p + 1) // compress_ratio, k_c)
-            out[i, :n] = topk_indices[i, :n].long()
-        lo = max(p - window + 1, 0)
-        out[i, k_c : k_c + p + 1 - lo] = num_compressed + torch.arange(lo, p + 1)
-    return out[:, None].to(torch.int32)
 
 
 def _flag(case, *names: str) -> bool:

@@ -3,9 +3,10 @@
 Written the way an adapter for a real kernel would be: the sparse ops gather the named keys (masking invalid slots
 *before* the softmax and zeroing them, so NaN in unused cache rows never leaks), compute logits and softmax in fp32,
 round ``P`` to the case dtype for ``P @ V``, apply the sink in fp32 and report an empty row's LSE as ``+inf``;
-``v4_attention`` builds the window and compressed indices itself and calls the same sparse core; the indexer ops
-read fp8 as fp32 and accumulate in fp32; ``topk_indices`` uses ``torch.topk`` (ties broken however torch breaks
-them) and writes ``-1`` past each row's valid keys.
+``v4_attention`` takes the layer's window and compressed indices from the spec (input preparation:
+:func:`~mlaspec.spec.sliding_window.v4_attention_indices`) and calls the same sparse core, its own second
+implementation of the attention math; the indexer ops read fp8 as fp32 and accumulate in fp32; ``topk_indices`` uses
+``torch.topk`` (ties broken however torch breaks them) and writes ``-1`` past each row's valid keys.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from __future__ import annotations
 import math
 
 import torch
+
+from mlaspec.spec.indexer import decode_context_lens_native
+from mlaspec.spec.sliding_window import v4_attention_indices
 
 
 class TorchSparse:
@@ -103,20 +107,18 @@ class TorchSparse:
         attn_sink=None,
         d_v=512,
     ):
-        s_q, s_kv = q.shape[0], raw_kv.shape[0]
-        pos = torch.arange(s_q)[:, None] + (s_kv - s_q)  # the queries are the request's last positions
-        j = torch.arange(window)[None, :]
-        win = pos - window + 1 + j  # the window (p - W, p]
-        win_valid = win >= 0
-        rows, idx, valid = raw_kv, win, win_valid
-        if compress_ratio > 1:  # compressed entries first, then the raw keys, one buffer
-            n = torch.clamp((pos + 1) // compress_ratio, max=topk_indices.shape[1])
-            c_valid = torch.arange(topk_indices.shape[1])[None, :] < n
-            rows = torch.cat([compressed_kv, raw_kv])
-            idx = torch.cat([topk_indices.long(), win + compressed_kv.shape[0]], -1)
-            valid = torch.cat([c_valid, win_valid], -1)
+        compressed = compress_ratio > 1  # compressed entries first, then the raw keys, one buffer
+        rows = torch.cat([compressed_kv, raw_kv]) if compressed else raw_kv
+        idx = v4_attention_indices(  # the layer's keys as index rows: input preparation, the spec's rule
+            q.shape[0],
+            raw_kv.shape[0],
+            window=window,
+            compress_ratio=compress_ratio,
+            topk_indices=topk_indices if compressed else None,
+            num_compressed=compressed_kv.shape[0] if compressed else 0,
+        )
         out, lse, _ = self._sparse_rows(
-            q, rows[:, None], idx[:, None], valid[:, None], scale=scale, d_v=d_v, attn_sink=attn_sink
+            q, rows[:, None], idx[:, None], idx[:, None] >= 0, scale=scale, d_v=d_v, attn_sink=attn_sink
         )
         return out, lse
 
@@ -135,7 +137,7 @@ class TorchSparse:
         b, next_n, h, d = q.shape
         block = cache.shape[1]
         if context_lens.dim() == 1:
-            lens = (context_lens.long()[:, None] - next_n + 1 + torch.arange(next_n)).clamp_min(0)
+            lens = decode_context_lens_native(context_lens, next_n)  # the spec's convention for 1-D lengths
         else:
             lens = context_lens.long()
         width = int(lens.max()) if max_context_len is None else max_context_len

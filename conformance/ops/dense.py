@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from mlaspec.spec.attention import attention, causal_mask
 from mlaspec.spec.config import MLAConfig, make_weights
-from mlaspec.spec.forms import absorb_query, mla_absorbed, mla_mha, mqa_latent_attention
+from mlaspec.spec.forms import absorbed_inputs, mha_inputs, mla_absorbed, mla_mha, mqa_latent_attention
 from mlaspec.spec.merge import merge_attn_states
 
 from ..cases import Case
@@ -81,6 +81,17 @@ def _prefill_inputs(c: Case) -> dict:
     )
 
 
+def _mha_inputs(kw):
+    """The compute-friendly form's ``q, k, v`` (float64) of the op's inputs (:func:`~mlaspec.spec.forms.mha_inputs`)."""
+    return mha_inputs(kw["q_nope"], kw["q_pe"], kw["kv_c"], kw["k_pe"], kw["W_UK"], kw["W_UV"])
+
+
+def _absorbed_inputs(kw):
+    """The absorbed query and the cache entries (float64) of the op's inputs
+    (:func:`~mlaspec.spec.forms.absorbed_inputs`)."""
+    return absorbed_inputs(kw["q_nope"], kw["q_pe"], kw["kv_c"], kw["k_pe"], kw["W_UK"])
+
+
 def _prefill_bounds(kw, ref, u):
     """A kernel materialises ``k_nope = kv_c W_UK`` and ``v = kv_c W_UV``: ``Lkv``-long dot products accumulated in
     fp32 (``γ_Lkv (|kv_c| @ |W|)``, :func:`~mlaspec.conformance.ops.common.projection_error`), then rounded to the
@@ -89,14 +100,10 @@ def _prefill_bounds(kw, ref, u):
     ``scale max_j Σ_p |q_nope_p| δk_jp``; the rounding of ``v`` is carried as ``1.5 u`` in place of ``u``, its
     accumulation error as ``Σ_j p_j δv_j`` in the output."""
     kv_c, wuk, wuv = kw["kv_c"].double(), kw["W_UK"].double(), kw["W_UV"].double()
-    k_nope = torch.einsum("bsl,lnp->bsnp", kv_c, wuk)
-    v = torch.einsum("bsl,lnv->bsnv", kv_c, wuv)
-    n = k_nope.shape[2]
-    q = torch.cat([kw["q_nope"].double(), kw["q_pe"].double()], -1)
-    k = torch.cat([k_nope, kw["k_pe"].double()[:, :, None].expand(-1, -1, n, -1)], -1)
+    q, k, v = _mha_inputs(kw)
     rounding = u / 2 * abs_logits_max(q, k, kw["scale"])  # k_nope rounded to the case dtype, in the logits
     accumulation = abs_logits_max(
-        q[..., : k_nope.shape[-1]], projection_error("bsl,lnp->bsnp", kv_c, wuk, u), kw["scale"]
+        q[..., : kw["q_nope"].shape[-1]], projection_error("bsl,lnp->bsnp", kv_c, wuk, u), kw["scale"]
     )
     out_b, lse_b = attention_bounds(
         q,
@@ -123,8 +130,8 @@ def _absorbed_bounds(kw, ref, u):
     # common.projection_error): at u_w = 2^-24 and Lkv = 512 they add ~10% to bf16 budgets and ~55% to fp16 ones,
     # and they are what an fp32 case's budget is made of.
     wuk, wuv = kw["W_UK"].double(), kw["W_UV"].double()
-    q = absorb_query(kw["q_nope"].double(), kw["q_pe"].double(), wuk)  # [B, S_q, N, Lkv + R]
-    kv = torch.cat([kw["kv_c"].double(), kw["k_pe"].double()], -1)[:, :, None]  # [B, S_kv, 1, Lkv + R]
+    q, kv = _absorbed_inputs(kw)  # [B, S_q, N, Lkv + R], [B, S_kv, Lkv + R]
+    kv = kv[:, :, None]  # [B, S_kv, 1, Lkv + R]
     lkv = kw["kv_c"].shape[-1]
     ql_rss = torch.einsum("bqhd,bkd->bhqk", q[..., :lkv] ** 2, kv[:, :, 0, :lkv] ** 2).sqrt()  # [B, N, S_q, S_kv]
     ql_err = 4 * u / 2 * kw["scale"] * (ql_rss.amax(-1) if ql_rss.shape[-1] else ql_rss.sum(-1))
@@ -180,14 +187,13 @@ def _decode_logits(kw):
 
 
 def _prefill_logits(kw):
-    k_nope = torch.einsum("bsl,lnp->bsnp", kw["kv_c"].double(), kw["W_UK"].double())
-    k = torch.cat([k_nope, kw["k_pe"].double()[:, :, None].expand(-1, -1, k_nope.shape[2], -1)], -1)
-    return _qk(torch.cat([kw["q_nope"], kw["q_pe"]], -1), k, kw["scale"])
+    q, k, _ = _mha_inputs(kw)
+    return _qk(q, k, kw["scale"])
 
 
 def _absorbed_logits(kw):
-    q = absorb_query(kw["q_nope"].double(), kw["q_pe"].double(), kw["W_UK"].double())
-    return _qk(q, torch.cat([kw["kv_c"], kw["k_pe"]], -1)[:, :, None], kw["scale"])
+    q, kv = _absorbed_inputs(kw)
+    return _qk(q, kv[:, :, None], kw["scale"])
 
 
 def _mask_picture(logits, bounds):

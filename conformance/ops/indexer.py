@@ -43,14 +43,15 @@ from hypothesis import strategies as st
 from mlaspec.spec.indexer import (
     IndexerCacheLayout,
     decode_context_lens_native,
+    gather_indexer_k_cache,
     indexer_logits,
     kv_spans_from_batches,
     paged_indexer_logits,
     quantize_indexer_k,
     quantize_indexer_q,
-    read_indexer_k_cache,
     write_indexer_k_cache,
 )
+from mlaspec.spec.paged_cache import slot_mapping_from_block_table
 from mlaspec.spec.topk import topk_agreement, topk_indices
 
 from ..cases import Case
@@ -137,8 +138,9 @@ def _paged_inputs(c: Case) -> dict:
     for b, k in enumerate(need):
         table[b, :k] = pool[at : at + k]
         at += k
-    pos = [torch.arange(int(s)) for s in seq_lens]
-    slots = torch.cat([table[b, x // block] * block + x % block for b, x in enumerate(pos)])
+    pos = torch.cat([torch.arange(int(s)) for s in seq_lens])
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), seq_lens.cumsum(0)])
+    slots = slot_mapping_from_block_table(table, block, qsl, pos).slot_mapping  # every token of every request
     cache = write_indexer_k_cache(IndexerCacheLayout(block, d).empty(num_blocks), _keys(c, slots.numel(), d, g), slots)
     q, w = _queries(c, b_ * next_n, h, d, g)
     if p.get("lens_2d", next_n > 1):
@@ -159,17 +161,15 @@ def _paged_inputs(c: Case) -> dict:
 def _paged_bounds(kw, ref, u):
     q, table, lens2 = kw["q"], kw["block_table"].long(), kw["context_lens"].long()
     b_, next_n, h, d = q.shape
-    block = kw["cache"].shape[1]
     lens = lens2 if lens2.dim() == 2 else decode_context_lens_native(lens2, next_n)
+    keys = gather_indexer_k_cache(kw["cache"], table, lens.amax(1))  # each request's keys, through its block table
     bound = torch.zeros(ref[0].shape, dtype=torch.float64)
     for b in range(b_):
-        n = int(lens[b].max())
-        if n == 0:
+        lo, hi = int(keys.cu_seq_lens[b]), int(keys.cu_seq_lens[b + 1])
+        if hi == lo:
             continue
-        x = torch.arange(n)
-        k_fp8, k_scale = read_indexer_k_cache(kw["cache"], table[b, x // block] * block + x % block)
         rows = slice(b * next_n, (b + 1) * next_n)
-        bound[rows, :n] = logits_bound(q[b], k_fp8, kw["weights"][rows], k_scale)
+        bound[rows, : hi - lo] = logits_bound(q[b], keys.k_fp8[lo:hi], kw["weights"][rows], keys.k_scale[lo:hi])
     return (bound,)
 
 

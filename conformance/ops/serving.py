@@ -64,6 +64,7 @@ from mlaspec.spec.batch import (
 )
 from mlaspec.spec.chunked_context import chunked_prefill_attention, mla_mixed_batch, plan_context_chunks
 from mlaspec.spec.config import MLAConfig, make_weights
+from mlaspec.spec.forms import mha_inputs
 from mlaspec.spec.paged_cache import (
     concat_and_cache_mla,
     gather_cache,
@@ -534,14 +535,11 @@ def _chunked_bounds(kw, ref, u):
         ckv, cpe = kw["context"][b]
         kv = torch.cat([ckv, kw["kv_c"][qs:qe]]).double()  # context then new tokens: one causal sequence
         pe = torch.cat([cpe, kw["k_pe"][qs:qe]]).double()
-        k_nope = torch.einsum("sl,lnp->snp", kv, wuk)
-        v = torch.einsum("sl,lnv->snv", kv, wuv)[None]
-        n = k_nope.shape[1]
-        q = torch.cat([kw["q_nope"][qs:qe], kw["q_pe"][qs:qe]], -1).double()[None]
-        k = torch.cat([k_nope, pe[:, None].expand(-1, n, -1)], -1)[None]
+        q_nope, q_pe = kw["q_nope"][qs:qe][None], kw["q_pe"][qs:qe][None]
+        q, k, v = mha_inputs(q_nope, q_pe, kv[None], pe[None], wuk, wuv)  # the compute-friendly form, one request
         rounding = u / 2 * abs_logits_max(q, k, kw["scale"])  # k_nope rounded to the case dtype
         dk = projection_error("sl,lnp->snp", kv, wuk, u)[None]  # k_nope's fp32 accumulation (as in _prefill_bounds)
-        accumulation = abs_logits_max(q[..., : k_nope.shape[-1]], dk, kw["scale"])
+        accumulation = abs_logits_max(q[..., : q_nope.shape[-1]], dk, kw["scale"])
         ref_b = (ref[0][qs:qe][None], ref[1][:, qs:qe][None])
         o, l = attention_bounds(
             q,

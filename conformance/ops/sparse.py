@@ -7,8 +7,8 @@
   ``topk_length [B]`` per request, an attention sink and, for V4, the ``extra`` cache;
 * ``v4_attention`` checks :func:`mlaspec.spec.sliding_window.v4_attention`, the definition of one DeepSeek V4
   layer for one request (window ``(p - W, p]`` over the raw keys, plus the compressed entries of a c4a / c128a
-  layer). An adapter for a FlashMLA-style kernel builds the window and compressed indices itself and calls its
-  sparse kernel: that translation is what this op checks.
+  layer). An adapter for a FlashMLA-style kernel turns the layer into index rows (the spec's
+  :func:`~mlaspec.spec.sliding_window.v4_attention_indices`) and calls its sparse kernel on them.
 
 **Budget derivation.** Sparse attention *is* dense attention over the gathered keys: row ``i`` (a query and a KV
 head) is a batch of one query attending to the ``K`` keys its slots name, under the mask "slot is valid"
@@ -48,7 +48,10 @@ index 0, or wrapped Python-style to the last key, shows up as NaN). Prefill rows
 *valid* indices of finite rows, so a kernel that ignores ``topk_length`` attends to the wrong keys but does not hit
 FlashMLA's documented NaN caveat ("a valid topk index between topk_length[i] ~ s_kv that points to a k token
 containing NaN", ``flash_mla/flash_mla_interface.py``). Indices within a row are unique (FlashMLA's tests and
-vLLM's indexer never repeat one).
+vLLM's indexer never repeat one). In ``v4_attention`` the raw keys no query's window reaches and the compressed
+entries no query selects are NaN; the reference is the spec itself, which never reads a key no query may attend
+(:func:`~mlaspec.spec.attention.attention`), so only a kernel that reads outside a window or an unselected entry
+sees the NaN.
 """
 
 from __future__ import annotations
@@ -60,7 +63,13 @@ from hypothesis import strategies as st
 
 from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.attention import attention, causal_mask
-from mlaspec.spec.sliding_window import c128a_topk_indices, swa_indices_and_lens, v4_attention
+from mlaspec.spec.sliding_window import (
+    c128a_topk_indices,
+    num_visible_compressed,
+    swa_indices_and_lens,
+    v4_attention,
+    v4_attention_indices,
+)
 from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_decode, sparse_prefill, valid_slots
 
 from ..cases import Case
@@ -303,7 +312,7 @@ def _decode_inputs(c: Case) -> dict:
     n_c = [s // ratio for s in seq_lens]
     cblock = p["P_extra"]
     ctable, ccache = _paged(r, [max(n, 1) for n in n_c], cblock, d, gen, p.get("fp8_cache", False))
-    vis = (swa.positions + 1) // ratio  # [T]
+    vis = num_visible_compressed(swa.positions, ratio)  # [T]
     k_e = p["K_extra"]
     token_req = torch.arange(b_).repeat_interleave(s_q)
     if ratio == 128:
@@ -362,21 +371,6 @@ def _decode_bounds(kw, ref, u):
 
 
 # -- v4_attention ----------------------------------------------------------------------------------------------------
-def v4_rows(s_q, s_kv, window, compress_ratio, topk_indices, num_compressed):
-    """Indices ``[S_q, 1, K_c + W]`` into ``cat(compressed_kv, raw_kv)`` that one V4 layer's queries attend to:
-    ``topk_indices[i, :min((p + 1) // r, K_c)]`` then the window ``C + (p - W, p]``, ``-1`` padded."""
-    pos = torch.arange(s_q) + (s_kv - s_q)
-    k_c = 0 if topk_indices is None else topk_indices.shape[1]
-    out = torch.full((s_q, k_c + window), -1, dtype=torch.int64)
-    for i, p in enumerate(pos.tolist()):
-        if k_c:
-            n = min((p + 1) // compress_ratio, k_c)
-            out[i, :n] = topk_indices[i, :n].long()
-        lo = max(p - window + 1, 0)
-        out[i, k_c : k_c + p + 1 - lo] = num_compressed + torch.arange(lo, p + 1)
-    return out[:, None]
-
-
 def _v4_inputs(c: Case) -> dict:
     p, r = c.params, randn(c)
     gen = torch.Generator().manual_seed(c.seed + 1)
@@ -387,7 +381,7 @@ def _v4_inputs(c: Case) -> dict:
     compressed = topk = None
     if ratio > 1:
         pos = torch.arange(s_q) + (s_kv - s_q)
-        vis = (pos + 1) // ratio
+        vis = num_visible_compressed(pos, ratio)
         num_c = s_kv // ratio + 1  # one more than written: the group still being filled, never visible
         k = p.get("K", num_c)
         if ratio == 128:
@@ -415,44 +409,27 @@ def _v4_inputs(c: Case) -> dict:
     )
 
 
-def _v4_reference(
-    q, raw_kv, *, window, scale, compressed_kv=None, compress_ratio=1, topk_indices=None, attn_sink=None, d_v=512
-):
-    """:func:`~mlaspec.spec.sliding_window.v4_attention` on a copy whose rows no query may read are zeroed.
-
-    The spec builds V4 attention as *dense* attention under a mask, and ``0 * NaN`` in its ``P @ V`` lets a NaN
-    key that the mask excludes reach the output. Its result does not depend on those rows' (finite) values, so
-    zeroing them gives the spec's own answer, while the backend still gets the NaN: a kernel that reads outside
-    the window or an unselected compressed entry fails.
-    """
-    s_q, s_kv = q.shape[0], raw_kv.shape[0]
-    num_c = 0 if compressed_kv is None else compressed_kv.shape[0]
-    idx = v4_rows(s_q, s_kv, window, compress_ratio, topk_indices, num_c).reshape(-1)
-    read = torch.zeros(num_c + s_kv, dtype=torch.bool)
-    read[idx[idx >= 0]] = True
-    raw = torch.where(read[num_c:, None], raw_kv, torch.zeros((), dtype=raw_kv.dtype))
-    if compressed_kv is not None:
-        compressed_kv = torch.where(read[:num_c, None], compressed_kv, torch.zeros((), dtype=compressed_kv.dtype))
-    return v4_attention(
-        q,
-        raw,
-        window=window,
-        scale=scale,
-        compressed_kv=compressed_kv,
-        compress_ratio=compress_ratio,
-        topk_indices=topk_indices,
-        attn_sink=attn_sink,
-        d_v=d_v,
+def _v4_rows(kw) -> tuple[torch.Tensor, int]:
+    """The op's inputs as index rows ``[S_q, 1, K + W]`` into ``cat(compressed_kv, raw_kv)``
+    (:func:`~mlaspec.spec.sliding_window.v4_attention_indices`) and the number ``C`` of compressed rows."""
+    comp = kw["compressed_kv"]
+    num_c = 0 if comp is None else comp.shape[0]
+    idx = v4_attention_indices(
+        kw["q"].shape[0],
+        kw["raw_kv"].shape[0],
+        window=kw["window"],
+        compress_ratio=kw["compress_ratio"],
+        topk_indices=kw["topk_indices"],
+        num_compressed=num_c,
     )
+    return idx[:, None], num_c
 
 
 def _v4_bounds(kw, ref, u):
     out, lse = ref
-    s_q, s_kv = kw["q"].shape[0], kw["raw_kv"].shape[0]
     comp = kw["compressed_kv"]
-    num_c = 0 if comp is None else comp.shape[0]
     rows = kw["raw_kv"] if comp is None else torch.cat([comp, kw["raw_kv"]])
-    idx = v4_rows(s_q, s_kv, kw["window"], kw["compress_ratio"], kw["topk_indices"], num_c)
+    idx, _ = _v4_rows(kw)
     valid = idx >= 0
     keys = gather_keys(rows[:, None], idx, valid)
     out_b, lse_b, _ = sparse_bounds(
@@ -535,9 +512,8 @@ def _v4_picture(kw, got, ref, ratios, *, title=""):
     """The raw keys each query reads (its window) and the compressed entries it selects, next to the dense
     bottom-right causal mask over the raw keys."""
     s_q, s_kv = kw["q"].shape[0], kw["raw_kv"].shape[0]
-    comp = kw["compressed_kv"]
-    num_c = 0 if comp is None else comp.shape[0]
-    idx = v4_rows(s_q, s_kv, kw["window"], kw["compress_ratio"], kw["topk_indices"], num_c)[:, 0]
+    idx, num_c = _v4_rows(kw)
+    idx = idx[:, 0]
     masks = {
         f"spec: window W={kw['window']} over raw keys": _slot_mask(idx - num_c, idx >= num_c, s_kv),
         "dense causal (for reference)": causal_mask(s_q, s_kv),
@@ -835,7 +811,7 @@ OPS = [
     Op(
         "v4_attention",
         _v4_inputs,
-        _v4_reference,
+        v4_attention,
         None,
         compare=judged(("out", "lse"), _v4_bounds, {"lse": lambda r: r.T}),
         picture=_v4_picture,
@@ -846,4 +822,4 @@ OPS = [
     ),
 ]
 
-__all__ = ["OPS", "gather_keys", "judged", "sparse_bounds", "v4_rows"]
+__all__ = ["OPS", "gather_keys", "judged", "sparse_bounds"]
