@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import os
 import pickle
 import signal
 import subprocess
@@ -354,6 +355,8 @@ def _case_dict(case: Case) -> dict:
 
 def _main() -> None:  # pragma: no cover - the worker process
     faulthandler.enable()  # a fatal signal writes the Python stack to the log the parent shows
+    # the parent's float64 reference is the CPU work of a run; the worker only builds inputs and checks them
+    torch.set_num_threads(max(1, min(4, (os.cpu_count() or 1) // 4)))
     fd, backend_name = int(sys.argv[1]), sys.argv[2]
     with Connection(fd) as conn:
         _serve(backend_name, conn)

@@ -96,9 +96,9 @@ def test_cli_writes_report_and_reproducer_reruns_one_case(tmp_path, capsys):
         )
         == 1
     )
-    # the report can be rebuilt from the JSON lines alone
+    # the report can be rebuilt from the JSON lines alone, and exits as the run did (it had failures)
     (out / "report.html").unlink()
-    assert main(["report", str(out)]) == 0 and (out / "report.html").exists()
+    assert main(["report", str(out)]) == 1 and (out / "report.html").exists()
     assert [r.case_id for r in load_results(out)] == [json.loads(line)["case_id"] for line in lines]
 
 
