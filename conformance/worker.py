@@ -357,6 +357,9 @@ def _main() -> None:  # pragma: no cover - the worker process
     faulthandler.enable()  # a fatal signal writes the Python stack to the log the parent shows
     # the parent's float64 reference is the CPU work of a run; the worker only builds inputs and checks them
     torch.set_num_threads(max(1, min(4, (os.cpu_count() or 1) // 4)))
+    device = os.environ.get("MLASPEC_DEVICE", "")
+    if device.startswith("cuda:"):  # a sharded run's GPU (pytest --mla-device cuda): the current device too
+        torch.cuda.set_device(torch.device(device))
     fd, backend_name = int(sys.argv[1]), sys.argv[2]
     with Connection(fd) as conn:
         _serve(backend_name, conn)

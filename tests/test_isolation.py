@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlaspec.conformance.cli import EXIT_EMPTY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
-from mlaspec.conformance.report import read_jsonl
+from mlaspec.conformance.report import load_run, read_jsonl
 
 TESTS = Path(__file__).resolve().parent
 BAD = "attention[gqa-noncausal-float32]"
@@ -131,17 +131,20 @@ def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("adapter, verdict", [("OsExit", "CRASH"), ("Spin", "TIMEOUT")])
-def test_the_pytest_front_end_survives_its_backend(misbehaving, adapter, verdict):
+@pytest.mark.parametrize(
+    "adapter, verdict, shards", [("OsExit", "CRASH", ()), ("Spin", "TIMEOUT", ()), ("Segfault", "CRASH", ("-n", "2"))]
+)
+def test_the_pytest_front_end_survives_its_backend(misbehaving, adapter, verdict, shards):
     if adapter == "Spin" and "MLASPEC_TEST_SPIN_LIB" not in os.environ:
         pytest.skip("no C compiler to build the spinning function")
     args = ["--mla-backend", f"misbehaving:{adapter}", "--mla-dtypes", "float32", "-m", "attention", "-k", "curated"]
-    run = _pytest(*args, "--mla-timeout", "3", "--mla-report", str(misbehaving / "r"), cwd=misbehaving)
+    run = _pytest(*args, *shards, "--mla-timeout", "3", "--mla-report", str(misbehaving / "r"), cwd=misbehaving)
     assert run.returncode == 1, run.stdout[-2000:]
     assert "4 passed" in run.stdout and "1 failed" in run.stdout, run.stdout[-2000:]
     assert f"{verdict} {BAD}" in run.stdout
-    header, records = read_jsonl(misbehaving / "r" / "results.jsonl")
-    assert sorted(r["case_id"] for r in records) == sorted(header["planned"]) == sorted(CASES)
+    headers, results = load_run(misbehaving / "r")  # one results file per xdist worker, each with its header
+    assert sorted(r.case_id for r in results) == sorted(CASES)
+    assert all(sorted(h["planned"]) == sorted(CASES) for h in headers)
 
 
 def test_pytest_with_a_backend_that_cannot_load_is_one_usage_error(misbehaving):
