@@ -151,3 +151,28 @@ def test_pytest_with_a_backend_that_cannot_load_is_one_usage_error(misbehaving):
     run = _pytest("--mla-backend", "misbehaving:FailsToImport", cwd=misbehaving)
     assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
     assert (run.stdout + run.stderr).count("the adapter's kernels are not built") == 1
+
+
+def test_backends_says_usable_only_where_a_case_can_run():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-m", "mlaspec.conformance.cli", "backends"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = {line.split()[0]: line for line in run.stdout.splitlines() if line.strip()}
+    assert "usable (torch" in lines["torch"]
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "not usable here: needs CUDA (or TRITON_INTERPRET=1" in lines["triton"]
+    interpreted = subprocess.run(
+        [sys.executable, "-m", "mlaspec.conformance.cli", "backends"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "TRITON_INTERPRET": "1"},
+    )
+    assert "triton" in interpreted.stdout and " usable (triton" in interpreted.stdout
