@@ -251,18 +251,19 @@ def sparse_prefill(
     q: torch.Tensor,
     kv: torch.Tensor,
     indices: torch.Tensor,
-    sm_scale: float,
+    scale: float,
     d_v: int = 512,
     attn_sink: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None,
 ) -> SparsePrefillOutput:
-    """``flash_mla_sparse_fwd``: the prefill view, same arguments and result order as FlashMLA.
+    """``flash_mla_sparse_fwd``: the prefill view, FlashMLA's argument order and result order (the glossary's
+    argument names: ``scale`` for its ``sm_scale``).
 
     Args:
         q: ``[S_q, H_q, D_qk]`` float (bf16 in the kernel; ``D_qk`` 576 for V3.2, 512 for V4).
         kv: ``[S_kv, H_kv, D_qk]`` float (bf16 in the kernel; vLLM passes the dequantized, gathered cache).
         indices: ``[S_q, H_kv, K]`` int32; invalid entries are ``-1`` or any value ``>= S_kv`` (or ``< 0``).
-        sm_scale: softmax scale.
+        scale: the softmax scale (FlashMLA's ``sm_scale``, its fourth positional argument).
         d_v: 512 in the kernel.
         attn_sink: optional ``[H_q]`` float32.
         topk_length: optional ``[S_q]`` int32.
@@ -272,7 +273,7 @@ def sparse_prefill(
         on empty rows), float64. Source: ``flash_mla/flash_mla_interface.py`` and ``tests/ref.py``.
     """
     out, lse, max_logits = sparse_attention(
-        q, kv, indices, scale=sm_scale, d_v=d_v, topk_length=topk_length, attn_sink=attn_sink
+        q, kv, indices, scale=scale, d_v=d_v, topk_length=topk_length, attn_sink=attn_sink
     )
     return SparsePrefillOutput(out, max_logits, lse)
 
@@ -304,8 +305,8 @@ def sparse_decode(
     kv_cache: torch.Tensor,
     indices: torch.Tensor,
     *,
-    softmax_scale: float | None = None,
-    head_dim_v: int = 512,
+    scale: float | None = None,
+    d_v: int = 512,
     topk_length: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
     extra_kv_cache: torch.Tensor | None = None,
@@ -322,8 +323,8 @@ def sparse_decode(
         q: ``[B, S_q, H_q, D_qk]`` float (``S_q > 1`` for MTP; vLLM's V4 passes ``[T, 1, H_q, D_qk]``).
         kv_cache: ``[NB, P, D_qk]`` or ``[NB, P, 1, D_qk]`` float (``H_kv = 1``).
         indices: ``[B, S_q, K]`` int; ``-1`` is the only invalid value; others must be in ``[0, NB * P)``.
-        softmax_scale: default ``D_qk ** -0.5`` as FlashMLA.
-        head_dim_v: 512.
+        scale: the softmax scale (FlashMLA's ``softmax_scale``); default ``D_qk ** -0.5`` as FlashMLA.
+        d_v: the value width (FlashMLA's ``head_dim_v``), 512.
         topk_length: optional ``[B]`` int in ``[0, K]``, one per request (shared by its ``S_q`` queries).
         attn_sink: optional ``[H_q]`` float.
         extra_kv_cache: optional second paged cache ``[NB_extra, P_extra, D_qk]`` (V4: the compressed cache).
@@ -342,7 +343,7 @@ def sparse_decode(
     if topk_length is not None:
         dims.tensor("topk_length", topk_length, ("B",), INT)
     _check_decode_indices("indices", indices, topk_length, cache.shape[0])
-    scale = dims["D_qk"] ** -0.5 if softmax_scale is None else softmax_scale
+    scale = dims["D_qk"] ** -0.5 if scale is None else scale
 
     def per_query(lengths):  # [B] -> [B * S_q]: every query of a request shares its length
         return None if lengths is None else lengths.repeat_interleave(s_q)
@@ -365,7 +366,7 @@ def sparse_decode(
         cache,
         indices.reshape(b * s_q, 1, -1),
         scale=scale,
-        d_v=head_dim_v,
+        d_v=d_v,
         topk_length=per_query(topk_length),
         attn_sink=attn_sink,
         extra_kv=extra,

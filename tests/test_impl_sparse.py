@@ -197,7 +197,7 @@ def _decode_check(q, cache, slots, lengths, out, lse, *, extra=None, sink=None):
     if extra is not None:
         kw = dict(extra_kv_cache=extra[0].double(), extra_indices=extra[1], extra_topk_length=extra[2])
     spec = sparse_decode(
-        q.double(), cache.double(), slots, softmax_scale=0.1, head_dim_v=512, topk_length=lengths, attn_sink=sink, **kw
+        q.double(), cache.double(), slots, scale=0.1, d_v=512, topk_length=lengths, attn_sink=sink, **kw
     )
     rows = cache.reshape(-1, 1, d)
     idx = slots.reshape(b * s_q, 1, -1)

@@ -207,8 +207,8 @@ class FlashMLABackend:
         kv_cache,
         indices,
         *,
-        softmax_scale=None,
-        head_dim_v=512,
+        scale=None,
+        d_v=512,
         topk_length=None,
         attn_sink=None,
         extra_kv_cache=None,
@@ -227,7 +227,7 @@ class FlashMLABackend:
         qp = pad_heads(q.to(dev, torch.bfloat16), h_pad, 2).contiguous()
         cache = quantize_sparse_cache(kv_cache.reshape(-1, d)).to(dev)
         idx = pad_last(indices.to(torch.int32), PAGE, -1).to(dev).contiguous()
-        kw = dict(softmax_scale=softmax_scale, is_fp8_kvcache=True, indices=idx)
+        kw = dict(softmax_scale=scale, is_fp8_kvcache=True, indices=idx)  # FlashMLA's name for the scale
         if topk_length is not None:
             kw["topk_length"] = topk_length.to(dev, torch.int32).contiguous()
         if attn_sink is not None:
@@ -240,11 +240,11 @@ class FlashMLABackend:
         meta, splits = self.fm.get_mla_metadata() if hasattr(self.fm, "FlashMLASchedMeta") else (None, None)
         if meta is None:
             raise RuntimeError("this flash_mla predates sparse decode (no FlashMLASchedMeta)")
-        out, lse = self.fm.flash_mla_with_kvcache(qp, cache, None, None, head_dim_v, meta, None, **kw)
+        out, lse = self.fm.flash_mla_with_kvcache(qp, cache, None, None, d_v, meta, None, **kw)
         return out[:, :, :h], lse[:, :h, :]
 
     # -- sparse prefill ------------------------------------------------------------------------------------------
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
         dev = self.device
         s_q, h, d = q.shape
         counts = (8, 16, 32, 64, 128) if self.sm90 else (64, 128)
@@ -256,7 +256,7 @@ class FlashMLABackend:
         sink = None if attn_sink is None else pad_heads(attn_sink.to(dev, torch.float32), h_pad, 0).contiguous()
         lengths = None if topk_length is None else topk_length.to(dev, torch.int32).contiguous()
         out, max_logits, lse = self.fm.flash_mla_sparse_fwd(
-            qp, kv.to(dev, torch.bfloat16).contiguous(), idx, sm_scale, d_v, sink, lengths
+            qp, kv.to(dev, torch.bfloat16).contiguous(), idx, scale, d_v, sink, lengths
         )[:3]
         return out[:, :h], max_logits[:, :h], lse[:, :h]
 

@@ -51,11 +51,11 @@ class TorchSparse:
             out = out * torch.where(empty, 0.0, torch.sigmoid(lse - sink))[..., None]  # LSE itself unchanged
         return out.to(dtype), lse.masked_fill(empty, math.inf), max_logits
 
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
         valid = (indices >= 0) & (indices < kv.shape[0])
         if topk_length is not None:
             valid &= torch.arange(indices.shape[-1])[None, None, :] < topk_length[:, None, None]
-        out, lse, max_logits = self._sparse_rows(q, kv, indices, valid, scale=sm_scale, d_v=d_v, attn_sink=attn_sink)
+        out, lse, max_logits = self._sparse_rows(q, kv, indices, valid, scale=scale, d_v=d_v, attn_sink=attn_sink)
         return out, max_logits, lse
 
     @staticmethod
@@ -73,8 +73,8 @@ class TorchSparse:
         kv_cache,
         indices,
         *,
-        softmax_scale=None,
-        head_dim_v=512,
+        scale=None,
+        d_v=512,
         topk_length=None,
         attn_sink=None,
         extra_kv_cache=None,
@@ -82,7 +82,7 @@ class TorchSparse:
         extra_topk_length=None,
     ):
         b, s_q, h_q, d = q.shape
-        scale = d**-0.5 if softmax_scale is None else softmax_scale
+        scale = d**-0.5 if scale is None else scale
         rows, idx, valid = self._paged_rows(kv_cache, indices, topk_length, s_q)
         if extra_kv_cache is not None:  # one softmax over both caches: stack them and offset the extra indices
             e_rows, e_idx, e_valid = self._paged_rows(extra_kv_cache, extra_indices, extra_topk_length, s_q)
@@ -90,7 +90,7 @@ class TorchSparse:
             valid = torch.cat([valid, e_valid], -1)
             rows = torch.cat([rows, e_rows])
         out, lse, _ = self._sparse_rows(
-            q.reshape(b * s_q, h_q, d), rows, idx, valid, scale=scale, d_v=head_dim_v, attn_sink=attn_sink
+            q.reshape(b * s_q, h_q, d), rows, idx, valid, scale=scale, d_v=d_v, attn_sink=attn_sink
         )
         return out.reshape(b, s_q, h_q, -1), lse.reshape(b, s_q, h_q).transpose(1, 2)
 

@@ -63,14 +63,14 @@ class TritonSparse:
         return self._unsupported_dims(case)
 
     # -- ops -----------------------------------------------------------------------------------------------------
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
         dev = self.device
         q, kv = q.to(dev).contiguous(), kv.to(dev).contiguous()
         res = sparse_mla(
             q,
             float_keys(kv),
             indices.to(dev, torch.int32),
-            scale=sm_scale,
+            scale=scale,
             d_v=d_v,
             topk_length=None if topk_length is None else topk_length.to(dev),
             attn_sink=None if attn_sink is None else attn_sink.to(dev),
@@ -93,8 +93,8 @@ class TritonSparse:
         kv_cache,
         indices,
         *,
-        softmax_scale=None,
-        head_dim_v=512,
+        scale=None,
+        d_v=512,
         topk_length=None,
         attn_sink=None,
         extra_kv_cache=None,
@@ -103,7 +103,7 @@ class TritonSparse:
     ):
         dev = self.device
         d = q.shape[-1]
-        scale = d**-0.5 if softmax_scale is None else softmax_scale
+        scale = d**-0.5 if scale is None else scale
         q = q.to(dev).contiguous()
         keys = self._decode_keys(kv_cache.to(q.dtype))
         extra = None if extra_kv_cache is None else self._decode_keys(extra_kv_cache.to(q.dtype))
@@ -113,7 +113,7 @@ class TritonSparse:
             keys,
             indices.to(dev, torch.int32),
             scale=scale,
-            d_v=head_dim_v,
+            d_v=d_v,
             topk_length=on(topk_length),
             attn_sink=on(attn_sink),
             extra=extra,
