@@ -242,7 +242,7 @@ def test_chunked_prefill_unsupported_head_dims_are_named():
         "chunked_prefill_attention",
         "wide",
         "float16",
-        dict(H_q=2, Lkv=32, P=256, R=64, V=16, contexts=[4], q_lens=[1], block_size=4, workspace_size=8),
+        dict(H_q=2, Lkv=32, D_nope=256, D_rope=64, D_v=16, contexts=[4], q_lens=[1], block_size=4, workspace_size=8),
     )
     assert "256" in TritonBackend().unsupported(case)
 
@@ -306,14 +306,14 @@ def test_mla_absorbed_rejects_bad_input_by_name():
     with pytest.raises(TypeError, match="k_pe"):
         b.mla_absorbed(**{**kw, "k_pe": kw["k_pe"].half()})
     wide = _absorbed_inputs(1, 1, 3, 2, 512, 16, 8, 16, causal=True, dtype=torch.float32)
-    with pytest.raises(ValueError, match="Lkv=512, R=8"):
+    with pytest.raises(ValueError, match="Lkv=512, D_rope=8"):
         b.mla_absorbed(**wide)
 
 
 def test_mla_absorbed_unsupported_widths_are_named():
     b = TritonBackend()
-    params = dict(B=1, S_q=1, S_kv=4, H_q=2, P=16, V=16, causal=True)
-    assert b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=512, R=64))) is None  # decode
-    assert b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=200, R=8))) is None  # varlen
-    reason = b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=512, R=8)))
-    assert "Lkv=512, R=8" in reason and "decode" in reason and "varlen" in reason
+    params = dict(B=1, S_q=1, S_kv=4, H_q=2, D_nope=16, D_v=16, causal=True)
+    assert b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=512, D_rope=64))) is None  # decode
+    assert b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=200, D_rope=8))) is None  # varlen
+    reason = b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=512, D_rope=8)))
+    assert "Lkv=512, D_rope=8" in reason and "decode" in reason and "varlen" in reason

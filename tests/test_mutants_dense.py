@@ -235,7 +235,7 @@ HYP_1 = Case(
     "chunked_prefill_attention",
     "hyp-1",
     "float32",
-    dict(H_q=3, Lkv=4, P=2, R=2, V=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1),
+    dict(H_q=3, Lkv=4, D_nope=2, D_rope=2, D_v=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1),
 )
 FP32_PROJECTION_CASES = [
     *curated_cases(dtypes=("float32",), ops=("mla_prefill", "chunked_prefill_attention", "mla_absorbed")),

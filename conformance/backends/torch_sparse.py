@@ -2,7 +2,7 @@
 
 Written the way an adapter for a real kernel would be: the sparse ops gather the named keys (masking invalid slots
 *before* the softmax and zeroing them, so NaN in unused cache rows never leaks), compute logits and softmax in fp32,
-round ``P`` to the case dtype for ``P @ V``, apply the sink in fp32 and report an empty row's LSE as ``+inf``;
+round ``p`` to the case dtype for ``p @ v``, apply the sink in fp32 and report an empty row's LSE as ``+inf``;
 ``v4_attention`` takes the layer's window and compressed indices from the spec (input preparation:
 :func:`~mlaspec.spec.sliding_window.v4_attention_indices`) and calls the same sparse core, its own second
 implementation of the attention math; the indexer ops read fp8 as fp32 and accumulate in fp32; ``topk_indices`` uses
@@ -42,7 +42,7 @@ class TorchSparse:
         s = s.masked_fill(~valid[:, :, None, :], -math.inf).flatten(1, 2)  # [R, H_q, K]
         lse = torch.logsumexp(s, -1)  # -inf on empty rows
         max_logits = s.amax(-1) if s.shape[-1] else torch.full_like(lse, -math.inf)
-        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype)  # P in the case dtype, as fed to the MMA
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype)  # p in the case dtype, as fed to the MMA
         p = p.reshape(q.shape[0], h_kv, g, -1).float()
         out = torch.einsum("rcgk,rckd->rcgd", p, keys[..., :d_v].float()).flatten(1, 2)  # exact products, fp32 sums
         empty = torch.isneginf(lse)

@@ -3,7 +3,7 @@
 * ``sparse_prefill`` checks :func:`mlaspec.spec.sparse.sparse_prefill` (``flash_mla_sparse_fwd``): ``out``,
   ``max_logits``, ``lse`` (``[S_q, H_q]``, natural log, **+inf on a row with no valid index**);
 * ``sparse_decode`` checks :func:`mlaspec.spec.sparse.sparse_decode` (``flash_mla_with_kvcache(indices=...)``)
-  over a dequantized paged cache ``[num_blocks, P, D_qk]`` with global slots ``block * P + offset``,
+  over a dequantized paged cache ``[NB, P, D_qk]`` with global slots ``block * P + offset``,
   ``topk_length [B]`` per request, an attention sink and, for V4, the ``extra`` cache;
 * ``v4_attention`` checks :func:`mlaspec.spec.sliding_window.v4_attention`, the definition of one DeepSeek V4
   layer for one request (window ``(p - W, p]`` over the raw keys, plus the compressed entries of a c4a / c128a
@@ -340,7 +340,7 @@ def _decode_inputs(c: Case) -> dict:
 
 
 def _decode_rows(kv_cache, indices, lengths, s_q):
-    """Flattened rows ``[N * P, 1, D]``, indices ``[B * S_q, 1, K]`` and their validity (``-1`` and past length)."""
+    """Flattened rows ``[NB * P, 1, D]``, indices ``[B * S_q, 1, K]`` and their validity (``-1`` and past length)."""
     rows = kv_cache.reshape(-1, 1, kv_cache.shape[-1])
     idx = indices.reshape(-1, 1, indices.shape[-1])
     valid = idx >= 0

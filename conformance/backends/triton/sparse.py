@@ -5,7 +5,7 @@ Each method translates the harness's arguments to :func:`mlaspec.impl.sparse.spa
 
 * ``sparse_prefill``: ``kv [S_kv, H_kv, D_qk]`` read as rows, indices ``[S_q, H_kv, K]`` as given (every sentinel
   ``< 0`` or ``>= S_kv`` is skipped in the kernel), ``topk_length [S_q]``; one program per query row and head block.
-* ``sparse_decode``: the harness hands a dequantized paged cache ``[num_blocks, P, D_qk]``. When the cache is exactly
+* ``sparse_decode``: the harness hands a dequantized paged cache ``[NB, P, D_qk]``. When the cache is exactly
   representable in FlashMLA's fp8 sparse layout (656 B V3.2 / 584 B V4; the cases flagged ``fp8_cache``), it is
   written in that layout with the spec's writer (:func:`mlaspec.impl.sparse.quantize_keys`, never-named NaN rows
   as ``0xFF``) and the kernel dequantizes inside; otherwise the kernel reads the cache in the case dtype. Global
@@ -78,7 +78,7 @@ class TritonSparse:
         return res.out, res.max_logits, res.lse
 
     def _decode_keys(self, cache: torch.Tensor):
-        """The kernel's view of a dequantized paged cache ``[num_blocks, P, (1,) D]``: fp8 when exact, else rows."""
+        """The kernel's view of a dequantized paged cache ``[NB, P, (1,) D]``: fp8 when exact, else rows."""
         page = cache.shape[1]
         flat = cache.reshape(-1, cache.shape[-1])
         if self.sparse_fp8:
