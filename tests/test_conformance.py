@@ -184,7 +184,7 @@ def test_projection_error_is_gamma_n_of_the_contracted_length():
     got = projection_error("bsl,lnp->bsnp", x, w, u)  # n = Lkv = 5: (1 + u/2) γ_5 * 5 everywhere
     assert got.shape == (2, 3, 4, 6) and torch.allclose(got, torch.full_like(got, (1 + u / 2) * gamma(5) * 5.0))
     q = torch.ones(2, 3, 4, 6)
-    got = projection_error("bsnp,lnp->bsnl", q, w, u)  # the absorbed query: n = P = 6
+    got = projection_error("bsnp,lnp->bsnl", q, w, u)  # the absorbed query: n = D_nope = 6
     assert torch.allclose(got, torch.full_like(got, (1 + u / 2) * gamma(6) * 6.0))
     assert gamma(512) == 512 * EPS32 / (1 - 512 * EPS32)
     with pytest.raises(ValueError, match="n u_w < 1"):

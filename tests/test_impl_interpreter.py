@@ -7,7 +7,7 @@ compiled first, the module is skipped with that reason rather than run wrongly. 
 interpreter's ``tl.dot`` is wrong for bf16 (triton 3.9); ``mlaspec check --backend triton`` covers it on a GPU.
 
 Budgets are the harness's (:func:`mlaspec.conformance.ops.common.attention_bounds`): derived from the fp32
-logit accumulation and the rounding of ``P`` and the output to the case dtype, per element.
+logit accumulation and the rounding of the weights ``p`` and the output to the case dtype, per element.
 """
 
 import math

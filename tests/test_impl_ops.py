@@ -267,13 +267,13 @@ def _absorbed_inputs(b, s_q, s_kv, n, lkv, p, r, v, *, causal, dtype, seed=0):
 @pytest.mark.parametrize(
     "b, s_q, s_kv, n, lkv, p, r, v, causal, dtype",
     [
-        (2, 2, 37, 4, 32, 16, 16, 16, True, torch.float32),  # the paged decode kernel (Lkv, R powers of two), MTP 2
+        (2, 2, 37, 4, 32, 16, 16, 16, True, torch.float32),  # the paged decode kernel (Lkv, D_rope powers of 2), MTP 2
         (1, 3, 70, 2, 64, 8, 16, 8, True, torch.float16),  # decode kernel, two pages, MTP 3
-        (2, 1, 9, 3, 32, 16, 16, 24, False, torch.float16),  # decode kernel, not causal, V > P
+        (2, 1, 9, 3, 32, 16, 16, 24, False, torch.float16),  # decode kernel, not causal, D_v > D_nope
         (1, 3, 2, 2, 32, 16, 16, 16, True, torch.float32),  # more queries than keys: the first row sees nothing
-        (2, 2, 11, 4, 24, 16, 8, 16, True, torch.float32),  # R = 8: the varlen kernel as MQA
+        (2, 2, 11, 4, 24, 16, 8, 16, True, torch.float32),  # D_rope = 8: the varlen kernel as MQA
         (1, 1, 13, 16, 64, 16, 8, 16, True, torch.float16),
-    ],  # N = V = 16 (the curated n-equals-v), varlen
+    ],  # H_q = D_v = 16 (the curated n-equals-v), varlen
 )
 def test_mla_absorbed_matches_spec(b, s_q, s_kv, n, lkv, p, r, v, causal, dtype):
     kw = _absorbed_inputs(b, s_q, s_kv, n, lkv, p, r, v, causal=causal, dtype=dtype, seed=s_kv)
@@ -289,7 +289,7 @@ def test_mla_absorbed_matches_spec(b, s_q, s_kv, n, lkv, p, r, v, causal, dtype)
 
 
 def test_mla_absorbed_uses_w_uv_untransposed_when_n_equals_v():
-    # N = V: W_UV [Lkv, N, V] transposed in its last two dims still has its shape; the result must differ
+    # H_q = D_v: W_UV [Lkv, H_q, D_v] transposed in its last two dims still has its shape; the result must differ
     kw = _absorbed_inputs(1, 1, 5, 8, 32, 16, 16, 8, causal=True, dtype=torch.float32)
     ref = tuple(mla_absorbed(**kw))
     bad = tuple(mla_absorbed(**{**kw, "W_UV": kw["W_UV"].transpose(1, 2)}))

@@ -157,7 +157,7 @@ def test_splits_merge_to_the_same_result_and_padding_equals_shorter_length():
 
 
 def _paged_fp8(num_blocks, page, d, dtype, gen):
-    """A cache ``[num_blocks, P, d]`` exactly representable in the fp8 sparse layout (FlashMLA's pow2 scales)."""
+    """A cache ``[NB, P, d]`` exactly representable in the fp8 sparse layout (FlashMLA's pow2 scales)."""
     x = torch.randn(num_blocks * page, d, generator=gen, dtype=torch.float64)
     layout = cl.FP8_DS_MLA_V32 if d == 576 else cl.FP8_DS_MLA_V4
     x = cl.dequantize(cl.quantize(x, layout, pow2_scales=d == 576).raw, layout).entries

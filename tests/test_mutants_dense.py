@@ -76,7 +76,8 @@ class RopeAsValue(TorchBackend):
 
 
 class TransposedWUV(TorchBackend):
-    """W_UV [Lkv, N, V] read as [Lkv, V, N]: shape-compatible when N == V (DeepSeek-V3 at TP1: 128 and 128)."""
+    """W_UV [Lkv, H_q, D_v] read as [Lkv, D_v, H_q]: shape-compatible when H_q == D_v (DeepSeek-V3 at TP1: 128 and
+    128)."""
 
     def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
         return super().mla_absorbed(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV.transpose(1, 2), scale=scale, causal=causal)
