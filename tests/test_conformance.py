@@ -8,7 +8,7 @@ import torch
 from mlaspec.conformance.backend import load_backend
 from mlaspec.conformance.backends.torch_eager import TorchBackend
 from mlaspec.conformance.cases import Case, case_by_id, curated_cases
-from mlaspec.conformance.cli import main
+from mlaspec.conformance.cli import EXIT_FAILED, main
 from mlaspec.conformance.report import load_results
 from mlaspec.conformance.runner import run_case, run_cases
 from mlaspec.conformance.verdict import Result, format_failure
@@ -96,9 +96,9 @@ def test_cli_writes_report_and_reproducer_reruns_one_case(tmp_path, capsys):
         )
         == 1
     )
-    # the report can be rebuilt from the JSON lines alone
+    # the report can be rebuilt from the JSON lines alone, and exits like check: 1, the run it reports failed
     (out / "report.html").unlink()
-    assert main(["report", str(out)]) == 0 and (out / "report.html").exists()
+    assert main(["report", str(out)]) == EXIT_FAILED and (out / "report.html").exists()
     assert [r.case_id for r in load_results(out)] == [json.loads(line)["case_id"] for line in lines]
 
 
