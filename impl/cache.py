@@ -366,7 +366,7 @@ def _gather_cache_kernel(
     TABLE,
     CU,
     STARTS,
-    OUT,  # cache [num_blocks * P, W] words, table [B, max_blocks], cu [B + 1], starts [B]
+    OUT,  # cache [NB * P, W] words, table [B, max_blocks], cu [B + 1], starts [B]
     W,
     stride_tb,
     P: tl.constexpr,
@@ -402,7 +402,7 @@ def _read_tokens_kernel(
     SLOTS,
     OUT,
     VALID,
-    page_bytes,  # pages [num_blocks, page_bytes] uint8, slots [N], out [N, TOKEN_BYTES]
+    page_bytes,  # pages [NB, page_bytes] uint8, slots [T], out [T, TOKEN_BYTES]
     P: tl.constexpr,
     TOKEN_BYTES: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -562,7 +562,7 @@ def _slots(dims: Dims, name: str, slots: object, total: int, *, distinct: bool, 
     dims.tensor(name, slots, ("T",), dtypes)
     s = slots.detach().to("cpu", torch.int64)
     if bool(((s < -1) | (s >= total)).any()):
-        raise ValueError(f"{name} must be -1 or in [0, num_blocks * P = {total}), got {s.tolist()}")
+        raise ValueError(f"{name} must be -1 or in [0, NB * P = {total}), got {s.tolist()}")
     keep = s[s >= 0]
     if distinct and keep.numel() != torch.unique(keep).numel():
         raise ValueError(f"{name} must not repeat a slot (the writes would race), got {s.tolist()}")
@@ -618,7 +618,7 @@ def concat_and_cache_mla(
 
     Args:
         kv_c: ``[T, D_v]`` float (512); ``k_pe``: ``[T, D_rope]`` float (64).
-        kv_cache: ``[num_blocks, P, D_v + D_rope]`` float (``"auto"``) or uint8 ``[num_blocks, P, token_bytes]``.
+        kv_cache: ``[NB, P, Lkv + D_rope]`` float (``"auto"``) or uint8 ``[NB, P, token_bytes]``.
         slot_mapping: ``[T]`` int, ``-1`` skipped (not range-checked: vLLM's hot path).
         kv_cache_dtype: ``"auto"`` or a key of :data:`CACHE_DTYPES` (``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``,
             ``"fp8_ds_mla"``).
@@ -634,15 +634,15 @@ def concat_and_cache_mla(
     d_r = k_pe.shape[1]
     if k_pe.shape[0] != T or slot_mapping.shape != (T,):
         raise ValueError(
-            f"kv_c [T, D_v], k_pe [T, D_rope] and slot_mapping [T] disagree: {list(kv_c.shape)}, "
+            f"kv_c [T, Lkv], k_pe [T, D_rope] and slot_mapping [T] disagree: {list(kv_c.shape)}, "
             f"{list(k_pe.shape)}, {list(slot_mapping.shape)}"
         )
     if kv_cache.dim() != 3:
-        raise ValueError(f"kv_cache must be [num_blocks, P, width], got {list(kv_cache.shape)}")
+        raise ValueError(f"kv_cache must be [NB, P, width], got {list(kv_cache.shape)}")
     nb, p = kv_cache.shape[:2]
     if kv_cache_dtype == "auto":
         if kv_cache.shape[2] != d_v + d_r:
-            raise ValueError(f"kv_cache must be [num_blocks, P, {d_v + d_r}] for 'auto', got {list(kv_cache.shape)}")
+            raise ValueError(f"kv_cache must be [NB, P, {d_v + d_r}] for 'auto', got {list(kv_cache.shape)}")
         if scale is not None:
             raise ValueError("scale must be None for kv_cache_dtype='auto'")
         # a cast: only the widths matter (the rest of the constants is any layout's, unused)
@@ -660,7 +660,7 @@ def concat_and_cache_mla(
             )
         if kv_cache.dtype != torch.uint8 or kv_cache.shape[2] != layout.token_bytes:
             raise ValueError(
-                f"kv_cache must be uint8 [num_blocks, P, {layout.token_bytes}] for {kv_cache_dtype}, "
+                f"kv_cache must be uint8 [NB, P, {layout.token_bytes}] for {kv_cache_dtype}, "
                 f"got {kv_cache.dtype} {list(kv_cache.shape)}"
             )
     if out is not None and (out.shape != kv_cache.shape or out.dtype != kv_cache.dtype or not out.is_contiguous()):
@@ -683,7 +683,7 @@ def write_pages(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Quantize ``entries [T, D]`` into the records at ``slot_mapping [T]`` (``-1`` skipped) of page blocks
-    ``pages [num_blocks, page_bytes(layout, block_size)]`` uint8: :func:`mlaspec.spec.cache_layouts.write_pages`.
+    ``pages [NB, page_bytes(layout, block_size)]`` uint8: :func:`mlaspec.spec.cache_layouts.write_pages`.
 
     Split layouts (V4) get their data and scale rows where the page puts them; alignment padding past
     ``P * token_bytes`` is left alone. ``out``: write into this contiguous tensor (default: a copy of ``pages``).
@@ -698,9 +698,9 @@ def write_pages(
     s = _scale(lay, scale)
     pb = cl.page_bytes(lay, p)
     dims = Dims()
-    dims.tensor("pages", pages, ("num_blocks", pb), (torch.uint8,))
+    dims.tensor("pages", pages, ("NB", pb), (torch.uint8,))
     dims.tensor("entries", entries, ("T", lay.entry_dim), _INPUT_DTYPES)
-    _slots(dims, "slot_mapping", slot_mapping, dims["num_blocks"] * p, distinct=True)
+    _slots(dims, "slot_mapping", slot_mapping, dims["NB"] * p, distinct=True)
     if out is not None and (out.shape != pages.shape or out.dtype != torch.uint8 or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous uint8 {list(pages.shape)}, got {out.dtype} {list(out.shape)}")
     new = pages.clone(memory_format=torch.contiguous_format) if out is None else out
@@ -773,7 +773,7 @@ def gather_cache(
     """Gather each request's entries into packed rows, bit for bit (see the module docstring).
 
     Args:
-        kv_cache: ``[num_blocks, P, *entry]`` any dtype (token-interleaved records: a split V4 page is not one).
+        kv_cache: ``[NB, P, *entry]`` any dtype (token-interleaved records: a split V4 page is not one).
         block_table: ``[B, max_blocks]`` int.
         cu_seq_lens: ``[B + 1]`` int.
         batch_size: ``B`` (must equal ``block_table.shape[0]`` when given).
@@ -830,7 +830,7 @@ def gather_cache(
 def read_tokens(
     pages: torch.Tensor, layout: cl.CacheLayout | str, block_size: int, slots: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Records ``[N, token_bytes]`` uint8 at ``slots`` out of page blocks ``[num_blocks, page_bytes]``, ``-1`` -> zeros
+    """Records ``[T, token_bytes]`` uint8 at ``slots`` out of page blocks ``[NB, page_bytes]``, ``-1`` -> zeros
     (any layout, split rows included).
 
     Returns ``(raw, valid)``: ``valid [N]`` bool marks ``slots >= 0``.
@@ -839,8 +839,8 @@ def read_tokens(
     p = positive_int("block_size", block_size)
     pb = cl.page_bytes(lay, p)
     dims = Dims()
-    dims.tensor("pages", pages, ("num_blocks", pb), (torch.uint8,))
-    _slots(dims, "slots", slots, dims["num_blocks"] * p, distinct=False, dtypes=(*_INDEX_DTYPES, torch.int16))
+    dims.tensor("pages", pages, ("NB", pb), (torch.uint8,))
+    _slots(dims, "slots", slots, dims["NB"] * p, distinct=False, dtypes=(*_INDEX_DTYPES, torch.int16))
     n = slots.shape[0]
     pages = pages.contiguous()
     raw = torch.empty(n, lay.token_bytes, dtype=torch.uint8, device=pages.device)

@@ -16,7 +16,7 @@ Implements :func:`mlaspec.spec.chunked_context.mla_mixed_batch` the way vLLM's `
   without a mask and returns the LSE, and :func:`mlaspec.impl.merge.merge_attn_states` folds the chunk into the
   running result; the new tokens attend causally last and are merged in the same way (``_forward_prefill``).
 
-The result is one ``out [T, N, V]`` in the batch's token order and ``lse [N, T]`` fp32 (natural log).
+The result is one ``out [T, H_q, D_v]`` in the batch's token order and ``lse [H_q, T]`` fp32 (natural log).
 
 Decodes of different query lengths share one launch: each request's queries are placed at the *end* of a
 ``max_query_len``-long row block (the kernel's causal rule aligns queries to the end of the sequence), and the
@@ -53,7 +53,7 @@ __all__ = [
 
 
 class LayerOutput(NamedTuple):
-    """``out [T, N, V]`` in the activation dtype and ``lse [N, T]`` fp32 (natural log), in token order."""
+    """``out [T, H_q, D_v]`` in the activation dtype and ``lse [H_q, T]`` fp32 (natural log), in token order."""
 
     out: torch.Tensor
     lse: torch.Tensor
@@ -79,7 +79,8 @@ def context_chunks(context_lens: list[int], workspace_size: int, block_size: int
 
 
 def _up_project(kv_c: torch.Tensor, k_pe: torch.Tensor, W_UK: torch.Tensor, W_UV: torch.Tensor, dtype):
-    """``[S, Lkv]``, ``[S, R]`` -> ``k [S, N, P + R]``, ``v [S, N, V]`` in ``dtype`` (fp32 matmul, then rounded)."""
+    """``[S, Lkv]``, ``[S, D_rope]`` -> ``k [S, H_q, D_nope + D_rope]``, ``v [S, H_q, D_v]`` in ``dtype`` (fp32
+    matmul, then rounded)."""
     n = W_UK.shape[1]
     k_nope = torch.einsum("sl,lnp->snp", kv_c.float(), W_UK.float()).to(dtype)
     v = torch.einsum("sl,lnv->snv", kv_c.float(), W_UV.float()).to(dtype)
@@ -88,10 +89,12 @@ def _up_project(kv_c: torch.Tensor, k_pe: torch.Tensor, W_UK: torch.Tensor, W_UV
 
 
 def absorb_query(q_nope: torch.Tensor, q_pe: torch.Tensor, W_UK: torch.Tensor) -> torch.Tensor:
-    """``[q_nope W_UK^T, q_pe]``: ``[..., N, P]``, ``[..., N, R]`` -> ``[..., N, Lkv + R]`` in q_nope's dtype.
+    """``[q_nope W_UK^T, q_pe]``: ``[..., H_q, D_nope]``, ``[..., H_q, D_rope]`` -> ``[..., H_q, Lkv + D_rope]`` in
+    q_nope's dtype.
 
     vLLM's ``_forward_decode`` absorbs ``W_UK`` with a torch (cuBLAS) bmm and hands the kernel the result rounded to
-    the activation dtype; here an fp32 matmul, then rounded. Reads ``T N P + Lkv N P``, writes ``T N Lkv``.
+    the activation dtype; here an fp32 matmul, then rounded. Reads ``T H_q D_nope + Lkv H_q D_nope``, writes ``T H_q
+    Lkv``.
     """
     dtype = q_nope.dtype
     ql_nope = torch.einsum("...np,lnp->...nl", q_nope.float(), W_UK.float()).to(dtype)
@@ -99,18 +102,18 @@ def absorb_query(q_nope: torch.Tensor, q_pe: torch.Tensor, W_UK: torch.Tensor) -
 
 
 def unabsorb_output(o_lat: torch.Tensor, W_UV: torch.Tensor) -> torch.Tensor:
-    """``o_lat W_UV`` per head: ``[..., N, Lkv]`` -> ``[..., N, V]`` in o_lat's dtype (fp32 matmul, then rounded,
-    as vLLM's ``_v_up_proj`` bmm). Reads ``T N Lkv + Lkv N V``, writes ``T N V``."""
+    """``o_lat W_UV`` per head: ``[..., H_q, Lkv]`` -> ``[..., H_q, D_v]`` in o_lat's dtype (fp32 matmul, then rounded,
+    as vLLM's ``_v_up_proj`` bmm). Reads ``T H_q Lkv + Lkv H_q D_v``, writes ``T H_q D_v``."""
     return torch.einsum("...nl,lnv->...nv", o_lat.float(), W_UV.float()).to(o_lat.dtype)
 
 
 def _decodes(q_nope, q_pe, kv_cache, block_table, seq_lens, query_lens, W_UK, W_UV, *, scale):
-    """The absorbed form for ``D`` decodes: ``out [T_d, N, V]``, ``lse [N, T_d]``."""
+    """The absorbed form for ``B_d`` decodes: ``out [T_d, H_q, D_v]``, ``lse [H_q, T_d]``."""
     dev = q_nope.device
     n_dec = len(query_lens)
     s_max = max(query_lens)
     t_d = sum(query_lens)
-    q = absorb_query(q_nope, q_pe, W_UK)  # [T_d, N, Lkv + R]
+    q = absorb_query(q_nope, q_pe, W_UK)  # [T_d, H_q, Lkv + D_rope]
     # each request's queries at the end of its row block of s_max rows (causal alignment), zeros in front
     req = torch.repeat_interleave(torch.arange(n_dec), torch.tensor(query_lens))
     first = torch.tensor(query_lens).cumsum(0) - torch.tensor(query_lens)
@@ -127,8 +130,8 @@ def _decodes(q_nope, q_pe, kv_cache, block_table, seq_lens, query_lens, W_UK, W_
         scale=scale,
         causal=True,
     )
-    o_lat = o_lat.reshape(n_dec * s_max, *o_lat.shape[2:])[flat]  # [T_d, N, Lkv]
-    lse = lse.transpose(1, 2).reshape(n_dec * s_max, -1)[flat].T  # [N, T_d]
+    o_lat = o_lat.reshape(n_dec * s_max, *o_lat.shape[2:])[flat]  # [T_d, H_q, Lkv]
+    lse = lse.transpose(1, 2).reshape(n_dec * s_max, -1)[flat].T  # [H_q, T_d]
     return unabsorb_output(o_lat, W_UV), lse
 
 
@@ -159,21 +162,22 @@ def chunked_prefill(
     way.
 
     Args:
-        q_nope: ``[T_p, N, P]`` bf16/fp16/fp32. q_pe: ``[T_p, N, R]``, rotated. Packed by ``query_lens``.
-        kv_c: ``[T_p, Lkv]``. k_pe: ``[T_p, R]``: the new tokens' latents and rotated rope keys.
-        kv_cache: ``[num_blocks, P_blk, Lkv + R]`` in the activation dtype, holding every prefill's context.
+        q_nope: ``[T_p, H_q, D_nope]`` bf16/fp16/fp32. q_pe: ``[T_p, H_q, D_rope]``, rotated. Packed by ``query_lens``.
+        kv_c: ``[T_p, Lkv]``. k_pe: ``[T_p, D_rope]``: the new tokens' latents and rotated rope keys.
+        kv_cache: ``[NB, P, Lkv + D_rope]`` in the activation dtype, holding every prefill's context.
         block_table: ``[B_p, M]`` int32, the prefills' pages; columns past a prefill's context are never read.
         query_lens: ``B_p`` new-token counts. context_lens: ``B_p`` context lengths (cached tokens).
-        W_UK: ``[Lkv, N, P]``. W_UV: ``[Lkv, N, V]``. ``P + R <= 256`` and ``V <= 256`` (the varlen kernel).
+        W_UK: ``[Lkv, H_q, D_nope]``. W_UV: ``[Lkv, H_q, D_v]``. ``D_nope + D_rope <= 256`` and ``D_v <= 256`` (the
+            varlen kernel).
         scale: softmax scale.
         chunk_width: ``W`` (> 0 when any context is non-empty; any value otherwise).
 
     Returns:
-        :class:`LayerOutput` ``(out [T_p, N, V], lse [N, T_p])``.
+        :class:`LayerOutput` ``(out [T_p, H_q, D_v], lse [H_q, T_p])``.
     """
     dtype, dev = q_nope.dtype, q_nope.device
     lkv = W_UK.shape[0]
-    q = torch.cat([q_nope, q_pe.to(dtype)], -1)  # [T_p, N, P + R]
+    q = torch.cat([q_nope, q_pe.to(dtype)], -1)  # [T_p, H_q, D_nope + D_rope]
     cu_q = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
     max_q = max(query_lens, default=0)
     ctx = torch.tensor(context_lens, dtype=torch.int64)
@@ -186,7 +190,7 @@ def chunked_prefill(
         lens = (ctx.clamp(max=start + chunk_width) - start).clamp(min=0)
         cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
         starts = torch.full((len(context_lens),), start, dtype=torch.int32)
-        ws = gather_cache(kv_cache, block_table, cu_k.to(dev), len(context_lens), starts.to(dev))  # [tot, Lkv + R]
+        ws = gather_cache(kv_cache, block_table, cu_k.to(dev), len(context_lens), starts.to(dev))  # [tot, Lkv + D_rope]
         k, v = _up_project(ws[:, :lkv], ws[:, lkv:], W_UK, W_UV, dtype)
         part = flash_attn_varlen(q, k, v, cu_q, cu_k.to(dev), max_seqlen_q=max_q, scale=scale, causal=False)
         run = tuple(part) if run is None else tuple(merge_attn_states(run[0], run[1], part.out, part.lse))
@@ -217,26 +221,26 @@ def mla_mixed_batch_layer(
     """One MLA step over a reordered mixed batch (see the module docstring).
 
     Args:
-        q_nope: ``[T, N, P]`` bf16/fp16/fp32. q_pe: ``[T, N, R]``, rotated. Packed by ``query_start_loc``.
-        kv_c: ``[T, Lkv]``. k_pe: ``[T, R]``, rotated: the new tokens' cache entries (``Lkv``, ``R`` powers of
+        q_nope: ``[T, H_q, D_nope]`` bf16/fp16/fp32. q_pe: ``[T, H_q, D_rope]``, rotated. Packed by ``query_start_loc``.
+        kv_c: ``[T, Lkv]``. k_pe: ``[T, D_rope]``, rotated: the new tokens' cache entries (``Lkv``, ``D_rope`` powers of
             two >= 16, the decode kernel's split of the entry).
-        kv_cache: ``[num_blocks, P_blk, Lkv + R]`` in the activation dtype; written in place at ``slot_mapping``
+        kv_cache: ``[NB, P, Lkv + D_rope]`` in the activation dtype; written in place at ``slot_mapping``
             (vLLM's order: write, then attend). Slots no request owns may hold anything (NaN included).
         query_start_loc: ``[B + 1]`` int. context_lens: ``[B]`` int (vLLM ``num_computed_tokens``).
         block_table: ``[B, M]`` int, page ids; columns past a request's pages are never read.
         slot_mapping: ``[T]`` int, the new tokens' slots (``-1`` skipped).
-        W_UK: ``[Lkv, N, P]``. W_UV: ``[Lkv, N, V]``.
+        W_UK: ``[Lkv, H_q, D_nope]``. W_UV: ``[Lkv, H_q, D_v]``.
         scale: softmax scale. workspace_size: context workspace rows. decode_threshold: longest decode query.
 
     Returns:
-        :class:`LayerOutput` ``(out [T, N, V], lse [N, T])``.
+        :class:`LayerOutput` ``(out [T, H_q, D_v], lse [H_q, T])``.
 
     Raises:
         ValueError: the batch is not reordered decodes first (a short query with context after a prefill).
     """
     dtype, dev = q_nope.dtype, q_nope.device
-    T, N, _ = q_nope.shape
-    V = W_UV.shape[2]
+    T, H_q, _ = q_nope.shape
+    D_v = W_UV.shape[2]
     qsl = [int(x) for x in query_start_loc.tolist()]
     ctx = [int(x) for x in context_lens.tolist()]
     q_lens = [b - a for a, b in zip(qsl[:-1], qsl[1:])]
@@ -248,8 +252,8 @@ def mla_mixed_batch_layer(
         )
     table = block_table.to(device=dev, dtype=torch.int32)
     concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping.to(dev), out=kv_cache)  # the new tokens, first
-    out = torch.empty(T, N, V, dtype=dtype, device=dev)
-    lse = torch.empty(N, T, dtype=torch.float32, device=dev)
+    out = torch.empty(T, H_q, D_v, dtype=dtype, device=dev)
+    lse = torch.empty(H_q, T, dtype=torch.float32, device=dev)
     d_tok = qsl[n_dec]
     if n_dec and d_tok:
         seq = torch.tensor([c + q for c, q in zip(ctx[:n_dec], q_lens[:n_dec])], dtype=torch.int32, device=dev)

@@ -26,7 +26,7 @@ or per 656-byte fp8 key (~210 FLOP/byte): near Hopper's ridge, so the key stream
 
 Key sources (the ``FMT`` of a :class:`KeyCache`):
 
-* ``float`` — rows ``[N, H_kv, D_qk]`` in q's dtype: the prefill ``kv`` or a decode cache ``[num_blocks, P, D_qk]``
+* ``float`` — rows ``[N, H_kv, D_qk]`` in q's dtype: the prefill ``kv`` or a decode cache ``[NB, P, D_qk]``
   flattened to its global slots ``block * P + offset``;
 * ``fp8_v32`` — FlashMLA's 656-byte token (:data:`mlaspec.spec.cache_layouts.FP8_DS_MLA_V32`): 512 e4m3, 4 fp32
   scales (one per 128 values), 64 bf16 RoPE values; record ``index`` at byte ``656 * index``;
@@ -393,7 +393,7 @@ class KeyCache(NamedTuple):
     """Where the keys live, as the kernel reads them (build with :func:`float_keys` or :func:`fp8_keys`).
 
     ``fmt`` is ``"float"`` (``data [N, H_kv, D_qk]`` in q's dtype), ``"fp8_v32"`` (``data [N, 656]`` uint8, one
-    record per slot) or ``"fp8_v4"`` (``data [num_blocks, page_bytes]`` uint8 page blocks of ``page_size`` tokens).
+    record per slot) or ``"fp8_v4"`` (``data [NB, page_bytes]`` uint8 page blocks of ``page_size`` tokens).
     ``num_rows`` is the number of key rows / slots ``N``: indices outside ``[0, N)`` are skipped.
     """
 
@@ -405,7 +405,7 @@ class KeyCache(NamedTuple):
 
 
 def float_keys(kv: torch.Tensor) -> KeyCache:
-    """Key rows in q's dtype: ``[N, H_kv, D]``, ``[N, D]``, or a paged ``[num_blocks, P, D]`` / ``[num_blocks, P,
+    """Key rows in q's dtype: ``[N, H_kv, D]``, ``[N, D]``, or a paged ``[NB, P, D]`` / ``[NB, P,
     1, D]`` cache whose global slot ``block * P + offset`` is the row (pass the 4-D or the 3-D view ``.flatten(0,
     1)[:, None]``)."""
     if kv.dim() == 2:
@@ -418,8 +418,8 @@ def float_keys(kv: torch.Tensor) -> KeyCache:
 
 
 def fp8_keys(raw: torch.Tensor, layout: str, page_size: int = 64) -> KeyCache:
-    """FlashMLA's fp8 sparse cache: ``layout`` ``"fp8_v32"`` (``raw [N, 656]`` or pages ``[num_blocks, P * 656]``,
-    token-interleaved, D_qk 576) or ``"fp8_v4"`` (``raw [num_blocks, page_bytes]``, split layout, D_qk 512)."""
+    """FlashMLA's fp8 sparse cache: ``layout`` ``"fp8_v32"`` (``raw [N, 656]`` or pages ``[NB, P * 656]``,
+    token-interleaved, D_qk 576) or ``"fp8_v4"`` (``raw [NB, page_bytes]``, split layout, D_qk 512)."""
     if raw.dtype != torch.uint8 or not raw.is_contiguous():
         raise TypeError(f"raw must be a contiguous uint8 tensor, got {raw.dtype}")
     if layout == "fp8_v32":

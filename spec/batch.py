@@ -101,12 +101,12 @@ def _as_int_tensor(name: str, x: object, shape: tuple, dims: Dims) -> torch.Tens
 class CommonAttentionMetadata:
     """Per-batch attention metadata shared by every layer (vLLM ``CommonAttentionMetadata``), validated.
 
-    Fields (``B`` requests, ``T`` new tokens, ``M`` block-table columns):
+    Fields (``B`` requests, ``T`` new tokens, ``max_blocks`` block-table columns):
 
     * ``query_start_loc``: ``[B + 1]`` int32, starts at 0, non-decreasing, ends at ``T``.
     * ``seq_lens``: ``[B]`` int32, ``num_computed_tokens + query_lens``.
     * ``num_computed_tokens``: ``[B]`` int32, the context lengths.
-    * ``block_table``: ``[B, M]`` int32, page ids; row ``b`` must list valid pages (``0 <= id < num_blocks``)
+    * ``block_table``: ``[B, max_blocks]`` int32, page ids; row ``b`` must list valid pages (``0 <= id < num_blocks``)
       for its first ``ceil(seq_lens[b] / block_size)`` columns. Later columns are ignored (``-1`` here; vLLM
       leaves whatever was there).
     * ``slot_mapping``: ``[T]`` int64, the cache slot of each new token,
@@ -140,7 +140,7 @@ class CommonAttentionMetadata:
         dims = Dims(B=b)
         seq_lens = _as_int_tensor("seq_lens", self.seq_lens, ("B",), dims)
         computed = _as_int_tensor("num_computed_tokens", self.num_computed_tokens, ("B",), dims)
-        table = _as_int_tensor("block_table", self.block_table, ("B", "M"), dims)
+        table = _as_int_tensor("block_table", self.block_table, ("B", "max_blocks"), dims)
         slots = _as_int_tensor("slot_mapping", self.slot_mapping, ("T",), dims)
         dims.tensor("is_prefilling", self.is_prefilling, ("B",), BOOL)
         if int(qsl[0]) != 0:
@@ -241,7 +241,7 @@ def build_metadata(
     Args:
         requests: the batch, in batch order.
         block_size: ``P``, cache slots per page (vLLM's ``block_size``; FlashMLA needs 64).
-        block_table: optional ``[B, M]`` int page ids. Default: an identity-like allocation, request ``b``
+        block_table: optional ``[B, max_blocks]`` int page ids. Default: an identity-like allocation, request ``b``
             gets the next ``ceil(seq_len_b / P)`` pages after request ``b - 1``'s, unused columns ``-1``.
         num_blocks: pages in the cache; default ``max page id + 1`` (at least 1).
 
@@ -274,7 +274,7 @@ def build_metadata(
             block_table[i, :n] = torch.arange(nxt, nxt + n, dtype=torch.int32)
             nxt += n
     else:
-        Dims(B=b).tensor("block_table", block_table, ("B", "M"), INT)
+        Dims(B=b).tensor("block_table", block_table, ("B", "max_blocks"), INT)
         block_table = block_table.to(torch.int32).clone()
     if num_blocks is None:
         num_blocks = max(int(block_table.max()) + 1 if block_table.numel() else 1, 1)
@@ -540,12 +540,12 @@ def reorder_batch_to_split_decodes_and_prefills(
 class LocalVirtualBatches(NamedTuple):
     """Local attention as ordinary causal attention over virtual requests (one per attention chunk touched).
 
-    * ``metadata``: a :class:`CommonAttentionMetadata` over the ``V`` virtual requests (same tokens, same
+    * ``metadata``: a :class:`CommonAttentionMetadata` over the ``B_local`` virtual requests (same tokens, same
       ``slot_mapping``; ``block_table = block_table_local``).
-    * ``seqlens_q_local [V]``, ``cu_seqlens_q_local [V + 1]``, ``seqlens_k_local [V]``: int32.
-    * ``block_table_local [V, attn_chunk_size // block_size]`` int32.
-    * ``k_seqstarts_absolute [V]`` int32: where each virtual request's keys start in its real sequence.
-    * ``request [V]`` int64: the real request each virtual one came from.
+    * ``seqlens_q_local [B_local]``, ``cu_seqlens_q_local [B_local + 1]``, ``seqlens_k_local [B_local]``: int32.
+    * ``block_table_local [B_local, attn_chunk_size // block_size]`` int32.
+    * ``k_seqstarts_absolute [B_local]`` int32: where each virtual request's keys start in its real sequence.
+    * ``request [B_local]`` int64: the real request each virtual one came from.
     """
 
     metadata: CommonAttentionMetadata
@@ -565,17 +565,17 @@ def make_local_attention_virtual_batches(
     """Split each request into virtual requests, one per attention chunk its new tokens fall in.
 
     Local (chunked) attention, as in Llama 4: query at position ``p`` sees key ``j`` iff ``j <= p`` and
-    ``j // C == p // C`` (``C = attn_chunk_size``). For request ``b`` (context ``c``, sequence ``s``) and every
-    chunk ``k`` from ``c // C`` to ``(s - 1) // C``::
+    ``j // L == p // L`` (``L = attn_chunk_size``). For request ``b`` (context ``c``, sequence ``s``) and every
+    chunk ``k`` from ``c // L`` to ``(s - 1) // L``::
 
-        k_start = k * C,  k_end = min(k_start + C, s)
+        k_start = k * L,  k_end = min(k_start + L, s)
         queries   max(c, k_start) .. k_end - 1      -> seqlens_q_local = k_end - max(c, k_start)
         keys      k_start .. k_end - 1              -> seqlens_k_local = k_end - k_start
-        pages     block_table[b, k_start // P : k_start // P + C // P]   (column index clipped to M - 1)
+        pages     block_table[b, k_start // P : k_start // P + L // P]   (column index clipped to max_blocks - 1)
 
     Plain bottom-right causal attention inside each virtual request then equals local attention.
 
-    Worked example (the vLLM docstring): ``C = 4``, query lens ``[4, 10, 5]``, seq lens ``[6, 17, 9]``::
+    Worked example (the vLLM docstring): ``L = 4``, query lens ``[4, 10, 5]``, seq lens ``[6, 17, 9]``::
 
         seqlens_q_local    = [2, 2, 1, 4, 4, 1, 4, 1]
         cu_seqlens_q_local = [0, 2, 4, 5, 9, 13, 14, 18, 19]
@@ -588,7 +588,7 @@ def make_local_attention_virtual_batches(
     its own ``seqlens_q_local``; the code computes the cumulative sum shown here.)
 
     Args:
-        attn_chunk_size: ``C``, a multiple of ``block_size``.
+        attn_chunk_size: ``L``, a multiple of ``block_size``.
         metadata: the batch; every request must have at least one new token.
         block_size: page size; default ``metadata.block_size``.
 

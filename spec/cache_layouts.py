@@ -646,12 +646,12 @@ def to_pages(raw: torch.Tensor, layout: CacheLayout | str, block_size: int) -> t
     ``P * split_at + offset * (token_bytes - split_at)``. Bytes past ``P * token_bytes`` (alignment padding) are 0.
 
     Args:
-        raw: ``[num_blocks * P, token_bytes]`` uint8.
+        raw: ``[NB * P, token_bytes]`` uint8.
         block_size: ``P``.
 
     Returns:
-        ``pages [num_blocks, page_bytes]`` uint8. For token-interleaved layouts ``pages.view(num_blocks, P,
-        token_bytes)`` is vLLM's ``[num_blocks, P, token_bytes]`` cache tensor.
+        ``pages [NB, page_bytes]`` uint8. For token-interleaved layouts ``pages.view(NB, P,
+        token_bytes)`` is vLLM's ``[NB, P, token_bytes]`` cache tensor.
     """
     layout = _layout(layout)
     p = positive_int("block_size", block_size)
@@ -666,16 +666,16 @@ def to_pages(raw: torch.Tensor, layout: CacheLayout | str, block_size: int) -> t
 
 
 def from_pages(pages: torch.Tensor, layout: CacheLayout | str, block_size: int) -> torch.Tensor:
-    """Inverse of :func:`to_pages`: ``pages [num_blocks, page_bytes]`` -> records ``[num_blocks * P, token_bytes]``."""
+    """Inverse of :func:`to_pages`: ``pages [NB, page_bytes]`` -> records ``[NB * P, token_bytes]``."""
     layout = _layout(layout)
     p = positive_int("block_size", block_size)
-    Dims().tensor("pages", pages, ("num_blocks", page_bytes(layout, p)), (torch.uint8,))
+    Dims().tensor("pages", pages, ("NB", page_bytes(layout, p)), (torch.uint8,))
     idx = _record_byte_index(layout, p).to(pages.device).reshape(-1)
     return pages[:, idx].reshape(-1, layout.token_bytes)
 
 
 class TokenRows(NamedTuple):
-    """``raw [N, token_bytes]`` uint8 (zeros where invalid) and ``valid [N]`` bool."""
+    """``raw [T, token_bytes]`` uint8 (zeros where invalid) and ``valid [T]`` bool."""
 
     raw: torch.Tensor
     valid: torch.Tensor
@@ -692,18 +692,18 @@ def read_tokens(pages: torch.Tensor, layout: CacheLayout | str, block_size: int,
     ``P * 512 + offset * 16``, where vLLM's writer puts them (``_rope_quant_insert_mxfp8_kernel``).
 
     Args:
-        pages: ``[num_blocks, page_bytes]`` uint8.
-        slots: ``[N]`` int; ``-1`` marks an invalid index; others must be in ``[0, num_blocks * P)``.
+        pages: ``[NB, page_bytes]`` uint8.
+        slots: ``[T]`` int; ``-1`` marks an invalid index; others must be in ``[0, NB * P)``.
     """
     layout = _layout(layout)
     p = positive_int("block_size", block_size)
     dims = Dims()
-    dims.tensor("pages", pages, ("num_blocks", page_bytes(layout, p)), (torch.uint8,))
-    dims.tensor("slots", slots, ("N",), (torch.int64, torch.int32, torch.int16))
-    total = dims["num_blocks"] * p
+    dims.tensor("pages", pages, ("NB", page_bytes(layout, p)), (torch.uint8,))
+    dims.tensor("slots", slots, ("T",), (torch.int64, torch.int32, torch.int16))
+    total = dims["NB"] * p
     s = slots.to(torch.int64)
     if bool(((s >= total) | (s < -1)).any()):
-        raise ValueError(f"slots must be -1 or in [0, num_blocks * P = {total}), got {s.tolist()}")
+        raise ValueError(f"slots must be -1 or in [0, NB * P = {total}), got {s.tolist()}")
     valid = s >= 0
     records = from_pages(pages, layout, p)
     raw = torch.where(valid[:, None], records[s.clamp(min=0)], 0)
@@ -727,18 +727,18 @@ def write_pages(
     V4/V4.1). Args as :func:`quantize` and :func:`read_tokens`; ``slot_mapping [T]`` int, entries ``[T, D]``.
 
     Returns:
-        the new ``pages [num_blocks, page_bytes]`` uint8.
+        the new ``pages [NB, page_bytes]`` uint8.
     """
     layout = _layout(layout)
     p = positive_int("block_size", block_size)
     dims = Dims()
-    dims.tensor("pages", pages, ("num_blocks", page_bytes(layout, p)), (torch.uint8,))
+    dims.tensor("pages", pages, ("NB", page_bytes(layout, p)), (torch.uint8,))
     dims.tensor("entries", entries, ("T", layout.entry_dim), FLOAT)
     dims.tensor("slot_mapping", slot_mapping, ("T",), (torch.int64, torch.int32))
     s = slot_mapping.to(torch.int64)
-    total = dims["num_blocks"] * p
+    total = dims["NB"] * p
     if bool(((s >= total) | (s < -1)).any()):
-        raise ValueError(f"slot_mapping must be -1 or in [0, num_blocks * P = {total}), got {s.tolist()}")
+        raise ValueError(f"slot_mapping must be -1 or in [0, NB * P = {total}), got {s.tolist()}")
     keep = s >= 0
     if keep.sum() != torch.unique(s[keep]).numel():
         raise ValueError(f"slot_mapping must not repeat a slot (the kernels would race), got {s.tolist()}")
@@ -832,7 +832,7 @@ def validate_layout(
     only the NaN check applies to them.
 
     Args:
-        raw: ``[T, token_bytes]`` uint8 records, or ``[num_blocks, page_bytes]`` pages (read through
+        raw: ``[T, token_bytes]`` uint8 records, or ``[NB, page_bytes]`` pages (read through
             :func:`from_pages`, so pass ``block_size``) -- a width that is neither is itself a failed check.
     """
     layout = _layout(layout)
@@ -869,13 +869,13 @@ def validate_layout(
 
 
 def detect_layout(raw_pages: torch.Tensor, block_size: int) -> tuple[str, ...]:
-    """Names of the layouts (with group scales) under which ``raw_pages [num_blocks, page_bytes]`` uint8 look valid.
+    """Names of the layouts (with group scales) under which ``raw_pages [NB, page_bytes]`` uint8 look valid.
 
     Only layouts whose page size matches ``page_bytes`` are tried, then :func:`validate_layout` on their records.
     """
     p = positive_int("block_size", block_size)
     if not isinstance(raw_pages, torch.Tensor) or raw_pages.dtype != torch.uint8 or raw_pages.dim() != 2:
-        raise TypeError("raw_pages must be a 2-D uint8 tensor [num_blocks, page_bytes]")
+        raise TypeError("raw_pages must be a 2-D uint8 tensor [NB, page_bytes]")
     found = []
     for name, layout in LAYOUTS.items():
         if layout.num_groups == 0 or raw_pages.shape[1] != page_bytes(layout, p):

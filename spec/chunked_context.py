@@ -1,7 +1,7 @@
 """Chunked-prefill context: attention over a long cached context through a fixed-size workspace.
 
-The compute-friendly form up-projects every context token to ``N * (P + V)`` values, which for a long context
-does not fit in memory. vLLM therefore processes the *context* of the prefills in chunks that fit a fixed
+The compute-friendly form up-projects every context token to ``H_q * (D_nope + D_v)`` values, which for a long
+context does not fit in memory. vLLM therefore processes the *context* of the prefills in chunks that fit a fixed
 workspace of ``workspace_size`` cache entries, and the *new tokens* once with a causal mask, then merges the
 pieces by their log-sum-exp::
 
@@ -54,9 +54,9 @@ __all__ = [
     "plan_context_chunks",
 ]
 
-# A request's context: either the tensors themselves, per request ``(kv_c [C_b, Lkv], k_pe [C_b, R])``, or a
-# callable ``gather(request, start, length) -> (kv_c [length, Lkv], k_pe [length, R])`` (e.g. reading a paged
-# cache through the block table).
+# A request's context: either the tensors themselves, per request ``(kv_c [C_b, Lkv], k_pe [C_b, D_rope])``, or
+# a callable ``gather(request, start, length) -> (kv_c [length, Lkv], k_pe [length, D_rope])`` (e.g. reading a
+# paged cache through the block table).
 _Entries = tuple[torch.Tensor, torch.Tensor]
 ContextSource = Sequence[_Entries] | Callable[[int, int, int], _Entries]
 
@@ -154,16 +154,16 @@ def plan_context_chunks(
 
     Math::
 
-        W = workspace_size // #(context_lens > 0)          # equal share per prefill with context
-        W = round_down(W, block_size)   if align_to_block  # gather kernels need page-aligned chunk starts
-        n = ceil(max(context_lens) / W)
-        starts[i, b]   = i * W
-        seq_lens[i, b] = clamp(min(context_lens[b], starts[i, b] + W) - starts[i, b], min=0)
+        w = workspace_size // #(context_lens > 0)          # equal share per prefill with context
+        w = round_down(w, block_size)   if align_to_block  # gather kernels need page-aligned chunk starts
+        n = ceil(max(context_lens) / w)                    # w is max_context_chunk
+        starts[i, b]   = i * w
+        seq_lens[i, b] = clamp(min(context_lens[b], starts[i, b] + w) - starts[i, b], min=0)
 
-    So ``seq_tot[i] = sum_b seq_lens[i, b] <= #with_context * W <= workspace_size``.
+    So ``seq_tot[i] = sum_b seq_lens[i, b] <= #with_context * w <= workspace_size``.
 
     Example (``workspace_size = 1024``, ``block_size = 64``, contexts ``[700, 0, 300, 1000]``): three prefills
-    with context share it, ``W = round_down(341, 64) = 320``, ``n = ceil(1000 / 320) = 4``::
+    with context share it, ``w = round_down(341, 64) = 320``, ``n = ceil(1000 / 320) = 4``::
 
         seq_lens = [[320, 0, 300, 320],
                     [320, 0,   0, 320],
@@ -224,12 +224,12 @@ def plan_context_chunks(
 
 def _check_packed(dims: Dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV) -> None:
     """The packed (varlen) MLA tensors of a batch's new tokens, and the up-projections."""
-    dims.tensor("q_nope", q_nope, ("T", "N", "P"), FLOAT)
-    dims.tensor("q_pe", q_pe, ("T", "N", "R"), FLOAT)
+    dims.tensor("q_nope", q_nope, ("T", "H_q", "D_nope"), FLOAT)
+    dims.tensor("q_pe", q_pe, ("T", "H_q", "D_rope"), FLOAT)
     dims.tensor("kv_c", kv_c, ("T", "Lkv"), FLOAT)
-    dims.tensor("k_pe", k_pe, ("T", "R"), FLOAT)
-    dims.tensor("W_UK", W_UK, ("Lkv", "N", "P"), FLOAT)
-    dims.tensor("W_UV", W_UV, ("Lkv", "N", "V"), FLOAT)
+    dims.tensor("k_pe", k_pe, ("T", "D_rope"), FLOAT)
+    dims.tensor("W_UK", W_UK, ("Lkv", "H_q", "D_nope"), FLOAT)
+    dims.tensor("W_UV", W_UV, ("Lkv", "H_q", "D_v"), FLOAT)
 
 
 def _gatherer(context: ContextSource, n_req: int) -> Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]:
@@ -250,9 +250,9 @@ def _check_context(gather, plan_or_lens: torch.Tensor, lkv: int, r: int) -> None
     """Each request's context must have the announced length and the latent/rope widths."""
     for b, c in enumerate(plan_or_lens.tolist()):
         kv_c, k_pe = gather(b, 0, c)
-        dims = Dims(C=c, Lkv=lkv, R=r)
+        dims = Dims(C=c, Lkv=lkv, D_rope=r)
         dims.tensor(f"context[{b}] kv_c", kv_c, ("C", "Lkv"), FLOAT)
-        dims.tensor(f"context[{b}] k_pe", k_pe, ("C", "R"), FLOAT)
+        dims.tensor(f"context[{b}] k_pe", k_pe, ("C", "D_rope"), FLOAT)
 
 
 def chunked_prefill_attention(
@@ -281,19 +281,19 @@ def chunked_prefill_attention(
         o, lse = merge_attn_states(prefix=(o, lse), suffix=o_new)     (no context at all: just o_new)
 
     Args:
-        q_nope: ``[T_p, N, P]`` float, the prefills' queries (nope part), packed by ``cu_seqlens_q``.
-        q_pe: ``[T_p, N, R]`` float, rotated.
+        q_nope: ``[T_p, H_q, D_nope]`` float, the prefills' queries (nope part), packed by ``cu_seqlens_q``.
+        q_pe: ``[T_p, H_q, D_rope]`` float, rotated.
         kv_c: ``[T_p, Lkv]`` float, the new tokens' latents.
-        k_pe: ``[T_p, R]`` float, the new tokens' rotated rope keys.
+        k_pe: ``[T_p, D_rope]`` float, the new tokens' rotated rope keys.
         cu_seqlens_q: ``[B_p + 1]`` int, starts at 0, ends at ``T_p``.
-        context: per prefill ``(kv_c [C_b, Lkv], k_pe [C_b, R])`` with ``C_b = plan.context_lens[b]``, or a
+        context: per prefill ``(kv_c [C_b, Lkv], k_pe [C_b, D_rope])`` with ``C_b = plan.context_lens[b]``, or a
             callable ``gather(b, start, length)`` returning that slice (``b`` indexes the prefills).
         plan: :func:`plan_context_chunks` over the same ``B_p`` prefills.
-        W_UK: ``[Lkv, N, P]`` float. W_UV: ``[Lkv, N, V]`` float.
+        W_UK: ``[Lkv, H_q, D_nope]`` float. W_UV: ``[Lkv, H_q, D_v]`` float.
         scale: softmax scale.
 
     Returns:
-        ``out [T_p, N, V]`` and ``lse [N, T_p]``, float64.
+        ``out [T_p, H_q, D_v]`` and ``lse [H_q, T_p]``, float64.
 
     Raises:
         ValueError: shapes disagree, the plan is for another batch, or a chunk would overflow the workspace.
@@ -315,23 +315,23 @@ def chunked_prefill_attention(
                 f"plan chunk {i} needs {tot} workspace rows, more than workspace_size={plan.workspace_size}"
             )
     gather = _gatherer(context, plan.num_prefills)
-    _check_context(gather, plan.context_lens, dims["Lkv"], dims["R"])
+    _check_context(gather, plan.context_lens, dims["Lkv"], dims["D_rope"])
 
-    n_heads, t = dims["N"], dims["T"]
-    out = torch.zeros(t, n_heads, dims["V"], dtype=torch.float64)
+    n_heads, t = dims["H_q"], dims["T"]
+    out = torch.zeros(t, n_heads, dims["D_v"], dtype=torch.float64)
     lse = torch.full((n_heads, t), -math.inf, dtype=torch.float64)
     for b in range(plan.num_prefills):
         qs, qe = int(cq[b]), int(cq[b + 1])
         if qe == qs:
             continue
         qn, qp = q_nope[None, qs:qe], q_pe[None, qs:qe]
-        run = None  # (out [S_q, N, V], lse [N, S_q]) over the context so far
+        run = None  # (out [S_q, H_q, D_v], lse [H_q, S_q]) over the context so far
         for i in range(plan.num_chunks):
             # The workspace rows of this request in chunk i: cu_seq_lens[i, b] : cu_seq_lens[i, b + 1].
             length = int(plan.seq_lens[i, b])
             if length == 0:  # nothing of this request in chunk i: an empty part
                 part = (
-                    torch.zeros(qe - qs, n_heads, dims["V"], dtype=torch.float64),
+                    torch.zeros(qe - qs, n_heads, dims["D_v"], dtype=torch.float64),
                     torch.full((n_heads, qe - qs), -math.inf, dtype=torch.float64),
                 )
             else:
@@ -350,8 +350,9 @@ def chunked_prefill_attention(
 class MixedBatchOutput(NamedTuple):
     """Result of :func:`mla_mixed_batch`.
 
-    * ``out``: ``[T, N, V]`` float64, or ``[T, H]`` when ``W_O`` was given; rows in the batch's token order.
-    * ``lse``: ``[N, T]`` float64 (natural log), for every token.
+    * ``out``: ``[T, H_q, D_v]`` float64, or ``[T, D_hidden]`` when ``W_O`` was given; rows in the batch's token
+      order.
+    * ``lse``: ``[H_q, T]`` float64 (natural log), for every token.
     * ``split``: the decode / prefill boundary used.
     * ``plan``: the prefills' chunk plan.
     """
@@ -380,27 +381,29 @@ def mla_mixed_batch(
 ) -> MixedBatchOutput:
     """One MLA attention step over a mixed batch, the way vLLM's ``MLACommonImpl`` splits it.
 
-    Math (``D`` decodes first, then prefills; :func:`mlaspec.spec.batch.split_decodes_and_prefills`)::
+    Math (``B_d`` decodes first, then prefills; :func:`mlaspec.spec.batch.split_decodes_and_prefills`)::
 
-        for decode b < D:   out[tokens of b] = mla_absorbed(q_b, [context_b, new_b], causal=True)   # MTP ok
-        prefills:           out[tokens D..]  = chunked_prefill_attention(..., plan_context_chunks(
-                                                   context_lens[D:], workspace_size, block_size))
-        out = out.reshape(T, N * V) @ W_O     if W_O is given
+        for decode b < B_d: out[tokens of b] = mla_absorbed(q_b, [context_b, new_b], causal=True)   # MTP ok
+        prefills:           out[tokens of b >= B_d] = chunked_prefill_attention(..., plan_context_chunks(
+                                                   context_lens[B_d:], workspace_size, block_size))
+        out = out.reshape(T, H_q * D_v) @ W_O     if W_O is given
 
     Each request's result equals causal attention of its new tokens over ``context + new tokens`` in either
     form (property tested): the split changes the cost, not the value.
 
     Args:
-        q_nope: ``[T, N, P]`` float. q_pe: ``[T, N, R]`` float, rotated. Packed by ``metadata.query_start_loc``.
-        kv_c: ``[T, Lkv]`` float. k_pe: ``[T, R]`` float, rotated: the new tokens' cache entries.
+        q_nope: ``[T, H_q, D_nope]`` float. q_pe: ``[T, H_q, D_rope]`` float, rotated. Packed by
+            ``metadata.query_start_loc``.
+        kv_c: ``[T, Lkv]`` float. k_pe: ``[T, D_rope]`` float, rotated: the new tokens' cache entries.
         metadata: the batch, reordered decodes first.
-        context: per request ``(kv_c [C_b, Lkv], k_pe [C_b, R])`` with ``C_b = metadata.num_computed_tokens[b]``,
-            or ``gather(b, start, length)`` with ``b`` the request's index in ``metadata``.
-        W_UK: ``[Lkv, N, P]`` float. W_UV: ``[Lkv, N, V]`` float.
+        context: per request ``(kv_c [C_b, Lkv], k_pe [C_b, D_rope])`` with ``C_b =
+            metadata.num_computed_tokens[b]``, or ``gather(b, start, length)`` with ``b`` the request's index in
+            ``metadata``.
+        W_UK: ``[Lkv, H_q, D_nope]`` float. W_UV: ``[Lkv, H_q, D_v]`` float.
         scale: softmax scale (``MLAConfig.softmax_scale``).
         workspace_size: context workspace rows (:func:`chunked_prefill_workspace_size`).
         decode_threshold: longest decode query (``1 + num_speculative_tokens``).
-        W_O: optional ``[N * V, H]`` float, the output projection.
+        W_O: optional ``[H_q * D_v, D_hidden]`` float, the output projection.
         align_to_block: as :func:`plan_context_chunks`.
 
     Returns:
@@ -414,16 +417,16 @@ def mla_mixed_batch(
     dims = Dims(T=metadata.num_actual_tokens)
     _check_packed(dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
     if W_O is not None:
-        dims.tensor("W_O", W_O, (None, "H"), FLOAT)
-        if W_O.shape[0] != dims["N"] * dims["V"]:
-            raise ValueError(f"W_O must have N * V = {dims['N'] * dims['V']} rows, got shape {list(W_O.shape)}")
+        dims.tensor("W_O", W_O, (None, "D_hidden"), FLOAT)
+        if W_O.shape[0] != dims["H_q"] * dims["D_v"]:
+            raise ValueError(f"W_O must have H_q * D_v = {dims['H_q'] * dims['D_v']} rows, got shape {list(W_O.shape)}")
     scale = finite_float("scale", scale)
     split = split_decodes_and_prefills(metadata, decode_threshold)
     gather = _gatherer(context, metadata.num_reqs)
-    _check_context(gather, metadata.num_computed_tokens, dims["Lkv"], dims["R"])
+    _check_context(gather, metadata.num_computed_tokens, dims["Lkv"], dims["D_rope"])
     qsl = metadata.query_start_loc.long()
-    t, n_heads = dims["T"], dims["N"]
-    out = torch.zeros(t, n_heads, dims["V"], dtype=torch.float64)
+    t, n_heads = dims["T"], dims["H_q"]
+    out = torch.zeros(t, n_heads, dims["D_v"], dtype=torch.float64)
     lse = torch.full((n_heads, t), -math.inf, dtype=torch.float64)
 
     # Decodes: the absorbed (data-movement-friendly) form over the whole sequence, context then new tokens.

@@ -1,28 +1,29 @@
 """MLA dimensions and deterministic weights.
 
-Names follow vLLM's MLA notes (``vllm/model_executor/layers/attention/mla_attention.py``, module docstring)::
+Names follow vLLM's MLA notes (``vllm/model_executor/layers/attention/mla_attention.py``, module docstring), in
+the project's glossary spelling (``docs/glossary.md``; one name, one meaning)::
 
-    H   hidden size            7168 in DeepSeek-V3
-    N   attention heads        128 (16 per GPU at TP8)
-    Lq  q latent (q_lora_rank)  1536
-    Lkv kv latent (kv_lora_rank) 512
-    P   nope head dim           128      (qk_nope_head_dim)
-    R   rope head dim           64       (qk_rope_head_dim)
-    V   value head dim          128      (v_head_dim)
+    D_hidden  hidden size                   7168 in DeepSeek-V3  (hidden_size)
+    H_q       attention heads               128 (16 per GPU at TP8)  (num_heads)
+    Lq        q latent                      1536     (q_lora_rank)
+    Lkv       kv latent                     512      (kv_lora_rank)
+    D_nope    nope head dim                 128      (qk_nope_head_dim)
+    D_rope    rope head dim                 64       (qk_rope_head_dim)
+    D_v       value head dim                128      (v_head_dim)
 
 Weights, as matrices that multiply from the right (``x @ W``)::
 
-    W_DQ  [H, Lq]      h_t -> q_c            (q_a_proj), then RMSNorm q_a_norm [Lq]
-    W_UQ  [Lq, N, P]   q_c -> q_nope         (q_b_proj, first P of each head's P + R)
-    W_QR  [Lq, N, R]   q_c -> q_pe           (q_b_proj, last R of each head)
-    W_DKV [H, Lkv]     h_t -> kv_c           (kv_a_proj_with_mqa, first Lkv), then RMSNorm kv_a_norm [Lkv]
-    W_KR  [H, R]       h_t -> k_pe           (kv_a_proj_with_mqa, last R; one rope key shared by all heads)
-    W_UK  [Lkv, N, P]  kv_c -> k_nope        (kv_b_proj, first P of each head's P + V)
-    W_UV  [Lkv, N, V]  kv_c -> v             (kv_b_proj, last V of each head)
-    W_O   [N * V, H]   attention output -> h_t (o_proj)
+    W_DQ  [D_hidden, Lq]         h_t -> q_c     (q_a_proj), then RMSNorm q_a_norm [Lq]
+    W_UQ  [Lq, H_q, D_nope]      q_c -> q_nope  (q_b_proj, first D_nope of each head's D_nope + D_rope)
+    W_QR  [Lq, H_q, D_rope]      q_c -> q_pe    (q_b_proj, last D_rope of each head)
+    W_DKV [D_hidden, Lkv]        h_t -> kv_c    (kv_a_proj_with_mqa, first Lkv), then RMSNorm kv_a_norm [Lkv]
+    W_KR  [D_hidden, D_rope]     h_t -> k_pe    (kv_a_proj_with_mqa, last D_rope; one rope key shared by all heads)
+    W_UK  [Lkv, H_q, D_nope]     kv_c -> k_nope (kv_b_proj, first D_nope of each head's D_nope + D_v)
+    W_UV  [Lkv, H_q, D_v]        kv_c -> v      (kv_b_proj, last D_v of each head)
+    W_O   [H_q * D_v, D_hidden]  attention output -> h_t (o_proj)
 
-vLLM stores ``W_UK_T = W_UK.permute(1, 2, 0)`` ``[N, P, Lkv]`` and ``W_UV.transpose(0, 1)`` ``[N, Lkv, V]`` for its
-batched matmuls; the spec keeps the ``[Lkv, N, *]`` form of the notes.
+vLLM stores ``W_UK_T = W_UK.permute(1, 2, 0)`` ``[H_q, D_nope, Lkv]`` and ``W_UV.transpose(0, 1)`` ``[H_q, Lkv,
+D_v]`` for its batched matmuls; the spec keeps the ``[Lkv, H_q, *]`` form of the notes.
 """
 
 from __future__ import annotations
@@ -116,12 +117,12 @@ class MLAConfig:
 
     @property
     def qk_head_dim(self) -> int:
-        """Per-head q/k width of the compute-friendly form: ``P + R`` (192)."""
+        """Per-head q/k width of the compute-friendly form: ``D_nope + D_rope`` (192)."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     @property
     def kv_entry_dim(self) -> int:
-        """Width of one cache entry and of the absorbed form's q/k: ``Lkv + R`` (576)."""
+        """Width of one cache entry and of the absorbed form's q/k: ``Lkv + D_rope`` (576)."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
     @property

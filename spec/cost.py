@@ -2,47 +2,48 @@
 
 MLA's two forms (:mod:`mlaspec.spec.forms`) compute the same attention but trade work for traffic. This module
 counts both for the attention part of one MLA layer: from ``q_nope, q_pe`` (per head) and the cached
-``kv_c, k_pe`` (per token) to the per-head output ``o [B, S_q, N, V]``. The projections before (``W_DQ``,
+``kv_c, k_pe`` (per token) to the per-head output ``o [B, S_q, H_q, D_v]``. The projections before (``W_DQ``,
 ``W_UQ``, ``W_QR``, ``W_DKV``, ``W_KR``) and after (``W_O``) are the same in both forms and are left out.
 
-Names (:mod:`mlaspec.spec.config`): ``Lkv = 512`` latent, ``P = 128`` nope, ``R = 64`` rope, ``V = 128`` value
-width, ``N`` heads, ``D`` bytes per element; ``pairs`` is the number of (query, key) pairs one head scores in one
-sequence: ``S_q * S_kv`` without a mask, ``S_q * S_kv - S_q * (S_q - 1) / 2`` with the bottom-right causal mask.
-A multiply-add is 2 FLOPs. Softmax, rope and norms (``O(pairs)`` and ``O(tokens)`` element-wise work) are not
-counted.
+Names (:mod:`mlaspec.spec.config`, ``docs/glossary.md``): ``Lkv = 512`` latent, ``D_nope = 128`` nope, ``D_rope =
+64`` rope, ``D_v = 128`` value width, ``H_q`` heads, ``E`` bytes per element; ``pairs`` is the number of (query,
+key) pairs one head scores in one sequence: ``S_q * S_kv`` without a mask, ``S_q * S_kv - S_q * (S_q - 1) / 2``
+with the bottom-right causal mask. A multiply-add is 2 FLOPs. Softmax, rope and norms (``O(pairs)`` and
+``O(tokens)`` element-wise work) are not counted.
 
 **Compute-friendly form** (``"mha"``; vLLM's prefill path)::
 
-    k_nope = kv_c @ W_UK      up_projection   2 * B*S_kv * Lkv * N*P     # reads Lkv, writes N*P per token
-    v      = kv_c @ W_UV      up_projection   2 * B*S_kv * Lkv * N*V     # reads Lkv, writes N*V per token
-    s      = q @ k^T          qk              2 * B*N * pairs * (P + R)  # D_qk = 192
-    o      = softmax(s) @ v   pv              2 * B*N * pairs * V        # D_v = 128
+    k_nope = kv_c @ W_UK      up_projection   2 * B*S_kv * Lkv * H_q*D_nope       # reads Lkv, writes H_q*D_nope
+    v      = kv_c @ W_UV      up_projection   2 * B*S_kv * Lkv * H_q*D_v          # reads Lkv, writes H_q*D_v
+    s      = q @ k^T          qk              2 * B*H_q * pairs * (D_nope + D_rope)  # D_qk = 192
+    o      = softmax(s) @ v   pv              2 * B*H_q * pairs * D_v             # D_v = 128
 
-    cache         B*S_kv * (Lkv + R) * D           # reads each 576-wide entry once
-    weights       Lkv * N * (P + V) * D            # reads W_UK and W_UV once
-    io            B*S_q*N * (P + R + V) * D        # reads q_nope, q_pe; writes o
-    materialized  2 * B*S_kv*N * (P + R + V) * D   # writes K (rope part copied to every head) and V, reads them back
+    cache         B*S_kv * (Lkv + D_rope) * E                    # reads each 576-wide entry once
+    weights       Lkv * H_q * (D_nope + D_v) * E                 # reads W_UK and W_UV once
+    io            B*S_q*H_q * (D_nope + D_rope + D_v) * E        # reads q_nope, q_pe; writes o
+    materialized  2 * B*S_kv*H_q * (D_nope + D_rope + D_v) * E   # writes k (rope part copied to every head) and v,
+                                                                 # reads them back
 
 **Absorbed form** (``"absorbed"``; vLLM's decode path, FlashMLA)::
 
-    ql_nope = q_nope @ W_UK^T  absorption     2 * B*S_q*N * P * Lkv      # per query token and head
-    s       = q @ kv^T         qk             2 * B*N * pairs * (Lkv + R)  # D_qk = 576
-    o_lat   = softmax(s) @ kv_c  pv           2 * B*N * pairs * Lkv      # D_v = 512
-    o       = o_lat @ W_UV     absorption     2 * B*S_q*N * Lkv * V
+    ql_nope = q_nope @ W_UK^T    absorption   2 * B*S_q*H_q * D_nope * Lkv        # per query token and head
+    s       = q @ kv^T           qk           2 * B*H_q * pairs * (Lkv + D_rope)  # D_qk = 576
+    o_lat   = softmax(s) @ kv_c  pv           2 * B*H_q * pairs * Lkv             # D_v = 512
+    o       = o_lat @ W_UV       absorption   2 * B*S_q*H_q * Lkv * D_v
 
-    cache         B*S_kv * (Lkv + R) * D           # reads each entry once for all N heads (MQA): no N in it
-    weights       Lkv * N * (P + V) * D            # reads W_UK and W_UV once
-    io            B*S_q*N * (P + R + V) * D        # reads q_nope, q_pe; writes o
-    materialized  2 * B*S_q*N * (2*Lkv + R) * D    # writes absorbed q [.., 576], o_lat [.., 512]; reads back
+    cache         B*S_kv * (Lkv + D_rope) * E                # reads each entry once for all H_q heads (MQA): no H_q
+    weights       Lkv * H_q * (D_nope + D_v) * E             # reads W_UK and W_UV once
+    io            B*S_q*H_q * (D_nope + D_rope + D_v) * E    # reads q_nope, q_pe; writes o
+    materialized  2 * B*S_q*H_q * (2*Lkv + D_rope) * E       # writes absorbed q [.., 576], o_lat [.., 512]; reads back
 
 The traffic is the compulsory traffic of an ideal kernel: every tensor is read once. Real kernels read more
-(flash-attention reads K and V once per query tile; FlashMLA reads the cache once per group of 64 heads), so the
+(flash-attention reads k and v once per query tile; FlashMLA reads the cache once per group of 64 heads), so the
 estimate is a lower bound on time, and the crossover it predicts is a first guess for where to switch forms, not
 a measurement. What makes the forms differ:
 
 * per (query, key, head) the absorbed form does ``2 * (576 + 512) = 2176`` FLOPs against ``2 * (192 + 128) = 640``;
-* per context token the compute-friendly form pays the up-projection (``2 * 512 * N * 256`` FLOPs) and moves its
-  materialized K and V (``2 * N * 320 * D`` bytes) against the absorbed form's ``576 * D`` bytes.
+* per context token the compute-friendly form pays the up-projection (``2 * 512 * H_q * 256`` FLOPs) and moves its
+  materialized k and v (``2 * H_q * 320 * E`` bytes) against the absorbed form's ``576 * E`` bytes.
 
 So at ``S_q = 1`` (decode) the absorbed form wins by orders of magnitude; once ``S_q`` is large enough that the
 ``S_q``-proportional attention work dominates the ``S_q``-independent up-projection, the compute-friendly form
@@ -111,7 +112,7 @@ class FormCost:
     cache_bytes: int  # the 576-wide entries, read once
     weight_bytes: int  # W_UK and W_UV, read once
     io_bytes: int  # q_nope, q_pe read; o written
-    materialized_bytes: int  # mha: K and V written + read; absorbed: absorbed q and o_lat written + read
+    materialized_bytes: int  # mha: k and v written + read; absorbed: absorbed q and o_lat written + read
 
     @property
     def flops(self) -> int:
@@ -204,22 +205,22 @@ def _terms(form: str, b, s_q, s_kv, n, d, pairs, c: MLAConfig) -> dict:
     lkv, p, r, v = c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
     terms = dict(
         cache_bytes=b * s_kv * (lkv + r) * d,  # reads every 576-wide entry once
-        weight_bytes=lkv * n * (p + v) * d,  # reads W_UK [Lkv, N, P] and W_UV [Lkv, N, V] once
-        io_bytes=b * s_q * n * (p + r) * d + b * s_q * n * v * d,  # reads q_nope, q_pe; writes o [.., N, V]
+        weight_bytes=lkv * n * (p + v) * d,  # reads W_UK [Lkv, H_q, D_nope] and W_UV [Lkv, H_q, D_v] once
+        io_bytes=b * s_q * n * (p + r) * d + b * s_q * n * v * d,  # reads q_nope, q_pe; writes o [.., H_q, D_v]
     )
     if form == "mha":
         terms.update(
             up_projection_flops=2 * b * s_kv * lkv * n * (p + v),  # kv_c @ W_UK, kv_c @ W_UV per context token
             absorption_flops=0 * s_q,
-            qk_flops=2 * b * n * pairs * (p + r),  # D_qk = P + R
-            pv_flops=2 * b * n * pairs * v,  # D_v = V
-            materialized_bytes=2 * b * s_kv * n * (p + r + v) * d + 0 * s_q,  # writes K, V; attention reads them
+            qk_flops=2 * b * n * pairs * (p + r),  # D_qk = D_nope + D_rope
+            pv_flops=2 * b * n * pairs * v,  # the value width D_v
+            materialized_bytes=2 * b * s_kv * n * (p + r + v) * d + 0 * s_q,  # writes k, v; attention reads them
         )
     else:
         terms.update(
             up_projection_flops=0 * s_q,
             absorption_flops=2 * b * s_q * n * p * lkv + 2 * b * s_q * n * lkv * v,  # q_nope @ W_UK^T, o_lat @ W_UV
-            qk_flops=2 * b * n * pairs * (lkv + r),  # D_qk = Lkv + R, one KV head
+            qk_flops=2 * b * n * pairs * (lkv + r),  # D_qk = Lkv + D_rope, one KV head
             pv_flops=2 * b * n * pairs * lkv,  # D_v = Lkv
             materialized_bytes=2 * b * s_q * n * (lkv + r) * d + 2 * b * s_q * n * lkv * d,  # absorbed q, o_lat
         )
@@ -240,12 +241,12 @@ def mla_cost(
     """FLOPs and bytes of the attention part of one MLA layer in ``form`` (formulas in the module docstring).
 
     Args:
-        form: ``"mha"`` (compute-friendly: up-project K and V, MHA with ``D_qk = 192``) or ``"absorbed"``
+        form: ``"mha"`` (compute-friendly: up-project k and v, MHA with ``D_qk = 192``) or ``"absorbed"``
             (MQA over the 576-wide cache entries with ``W_UK``, ``W_UV`` absorbed).
         batch: ``B``, sequences in the batch (all of the same lengths).
         s_q: ``S_q``, query (new) tokens per sequence, ``1 <= S_q <= S_kv``.
         s_kv: ``S_kv``, keys per sequence: the context plus the new tokens.
-        num_heads: ``N``, query heads on this GPU; default ``config.num_heads`` (128 for DeepSeek-V3 at TP1,
+        num_heads: ``H_q``, query heads on this GPU; default ``config.num_heads`` (128 for DeepSeek-V3 at TP1,
             16 at TP8).
         dtype: element type of activations, cache and weights: a ``torch.dtype`` or its size in bytes
             (default bf16 = 2).
@@ -311,16 +312,18 @@ def crossover(
     For DeepSeek-V3 both forms are compute-bound near the crossover, so (without a mask) it sits where the
     absorbed form's extra work per query overtakes the compute-friendly form's up-projection::
 
-        S_q * (S_kv * 2 * (2*Lkv + R - (P + R + V)) + 2 * Lkv * (P + V))  =  S_kv * 2 * Lkv * (P + V)
-        S_q* ~= Lkv * (P + V) / (2*Lkv - P - V + Lkv * (P + V) / S_kv)      # 512 * 256 / 768 = 171 as S_kv -> inf
+        S_q * (S_kv * 2 * (2*Lkv + D_rope - (D_nope + D_rope + D_v)) + 2 * Lkv * (D_nope + D_v))
+            =  S_kv * 2 * Lkv * (D_nope + D_v)
+        S_q* ~= Lkv * (D_nope + D_v) / (2*Lkv - D_nope - D_v + Lkv * (D_nope + D_v) / S_kv)
+                                                                  # 512 * 256 / 768 = 171 as S_kv -> inf
 
-    about 147 tokens at ``S_kv = 1024`` and 171 at long context, independent of ``B`` and ``N`` (both scale every
+    about 147 tokens at ``S_kv = 1024`` and 171 at long context, independent of ``B`` and ``H_q`` (both scale every
     term alike).
 
     Args:
         s_kv: ``S_kv``, keys per sequence; the scan covers ``S_q = 1 .. S_kv``.
         batch: ``B``, as :func:`mla_cost`.
-        num_heads: ``N``, as :func:`mla_cost` (default ``config.num_heads``).
+        num_heads: ``H_q``, as :func:`mla_cost` (default ``config.num_heads``).
         dtype: element type or its size in bytes, as :func:`mla_cost`.
         config: the layer's dimensions (default DeepSeek-V3).
         causal: count only the pairs the bottom-right causal mask keeps.

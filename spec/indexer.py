@@ -396,7 +396,7 @@ class IndexerCacheLayout:
 
     A block of ``P`` tokens is ``P * (D + 4)`` bytes: first all ``P * D`` fp8 values, token-major, then ``P``
     little-endian fp32 scales, one per token. It is *not* ``P`` rows of ``D + 4`` bytes, although vLLM allocates
-    it as ``uint8 [num_blocks, P, D + 4]`` and DeepGEMM views it as ``[num_blocks, P, 1, D + 4]``.
+    it as ``uint8 [NB, P, D + 4]`` and DeepGEMM views it as ``[NB, P, 1, D + 4]``.
 
     Source: vLLM ``csrc/cache_kernels.cu`` (``indexer_k_quant_and_cache_kernel`` /
     ``cp_gather_indexer_k_quant_cache_kernel``); DeepGEMM ``csrc/apis/attention.hpp``
@@ -434,7 +434,8 @@ class IndexerCacheLayout:
         return self.scale_offset + 4 * token
 
     def empty(self, num_blocks: int, *, fill: int = 0xFF) -> torch.Tensor:
-        """A cache ``uint8 [num_blocks, P, D + 4]`` filled with ``fill`` (0xFF reads as fp8 NaN: hostile)."""
+        """A cache ``uint8 [NB, P, D + 4]`` (``NB = num_blocks``) filled with ``fill`` (0xFF reads as fp8 NaN:
+        hostile)."""
         positive_int("num_blocks", num_blocks)
         return torch.full((num_blocks, self.block_size, self.token_bytes), fill, dtype=torch.uint8)
 
@@ -445,7 +446,7 @@ def _cache_layout(name: str, cache: object, head_dim: int | None = None) -> Inde
     if cache.dtype != torch.uint8:
         raise TypeError(f"{name} must have dtype uint8, got {str(cache.dtype).removeprefix('torch.')}")
     if cache.dim() != 3 or cache.shape[2] <= 4:
-        raise ValueError(f"{name} must have shape [num_blocks, P, D + 4], got {list(cache.shape)}")
+        raise ValueError(f"{name} must have shape [NB, P, D + 4], got {list(cache.shape)}")
     layout = IndexerCacheLayout(cache.shape[1], cache.shape[2] - 4)
     if head_dim is not None and layout.head_dim != head_dim:
         raise ValueError(f"{name} must have last dimension D + 4 = {head_dim + 4}, got {cache.shape[2]}")
@@ -475,13 +476,13 @@ def write_indexer_k_cache(
     ``P * D + 4 * (slot % P)``. ``slot = -1`` (a padded token) writes nothing.
 
     Args:
-        cache: ``[num_blocks, P, D + 4]`` uint8 (:class:`IndexerCacheLayout`); not modified.
+        cache: ``[NB, P, D + 4]`` uint8 (:class:`IndexerCacheLayout`); not modified.
         k: ``[T, D]`` float, keys after RoPE (and the Hadamard rotation, for DeepSeek's reference).
         slot_mapping: ``[T]`` int, ``block * P + offset``, or ``-1``; valid slots must be distinct and in range.
         scale_fmt: see :func:`quantize_indexer_k`.
 
     Returns:
-        The new cache, ``[num_blocks, P, D + 4]`` uint8.
+        The new cache, ``[NB, P, D + 4]`` uint8.
 
     Source: vLLM ``csrc/cache_kernels.cu`` ``indexer_k_quant_and_cache_kernel``.
     """
@@ -507,8 +508,8 @@ def read_indexer_k_cache(cache: torch.Tensor, slots: torch.Tensor) -> QuantizedI
     """Read the fp8 keys and fp32 scales stored at ``slots`` (inverse of :func:`write_indexer_k_cache`).
 
     Args:
-        cache: ``[num_blocks, P, D + 4]`` uint8.
-        slots: ``[T]`` int, each in ``[0, num_blocks * P)``.
+        cache: ``[NB, P, D + 4]`` uint8.
+        slots: ``[T]`` int, each in ``[0, NB * P)``.
 
     Returns:
         ``k_fp8 [T, D]`` float8_e4m3fn and ``k_scale [T]`` float32.
@@ -555,7 +556,7 @@ def gather_indexer_k_cache(
     gathered buffer holds request 0's tokens, then request 1's, ... (``cu_seq_lens`` marks the boundaries).
 
     Args:
-        cache: ``[num_blocks, P, D + 4]`` uint8.
+        cache: ``[NB, P, D + 4]`` uint8.
         block_table: ``[B, max_blocks]`` int; only the first ``ceil(seq_lens[b] / P)`` entries of a row are read.
         seq_lens: ``[B]`` int, ``>= 0``.
 
@@ -601,7 +602,7 @@ def paged_indexer_logits(
 
     Args:
         q: ``[B, next_n, H, D]`` float or fp8 (its scale folded into ``weights``).
-        cache: ``[num_blocks, P, D + 4]`` uint8 (:class:`IndexerCacheLayout`).
+        cache: ``[NB, P, D + 4]`` uint8 (:class:`IndexerCacheLayout`).
         block_table: ``[B, max_blocks]`` int.
         context_lens: ``[B]`` or ``[B, next_n]`` int, ``>= 0`` (a negative 1-D-derived length counts as 0).
         weights: ``[B * next_n, H]`` float, folded (:func:`fold_indexer_weights`).
@@ -814,8 +815,8 @@ def split_indexer_prefill_chunks(
     ``chunk_m``, which differs only for an empty chunk. This follows 0.33.
 
     Args:
-        seq_lens: ``[R]`` int, full length of each prefill request.
-        query_lens: ``[R]`` int, new tokens of each prefill request.
+        seq_lens: ``[B]`` int, full length of each prefill request.
+        query_lens: ``[B]`` int, new tokens of each prefill request.
         workspace_size: max keys gathered at once (vLLM: ``40 * max_model_len``).
         max_logits_bytes: logits budget in bytes (``VLLM_SPARSE_INDEXER_MAX_LOGITS_MB * 2**20``).
         request_offset: added to request ids (the number of decode requests before the prefills).
@@ -828,8 +829,8 @@ def split_indexer_prefill_chunks(
     s = torch.as_tensor(seq_lens)
     qn = torch.as_tensor(query_lens)
     dims = Dims()
-    s = _int_vector("seq_lens", s, dims, "R")
-    qn = _int_vector("query_lens", qn, dims, "R")
+    s = _int_vector("seq_lens", s, dims, "B")
+    qn = _int_vector("query_lens", qn, dims, "B")
     if bool((s < 0).any()) or bool((qn < 0).any()):
         raise ValueError(f"seq_lens and query_lens must be >= 0, got {s.tolist()} and {qn.tolist()}")
     positive_int("workspace_size", workspace_size)
@@ -857,7 +858,7 @@ def split_indexer_prefill_chunks(
 class PrefillChunkMetadata(NamedTuple):
     """What one indexer prefill chunk needs: spans into the chunk's K buffer and the token range it scores.
 
-    ``ks, ke [M_chunk]`` int64 (keys of the chunk's gathered buffer), ``cu_seq_lens [R_chunk + 1]`` int64 (request
+    ``ks, ke [M_chunk]`` int64 (keys of the chunk's gathered buffer), ``cu_seq_lens [B_chunk + 1]`` int64 (request
     boundaries in that buffer), ``token_start, token_end`` (rows of the batch's query tokens).
     """
 
@@ -883,8 +884,8 @@ def prefill_chunk_metadata(
     Sub-chunks after the first reuse the gathered keys (vLLM's ``skip_kv_gather``).
 
     Args:
-        query_start_loc: ``[R + 1]`` int over *all* requests of the batch (decodes first).
-        seq_lens: ``[R]`` int.
+        query_start_loc: ``[B + 1]`` int over *all* requests of the batch (decodes first).
+        seq_lens: ``[B]`` int.
         chunk: one ``(req_slice, query_slice)``.
 
     Returns:
@@ -893,8 +894,8 @@ def prefill_chunk_metadata(
     Source: vLLM ``vllm/v1/attention/backends/mla/indexer.py`` ``build_one_prefill_chunk`` (seed version).
     """
     qsl = cu_seqlens("query_start_loc", query_start_loc).to(torch.int64)
-    dims = Dims(R=qsl.numel() - 1)
-    lens = _int_vector("seq_lens", seq_lens, dims, "R")
+    dims = Dims(B=qsl.numel() - 1)
+    lens = _int_vector("seq_lens", seq_lens, dims, "B")
     if not isinstance(chunk, tuple) or len(chunk) != 2 or not all(isinstance(x, slice) for x in chunk):
         raise TypeError("chunk must be a (req_slice, query_slice) pair of slices")
     req, qs = chunk

@@ -1,6 +1,7 @@
 """A whole MLA layer for one sequence: projections, rope, attention in either form, output projection.
 
-    h_t [T, H] --project--> q_nope, q_pe, kv_c, k_pe --attention (causal, either form)--> o [T, N, V] --W_O--> [T, H]
+    h_t [T, D_hidden] --project--> q_nope, q_pe, kv_c, k_pe --attention (causal, either form)--> o [T, H_q, D_v]
+        --W_O--> [T, D_hidden]
 
 The two forms give the same result to float64 rounding (:mod:`mlaspec.spec.forms` says why); vLLM runs the
 compute-friendly one for prefills and the absorbed one for decodes.
@@ -30,13 +31,13 @@ def mla_layer(
     """Causal self-attention of one sequence through an MLA layer.
 
     Args:
-        hidden: ``[T, H]`` float, the layer's input hidden states.
+        hidden: ``[T, D_hidden]`` float, the layer's input hidden states.
         positions: ``[T]`` int, their absolute positions (rope).
         weights, config: the layer.
         form: ``"mha"`` (compute-friendly) or ``"absorbed"`` (data-movement-friendly).
 
     Returns:
-        ``[T, H]`` float64, the layer's output (before the residual add).
+        ``[T, D_hidden]`` float64, the layer's output (before the residual add).
     """
     forms = {"mha": mla_mha, "absorbed": mla_absorbed}
     if form not in forms:

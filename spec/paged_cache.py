@@ -1,8 +1,8 @@
 """Paged KV cache: block tables, slot mappings, writing entries (``concat_and_cache_mla``) and gathering them back.
 
-The cache is ``num_blocks`` physical pages of ``P`` (block size) entries each. A request's *logical* token position
-``pos`` lives in logical block ``pos // P`` at offset ``pos % P``; its block table row maps logical blocks to
-physical pages, and the flat *slot* of the token is::
+The cache is ``NB`` (vLLM's ``num_blocks``) physical pages of ``P`` (block size) entries each. A request's *logical*
+token position ``pos`` lives in logical block ``pos // P`` at offset ``pos % P``; its block table row maps logical
+blocks to physical pages, and the flat *slot* of the token is::
 
     slot = block_table[b, pos // P] * P + pos % P          # slot -1 = padding: written nowhere, read as nothing
 
@@ -197,11 +197,11 @@ def concat_and_cache_mla(
     otherwise) and :func:`mlaspec.spec.cache_layouts.quantize` for the fp8 dtypes.
 
     Args:
-        kv_c: ``[T, D_v]`` float (``D_v = 512``), the normed latent.
+        kv_c: ``[T, Lkv]`` float (``Lkv = 512``), the normed latent.
         k_pe: ``[T, D_rope]`` float (``D_rope = 64``), the RoPE'd key part.
-        kv_cache: ``[num_blocks, P, D_v + D_rope]`` float for ``"auto"``; uint8 ``[num_blocks, P, 576]`` for
-            ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``; uint8 ``[num_blocks, P, 656]`` for ``"fp8_ds_mla"``.
-        slot_mapping: ``[T]`` int; ``-1`` = padding (skipped); others in ``[0, num_blocks * P)``, no repeats.
+        kv_cache: ``[NB, P, Lkv + D_rope]`` float for ``"auto"``; uint8 ``[NB, P, 576]`` for
+            ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``; uint8 ``[NB, P, 656]`` for ``"fp8_ds_mla"``.
+        slot_mapping: ``[T]`` int; ``-1`` = padding (skipped); others in ``[0, NB * P)``, no repeats.
         kv_cache_dtype: vLLM's cache dtype string.
         scale: the per-tensor fp32 scale (``k_scale``) for ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``.
 
@@ -211,23 +211,23 @@ def concat_and_cache_mla(
     if kv_cache_dtype != "auto" and kv_cache_dtype not in _QUANTIZED:
         raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(_QUANTIZED)}, got {kv_cache_dtype!r}")
     dims = Dims()
-    dims.tensor("kv_c", kv_c, ("T", "D_v"), FLOAT)
+    dims.tensor("kv_c", kv_c, ("T", "Lkv"), FLOAT)
     dims.tensor("k_pe", k_pe, ("T", "D_rope"), FLOAT)
     dims.tensor("slot_mapping", slot_mapping, ("T",), _INDEX)
-    width = dims["D_v"] + dims["D_rope"]
+    width = dims["Lkv"] + dims["D_rope"]
     if kv_cache_dtype == "auto":
-        dims.tensor("kv_cache", kv_cache, ("num_blocks", "P", width), FLOAT)
+        dims.tensor("kv_cache", kv_cache, ("NB", "P", width), FLOAT)
     else:
         layout = _QUANTIZED[kv_cache_dtype]
         if width != layout.entry_dim:
             raise ValueError(
                 f"kv_c and k_pe must be {layout.entry_dim} wide together for {kv_cache_dtype}, got {width}"
             )
-        dims.tensor("kv_cache", kv_cache, ("num_blocks", "P", layout.token_bytes), (torch.uint8,))
-    total = dims["num_blocks"] * dims["P"]
+        dims.tensor("kv_cache", kv_cache, ("NB", "P", layout.token_bytes), (torch.uint8,))
+    total = dims["NB"] * dims["P"]
     s = slot_mapping.to(torch.int64)
     if bool(((s < -1) | (s >= total)).any()):
-        raise ValueError(f"slot_mapping must be -1 or in [0, num_blocks * P = {total}), got {s.tolist()}")
+        raise ValueError(f"slot_mapping must be -1 or in [0, NB * P = {total}), got {s.tolist()}")
     keep = s >= 0
     if int(keep.sum()) != torch.unique(s[keep]).numel():
         raise ValueError(f"slot_mapping must not repeat a slot (the kernel would race), got {s.tolist()}")
@@ -268,9 +268,9 @@ def gather_cache(
     path) is separate: :func:`mlaspec.spec.cache_layouts.dequantize` on the gathered bytes.
 
     Args:
-        kv_cache: ``[num_blocks, P, *entry]`` any dtype (float ``[.., 576]``, or uint8 records).
+        kv_cache: ``[NB, P, *entry]`` any dtype (float ``[.., 576]``, or uint8 records).
         block_table: ``[B, max_blocks]`` int; only the entries a request actually reads are checked and must be
-            in ``[0, num_blocks)``.
+            in ``[0, NB)``.
         cu_seq_lens: ``[B + 1]`` int, starts at 0, non-decreasing; ``T = cu_seq_lens[-1]``.
         batch_size: ``B`` (vLLM passes it separately); must equal ``block_table.shape[0]`` when given.
         seq_starts: optional ``[B]`` int >= 0, the first logical position read for each request (tokens).
@@ -284,8 +284,8 @@ def gather_cache(
     if not isinstance(kv_cache, torch.Tensor):
         raise TypeError(f"kv_cache must be a torch.Tensor, got {type(kv_cache).__name__}")
     if kv_cache.dim() < 3:
-        raise ValueError(f"kv_cache must have shape [num_blocks, P, *entry], got {list(kv_cache.shape)}")
-    dims = Dims(num_blocks=kv_cache.shape[0], P=kv_cache.shape[1])
+        raise ValueError(f"kv_cache must have shape [NB, P, *entry], got {list(kv_cache.shape)}")
+    dims = Dims(NB=kv_cache.shape[0], P=kv_cache.shape[1])
     dims.tensor("block_table", block_table, ("B", "max_blocks"), INT)
     b = dims["B"]
     if batch_size is not None and positive_int("batch_size", batch_size, minimum=0) != b:
@@ -313,14 +313,14 @@ def gather_cache(
     req = torch.repeat_interleave(torch.arange(b, device=cu.device), lens)
     pos = starts[req] + torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][req]
     pages = block_table.to(torch.int64)[req, pos // p]
-    _check_pages("block_table", pages, dims["num_blocks"])
+    _check_pages("block_table", pages, dims["NB"])
     slots = pages * p + pos % p
-    entries = kv_cache.reshape(dims["num_blocks"] * p, *kv_cache.shape[2:])[slots].clone()
+    entries = kv_cache.reshape(dims["NB"] * p, *kv_cache.shape[2:])[slots].clone()
     return GatheredCache(entries, slots)
 
 
 class PagedEntries(NamedTuple):
-    """``cache [num_pages, P, *entry]`` (``kv``'s dtype), ``block_table [B, pages (+ 1)]`` int32, ``seq_lens [B]``
+    """``cache [NB, P, *entry]`` (``kv``'s dtype), ``block_table [B, pages (+ 1)]`` int32, ``seq_lens [B]``
     int32, all on ``kv``'s device."""
 
     cache: torch.Tensor

@@ -3,14 +3,14 @@
 Following vLLM (``vllm/model_executor/layers/mla.py``, ``MultiHeadLatentAttentionWrapper.forward``)::
 
     q_c     = RMSNorm(h_t @ W_DQ)                  [T, Lq]
-    q_nope  = q_c @ W_UQ                           [T, N, P]
-    q_pe    = RoPE(q_c @ W_QR)                     [T, N, R]
+    q_nope  = q_c @ W_UQ                           [T, H_q, D_nope]
+    q_pe    = RoPE(q_c @ W_QR)                     [T, H_q, D_rope]
     kv_c    = RMSNorm(h_t @ W_DKV)                 [T, Lkv]   "kv_c_normed": what the cache stores
-    k_pe    = RoPE(h_t @ W_KR)                     [T, R]     one rope key shared by all heads, cached rotated
+    k_pe    = RoPE(h_t @ W_KR)                     [T, D_rope]   one rope key shared by all heads, cached rotated
 
-and at the end ``out = o.reshape(T, N * V) @ W_O`` ``[T, H]``. Inside each head vLLM's fused ``q_b_proj`` output
-is ``[q_nope (P), q_pe (R)]``, nope first; ``kv_a_proj_with_mqa`` gives ``[kv_c (Lkv), k_pe (R)]``, latent first,
-which is also the order of the 576-wide cache entry.
+and at the end ``out = o.reshape(T, H_q * D_v) @ W_O`` ``[T, D_hidden]``. Inside each head vLLM's fused
+``q_b_proj`` output is ``[q_nope (D_nope), q_pe (D_rope)]``, nope first; ``kv_a_proj_with_mqa`` gives ``[kv_c (Lkv),
+k_pe (D_rope)]``, latent first, which is also the order of the 576-wide cache entry.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ __all__ = ["Projections", "output_projection", "project", "rms_norm"]
 
 
 class Projections(NamedTuple):
-    """The four tensors attention needs, float64: ``q_nope [T, N, P]``, ``q_pe [T, N, R]`` (rotated),
-    ``kv_c [T, Lkv]`` (normed) and ``k_pe [T, R]`` (rotated)."""
+    """The four tensors attention needs, float64: ``q_nope [T, H_q, D_nope]``, ``q_pe [T, H_q, D_rope]`` (rotated),
+    ``kv_c [T, Lkv]`` (normed) and ``k_pe [T, D_rope]`` (rotated)."""
 
     q_nope: torch.Tensor
     q_pe: torch.Tensor
@@ -49,35 +49,35 @@ def _check_weights(weights: object, config: object) -> None:
         raise TypeError(f"weights must be an MLAWeights, got {type(weights).__name__}")
     c = config
     dims = Dims(
-        H=c.hidden_size,
+        D_hidden=c.hidden_size,
         Lq=c.q_lora_rank,
         Lkv=c.kv_lora_rank,
-        N=c.num_heads,
-        P=c.qk_nope_head_dim,
-        R=c.qk_rope_head_dim,
-        V=c.v_head_dim,
-        NV=c.num_heads * c.v_head_dim,
+        H_q=c.num_heads,
+        D_nope=c.qk_nope_head_dim,
+        D_rope=c.qk_rope_head_dim,
+        D_v=c.v_head_dim,
+        **{"H_q*D_v": c.num_heads * c.v_head_dim},  # W_O's rows: the heads' outputs side by side
     )
     for name, shape in [
-        ("W_DQ", ("H", "Lq")),
+        ("W_DQ", ("D_hidden", "Lq")),
         ("q_a_norm", ("Lq",)),
-        ("W_UQ", ("Lq", "N", "P")),
-        ("W_QR", ("Lq", "N", "R")),
-        ("W_DKV", ("H", "Lkv")),
+        ("W_UQ", ("Lq", "H_q", "D_nope")),
+        ("W_QR", ("Lq", "H_q", "D_rope")),
+        ("W_DKV", ("D_hidden", "Lkv")),
         ("kv_a_norm", ("Lkv",)),
-        ("W_KR", ("H", "R")),
-        ("W_UK", ("Lkv", "N", "P")),
-        ("W_UV", ("Lkv", "N", "V")),
-        ("W_O", ("NV", "H")),
+        ("W_KR", ("D_hidden", "D_rope")),
+        ("W_UK", ("Lkv", "H_q", "D_nope")),
+        ("W_UV", ("Lkv", "H_q", "D_v")),
+        ("W_O", ("H_q*D_v", "D_hidden")),
     ]:
         dims.tensor(f"weights.{name}", getattr(weights, name), shape, FLOAT)
 
 
 def project(hidden: torch.Tensor, positions: torch.Tensor, weights: MLAWeights, config: MLAConfig) -> Projections:
-    """Project hidden states ``[T, H]`` float at ``positions [T]`` int to :class:`Projections` (float64)."""
+    """Project hidden states ``[T, D_hidden]`` float at ``positions [T]`` int to :class:`Projections` (float64)."""
     _check_weights(weights, config)
-    dims = Dims(H=config.hidden_size)
-    dims.tensor("hidden", hidden, ("T", "H"), FLOAT)
+    dims = Dims(D_hidden=config.hidden_size)
+    dims.tensor("hidden", hidden, ("T", "D_hidden"), FLOAT)
     dims.tensor("positions", positions, ("T",), INT)
     w = weights.to(torch.float64)
     h = hidden.to(torch.float64)
@@ -90,10 +90,10 @@ def project(hidden: torch.Tensor, positions: torch.Tensor, weights: MLAWeights, 
 
 
 def output_projection(o: torch.Tensor, weights: MLAWeights) -> torch.Tensor:
-    """``o [T, N, V]`` float -> ``o.reshape(T, N * V) @ W_O`` ``[T, H]`` float64."""
+    """``o [T, H_q, D_v]`` float -> ``o.reshape(T, H_q * D_v) @ W_O`` ``[T, D_hidden]`` float64."""
     n_v, h = weights.W_O.shape
     dims = Dims()
-    dims.tensor("o", o, ("T", "N", "V"), FLOAT)
-    if dims["N"] * dims["V"] != n_v:
-        raise ValueError(f"o must have N * V = {n_v} (rows of weights.W_O), got shape {list(o.shape)}")
+    dims.tensor("o", o, ("T", "H_q", "D_v"), FLOAT)
+    if dims["H_q"] * dims["D_v"] != n_v:
+        raise ValueError(f"o must have H_q * D_v = {n_v} (rows of weights.W_O), got shape {list(o.shape)}")
     return o.to(torch.float64).reshape(o.shape[0], n_v) @ weights.W_O.to(torch.float64)

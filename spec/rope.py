@@ -1,7 +1,7 @@
 """DeepSeek's rotary position embedding on the 64-wide rope part (YaRN-scaled, GPT-J pair rotation).
 
 MLA splits every query head and the shared key into a *nope* part (no position, absorbable into the latent) and
-a *rope* part of width ``R = 64`` that carries the position. Only the rope part is rotated, and it is rotated
+a *rope* part of width ``D_rope = 64`` that carries the position. Only the rope part is rotated, and it is rotated
 before it is cached, so the cache holds ``k_pe`` already rotated.
 
 Rotation style. vLLM builds DeepSeek's MLA rope with ``is_neox_style=False``
@@ -12,14 +12,14 @@ Rotation style. vLLM builds DeepSeek's MLA rope with ``is_neox_style=False``
     out[2i+1] = x[2i+1] * cos + x[2i] * sin
 
 (``rotate_gptj`` in ``vllm/model_executor/layers/rotary_embedding/common.py``.) The NeoX style rotates
-``(x[i], x[i + R/2])`` instead; DeepSeek V3.2's *indexer* uses NeoX by default (``indexer_rope_interleave``).
+``(x[i], x[i + D_rope/2])`` instead; DeepSeek V3.2's *indexer* uses NeoX by default (``indexer_rope_interleave``).
 Both are offered here.
 
 Frequencies (``DeepseekScalingRotaryEmbedding``, ``rotary_embedding/deepseek_scaling_rope.py``)::
 
-    pos_freq[i]  = theta ** (2i / R)                       i = 0 .. R/2 - 1
+    pos_freq[i]  = theta ** (2i / D_rope)                  i = 0 .. D_rope/2 - 1
     extrap[i]    = 1 / pos_freq[i];   interp[i] = 1 / (factor * pos_freq[i])
-    low, high    = yarn_find_correction_range(beta_fast, beta_slow, R, theta, original_max_position)
+    low, high    = yarn_find_correction_range(beta_fast, beta_slow, D_rope, theta, original_max_position)
     keep[i]      = (1 - clamp((i - low) / (high - low), 0, 1)) * extrapolation_factor
     inv_freq[i]  = interp[i] * (1 - keep[i]) + extrap[i] * keep[i]
     cos, sin     = cos(pos * inv_freq) * m, sin(pos * inv_freq) * m
@@ -47,7 +47,8 @@ def _correction_dim(num_rotations: float, dim: int, base: float, max_position: i
 
 
 def inv_freq(config: MLAConfig) -> torch.Tensor:
-    """Inverse frequencies ``[R / 2]`` float64 of the rope part, YaRN-blended when ``config.rope_scaling`` is set."""
+    """Inverse frequencies ``[D_rope / 2]`` float64 of the rope part, YaRN-blended when ``config.rope_scaling`` is
+    set."""
     r, base = config.qk_rope_head_dim, config.rope_theta
     pos_freqs = base ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
     extrap = 1.0 / pos_freqs
@@ -65,7 +66,7 @@ def inv_freq(config: MLAConfig) -> torch.Tensor:
 
 
 def rope_cos_sin(config: MLAConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos, sin`` ``[T, R / 2]`` float64 at integer ``positions [T]`` (magnitude ``m`` included)."""
+    """``cos, sin`` ``[T, D_rope / 2]`` float64 at integer ``positions [T]`` (magnitude ``m`` included)."""
     Dims().tensor("positions", positions, ("T",), INT)
     if bool((positions < 0).any()):
         raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
@@ -86,25 +87,25 @@ def apply_rope(
     *,
     style: Literal["gptj", "neox"] = "gptj",
 ) -> torch.Tensor:
-    """Rotate the rope part ``x [T, ..., R]`` of token ``t`` by its position ``positions[t]``.
+    """Rotate the rope part ``x [T, ..., D_rope]`` of token ``t`` by its position ``positions[t]``.
 
     Args:
-        x: ``[T, R]`` (a key's ``k_pe``) or ``[T, N, R]`` (each head's ``q_pe``), float.
+        x: ``[T, D_rope]`` (a key's ``k_pe``) or ``[T, H_q, D_rope]`` (each head's ``q_pe``), float.
         positions: ``[T]`` int, absolute positions (>= 0).
-        config: gives ``R``, theta and the YaRN scaling.
+        config: gives ``D_rope``, theta and the YaRN scaling.
         style: ``"gptj"`` (interleaved pairs; DeepSeek MLA in vLLM) or ``"neox"`` (halves; V3.2 indexer).
 
     Returns:
         Rotated ``x`` of the same shape, float64.
     """
     if x.dim() < 2:
-        raise ValueError(f"x must have shape [T, ..., R], got {list(x.shape)}")
-    dims = Dims(R=config.qk_rope_head_dim)
-    dims.tensor("x", x, ("T",) + (None,) * (x.dim() - 2) + ("R",), FLOAT)
+        raise ValueError(f"x must have shape [T, ..., D_rope], got {list(x.shape)}")
+    dims = Dims(D_rope=config.qk_rope_head_dim)
+    dims.tensor("x", x, ("T",) + (None,) * (x.dim() - 2) + ("D_rope",), FLOAT)
     dims.tensor("positions", positions, ("T",), INT)
     if style not in ("gptj", "neox"):
         raise ValueError(f"style must be 'gptj' or 'neox', got {style!r}")
-    cos, sin = rope_cos_sin(config, positions)  # [T, R/2]
+    cos, sin = rope_cos_sin(config, positions)  # [T, D_rope/2]
     cos = cos.reshape(cos.shape[:1] + (1,) * (x.dim() - 2) + cos.shape[1:])
     sin = sin.reshape(cos.shape)
     x = x.to(torch.float64)

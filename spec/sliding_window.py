@@ -303,7 +303,7 @@ def combine_topk_swa_indices(
     M: int,
     N: int,
 ) -> CombinedIndices:
-    """Prefill indices into the flat workspace ``[R * M, D]``: compressed top-k first, then the window.
+    """Prefill indices into the flat workspace ``[B * M, D]``: compressed top-k first, then the window.
 
     Math, token ``t`` of request ``b`` (chunk-local) at position ``pos``::
 
@@ -320,9 +320,9 @@ def combine_topk_swa_indices(
     Args:
         topk_indices: ``[T, K]`` int, local compressed indices (c4a: the indexer's; c128a: :func:`c128a_topk_indices`);
             the first ``topk_len`` of each row must lie in ``[0, N)``.
-        query_start_loc: ``[R + 1]`` int for the chunk's ``R`` requests (rebased to start at 0 here).
-        seq_lens: ``[R]`` int.
-        gather_lens: ``[R]`` int (:func:`prefill_gather_lens`).
+        query_start_loc: ``[B + 1]`` int for the chunk's ``B`` requests (rebased to start at 0 here).
+        seq_lens: ``[B]`` int.
+        gather_lens: ``[B]`` int (:func:`prefill_gather_lens`).
         window: ``W``.
         compress_ratio: the layer's ratio (1 for swaonly).
         topk: ``K`` used (0 for swaonly).
@@ -343,9 +343,9 @@ def combine_topk_swa_indices(
         raise ValueError(f"topk must be 0 for a swaonly layer (compress_ratio={compress_ratio}), got {topk}")
     qsl = query_start_loc - query_start_loc[0]
     req, pos = _query_layout(qsl, seq_lens)
-    dims = Dims(T=pos.numel(), R=seq_lens.numel())
+    dims = Dims(T=pos.numel(), B=seq_lens.numel())
     dims.tensor("topk_indices", topk_indices, ("T", "K"), INT)
-    dims.tensor("gather_lens", gather_lens, ("R",), INT)
+    dims.tensor("gather_lens", gather_lens, ("B",), INT)
     if topk > dims["K"]:
         raise ValueError(f"topk must be <= topk_indices.shape[1]={dims['K']}, got {topk}")
     swa_len = torch.minimum(pos + 1, torch.tensor(window))
@@ -380,29 +380,29 @@ def prefill_workspace(
     N: int,
     fill: float = math.nan,
 ) -> torch.Tensor:
-    """The bf16 gather workspace of V4 prefill (``dequantize_and_gather_k_cache`` twice), as ``[R, M, D]`` float64.
+    """The bf16 gather workspace of V4 prefill (``dequantize_and_gather_k_cache`` twice), as ``[B, M, D]`` float64.
 
     Row ``b``: ``[0, seq_len // r)`` holds compressed entries ``0 ..`` (all complete groups), ``[N, N + gather_len)``
     holds raw positions ``seq_len - gather_len .. seq_len - 1``; everything else is ``fill`` (NaN: a read of an
     unfilled slot shows up). vLLM passes ``kv.view(-1, 1, D)`` to ``flash_mla_sparse_fwd``.
 
     Args:
-        raw_kv: ``R`` tensors ``[seq_len_b, D]`` float, the (dequantized) raw latents of each request.
-        compressed_kv: ``R`` tensors ``[n_b, D]`` float, the compressed entries (``n_b = seq_len_b // r``), or
+        raw_kv: ``B`` tensors ``[seq_len_b, D]`` float, the (dequantized) raw latents of each request.
+        compressed_kv: ``B`` tensors ``[n_b, D]`` float, the compressed entries (``n_b = seq_len_b // r``), or
             ``None`` for a swaonly layer.
-        gather_lens: ``[R]`` int.
+        gather_lens: ``[B]`` int.
         M: workspace row width.
         N: compressed region width (compressed entries live in ``[0, N)``).
         fill: value of unused slots.
 
     Returns:
-        ``[R, M, D]`` float64.
+        ``[B, M, D]`` float64.
     """
     if not isinstance(raw_kv, Sequence) or not raw_kv:
         raise TypeError("raw_kv must be a non-empty sequence of tensors")
     m, n_c = positive_int("M", M), positive_int("N", N, minimum=0)
-    dims = Dims(R=len(raw_kv))
-    dims.tensor("gather_lens", gather_lens, ("R",), INT)
+    dims = Dims(B=len(raw_kv))
+    dims.tensor("gather_lens", gather_lens, ("B",), INT)
     for b, x in enumerate(raw_kv):
         dims.tensor(f"raw_kv[{b}]", x, (None, "D"), FLOAT)
     if compressed_kv is not None:
@@ -454,8 +454,8 @@ def prefill_chunk_plan(
     requests: pass ``max_model_len=None`` for that.
 
     Args:
-        seq_lens: ``[R]`` int, of the prefill requests.
-        query_lens: ``[R]`` int.
+        seq_lens: ``[B]`` int, of the prefill requests.
+        query_lens: ``[B]`` int.
         window: ``W``.
         compress_ratio: 1, 4 or 128.
         chunk_size: ``PREFILL_CHUNK_SIZE`` (4).
@@ -463,7 +463,7 @@ def prefill_chunk_plan(
         max_num_batched_tokens: bounds the gathered raw tokens.
 
     Returns:
-        list of :class:`PrefillChunk`, covering ``[0, R)`` in order.
+        list of :class:`PrefillChunk`, covering ``[0, B)`` in order.
     """
     chunk_size = positive_int("chunk_size", chunk_size)
     kind = layer_kind(compress_ratio)

@@ -15,7 +15,7 @@ Math, per query ``i`` and query head ``h`` (KV head ``h // g``, ``g = H_q // H_k
     slots  = [t for t in range(K) if t < topk_length[i] and 0 <= indices[i, h//g, t] < S_kv]     (+ the extra slots)
     s[t]   = scale * q[i, h] . kv[indices[i, h//g, t], h//g]            for t in slots
     lse    = log(sum_t exp(s[t]))                                        natural log
-    out    = sum_t exp(s[t] - lse) * kv[indices[i, h//g, t], h//g, :D_v] V is the first D_v columns of kv
+    out    = sum_t exp(s[t] - lse) * kv[indices[i, h//g, t], h//g, :D_v] the value: the first D_v columns of kv
     out   *= exp(lse) / (exp(lse) + exp(attn_sink[h]))                   only with a sink; lse is NOT changed
     max_logits = max_t s[t]
 
@@ -38,8 +38,8 @@ of ``flash_mla/flash_mla_interface.py``):
   zeros; LSE and ``max_logits`` are unchanged.
 * **LSE layout.** Prefill ``[S_q, H_q]`` (``sparse_prefill_fwd``); decode ``[B, H_q, S_q]`` (the kernel writes
   ``[B, S_q, H_q]`` and returns ``lse.transpose(1, 2)``, ``csrc/api/sparse_decode.h``). Natural log in both.
-* **V = K[:D_v].** The value is the first ``D_v = 512`` columns of the same latent row (V3.2: ``D_qk = 576``;
-  V4: ``D_qk = D_v = 512``, so V is all of K).
+* **v = k[:D_v].** The value is the first ``D_v = 512`` columns of the same latent row (V3.2: ``D_qk = 576``;
+  V4: ``D_qk = D_v = 512``, so the value is the whole key).
 * **Extra cache (V4).** ``extra_kv`` / ``extra_indices`` / ``extra_topk_length`` add more keys to the *same*
   softmax (one LSE over both); vLLM's V4 decode passes the sliding window as the main cache and the compressed
   cache as the extra one (``vllm/models/deepseek_v4/attention/impl/flashmla.py``).
@@ -171,9 +171,9 @@ def sparse_attention(
 
     Args:
         q: ``[S_q, H_q, D_qk]`` float.
-        kv: ``[S_kv, H_kv, D_qk]`` float; ``H_q % H_kv == 0``; V is ``kv[..., :d_v]``.
+        kv: ``[S_kv, H_kv, D_qk]`` float; ``H_q % H_kv == 0``; the value is ``kv[..., :d_v]``.
         indices: ``[S_q, H_kv, K]`` int; an index ``< 0`` or ``>= S_kv`` is invalid (skipped).
-        scale: softmax scale (FlashMLA's ``sm_scale``); finite.
+        scale: the softmax scale (FlashMLA's ``sm_scale``); finite.
         d_v: value width, ``1 <= d_v <= D_qk`` (FlashMLA: 512).
         topk_length: optional ``[S_q]`` int in ``[0, K]``; only slots ``t < topk_length[i]`` are used.
         attn_sink: optional ``[H_q]`` float; ``±inf`` allowed, NaN not.
@@ -195,7 +195,7 @@ def sparse_attention(
     scale = finite_float("scale", scale)
     d_v = positive_int("d_v", d_v)
     if d_v > d_qk:
-        raise ValueError(f"d_v must be <= D_qk={d_qk} (V is the first d_v columns of kv), got {d_v}")
+        raise ValueError(f"d_v must be <= D_qk={d_qk} (the value is the first d_v columns of kv), got {d_v}")
     if empty_lse not in ("+inf", "-inf"):
         raise ValueError(f"empty_lse must be '+inf' or '-inf', got {empty_lse!r}")
     _check_lengths("topk_length", topk_length, dims, "K")
@@ -251,18 +251,19 @@ def sparse_prefill(
     q: torch.Tensor,
     kv: torch.Tensor,
     indices: torch.Tensor,
-    sm_scale: float,
+    scale: float,
     d_v: int = 512,
     attn_sink: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None,
 ) -> SparsePrefillOutput:
-    """``flash_mla_sparse_fwd``: the prefill view, same arguments and result order as FlashMLA.
+    """``flash_mla_sparse_fwd``: the prefill view, FlashMLA's argument order and result order (the glossary's
+    argument names: ``scale`` for its ``sm_scale``).
 
     Args:
         q: ``[S_q, H_q, D_qk]`` float (bf16 in the kernel; ``D_qk`` 576 for V3.2, 512 for V4).
         kv: ``[S_kv, H_kv, D_qk]`` float (bf16 in the kernel; vLLM passes the dequantized, gathered cache).
         indices: ``[S_q, H_kv, K]`` int32; invalid entries are ``-1`` or any value ``>= S_kv`` (or ``< 0``).
-        sm_scale: softmax scale.
+        scale: the softmax scale (FlashMLA's ``sm_scale``, its fourth positional argument).
         d_v: 512 in the kernel.
         attn_sink: optional ``[H_q]`` float32.
         topk_length: optional ``[S_q]`` int32.
@@ -272,17 +273,17 @@ def sparse_prefill(
         on empty rows), float64. Source: ``flash_mla/flash_mla_interface.py`` and ``tests/ref.py``.
     """
     out, lse, max_logits = sparse_attention(
-        q, kv, indices, scale=sm_scale, d_v=d_v, topk_length=topk_length, attn_sink=attn_sink
+        q, kv, indices, scale=scale, d_v=d_v, topk_length=topk_length, attn_sink=attn_sink
     )
     return SparsePrefillOutput(out, max_logits, lse)
 
 
 def _flat_cache(name: str, cache: torch.Tensor, dims: Dims, prefix: str) -> torch.Tensor:
-    """``[N, P, D]`` or FlashMLA's ``[N, P, 1, D]`` -> ``[N * P, 1, D]``."""
+    """``[NB, P, D]`` or FlashMLA's ``[NB, P, 1, D]`` -> ``[NB * P, 1, D]``."""
     if isinstance(cache, torch.Tensor) and cache.dim() == 4:
-        dims.tensor(name, cache, (f"{prefix}N", f"{prefix}P", 1, "D_qk"), FLOAT)
+        dims.tensor(name, cache, (f"{prefix}NB", f"{prefix}P", 1, "D_qk"), FLOAT)
     else:
-        dims.tensor(name, cache, (f"{prefix}N", f"{prefix}P", "D_qk"), FLOAT)
+        dims.tensor(name, cache, (f"{prefix}NB", f"{prefix}P", "D_qk"), FLOAT)
     return cache.reshape(-1, 1, cache.shape[-1])
 
 
@@ -294,7 +295,7 @@ def _check_decode_indices(name: str, indices: torch.Tensor, lengths: torch.Tenso
     if bool(bad.any()):
         where = tuple(int(x) for x in bad.nonzero()[0])
         raise ValueError(
-            f"{name} must be -1 or a slot in [0, num_blocks * P = {slots}) within topk_length; "
+            f"{name} must be -1 or a slot in [0, NB * P = {slots}) within topk_length; "
             f"got {int(indices[where])} at {list(where)}"
         )
 
@@ -304,8 +305,8 @@ def sparse_decode(
     kv_cache: torch.Tensor,
     indices: torch.Tensor,
     *,
-    softmax_scale: float | None = None,
-    head_dim_v: int = 512,
+    scale: float | None = None,
+    d_v: int = 512,
     topk_length: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
     extra_kv_cache: torch.Tensor | None = None,
@@ -320,13 +321,13 @@ def sparse_decode(
 
     Args:
         q: ``[B, S_q, H_q, D_qk]`` float (``S_q > 1`` for MTP; vLLM's V4 passes ``[T, 1, H_q, D_qk]``).
-        kv_cache: ``[num_blocks, P, D_qk]`` or ``[num_blocks, P, 1, D_qk]`` float (``H_kv = 1``).
-        indices: ``[B, S_q, K]`` int; ``-1`` is the only invalid value; others must be in ``[0, num_blocks * P)``.
-        softmax_scale: default ``D_qk ** -0.5`` as FlashMLA.
-        head_dim_v: 512.
+        kv_cache: ``[NB, P, D_qk]`` or ``[NB, P, 1, D_qk]`` float (``H_kv = 1``).
+        indices: ``[B, S_q, K]`` int; ``-1`` is the only invalid value; others must be in ``[0, NB * P)``.
+        scale: the softmax scale (FlashMLA's ``softmax_scale``); default ``D_qk ** -0.5`` as FlashMLA.
+        d_v: the value width (FlashMLA's ``head_dim_v``), 512.
         topk_length: optional ``[B]`` int in ``[0, K]``, one per request (shared by its ``S_q`` queries).
         attn_sink: optional ``[H_q]`` float.
-        extra_kv_cache: optional second paged cache ``[N_extra, P_extra, D_qk]`` (V4: the compressed cache).
+        extra_kv_cache: optional second paged cache ``[NB_extra, P_extra, D_qk]`` (V4: the compressed cache).
         extra_indices: ``[B, S_q, K_extra]`` int, global slots into ``extra_kv_cache``.
         extra_topk_length: optional ``[B]`` int.
 
@@ -342,7 +343,7 @@ def sparse_decode(
     if topk_length is not None:
         dims.tensor("topk_length", topk_length, ("B",), INT)
     _check_decode_indices("indices", indices, topk_length, cache.shape[0])
-    scale = dims["D_qk"] ** -0.5 if softmax_scale is None else softmax_scale
+    scale = dims["D_qk"] ** -0.5 if scale is None else scale
 
     def per_query(lengths):  # [B] -> [B * S_q]: every query of a request shares its length
         return None if lengths is None else lengths.repeat_interleave(s_q)
@@ -365,7 +366,7 @@ def sparse_decode(
         cache,
         indices.reshape(b * s_q, 1, -1),
         scale=scale,
-        d_v=head_dim_v,
+        d_v=d_v,
         topk_length=per_query(topk_length),
         attn_sink=attn_sink,
         extra_kv=extra,

@@ -398,7 +398,7 @@ class _TorchFP8(TorchFP8):
 
 
 class _PInE4M3(_TorchFP8):
-    """A kernel that feeds e4m3 weights to P @ V (what an fp8 tensor-core kernel must do): inside the budget."""
+    """A kernel that feeds e4m3 weights to p @ v (what an fp8 tensor-core kernel must do): inside the budget."""
 
     def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
         kv = decode_records(kv_cache, layout, k_scale)

@@ -17,7 +17,7 @@ from mlaspec.spec.chunked_context import (
 )
 from mlaspec.spec.forms import mla_mha
 
-N, P_NOPE, R, LKV, V, H = 2, 3, 2, 4, 3, 5  # tiny MLA: heads, nope, rope, latent, value, hidden
+H_Q, D_NOPE, D_ROPE, LKV, D_V, D_HIDDEN = 2, 3, 2, 4, 3, 5  # tiny MLA: heads, nope, rope, latent, value, hidden
 SCALE = 0.7
 
 
@@ -29,14 +29,17 @@ def make_problem(seed, contexts, new_tokens):
     """Random MLA tensors: packed new tokens [T, ...], per-request contexts, weights."""
     g = torch.Generator().manual_seed(seed)
     t = sum(new_tokens)
-    new = dict(q_nope=randn(g, t, N, P_NOPE), q_pe=randn(g, t, N, R), kv_c=randn(g, t, LKV), k_pe=randn(g, t, R))
-    ctx = [(randn(g, c, LKV), randn(g, c, R)) for c in contexts]
-    w = dict(W_UK=randn(g, LKV, N, P_NOPE), W_UV=randn(g, LKV, N, V))
+    new = dict(
+        q_nope=randn(g, t, H_Q, D_NOPE), q_pe=randn(g, t, H_Q, D_ROPE), kv_c=randn(g, t, LKV), k_pe=randn(g, t, D_ROPE)
+    )
+    ctx = [(randn(g, c, LKV), randn(g, c, D_ROPE)) for c in contexts]
+    w = dict(W_UK=randn(g, LKV, H_Q, D_NOPE), W_UV=randn(g, LKV, H_Q, D_V))
     return new, ctx, w
 
 
 def full_attention(new, ctx, w, new_tokens):
-    """Reference: each request alone, causal over context + new tokens, compute-friendly form. [T, N, V], [N, T]."""
+    """Reference: each request alone, causal over context + new tokens, compute-friendly form: [T, H_q, D_v],
+    [H_q, T]."""
     outs, lses, s = [], [], 0
     for (ckv, cpe), q in zip(ctx, new_tokens):
         e = s + q
@@ -254,7 +257,7 @@ def test_mixed_batch_with_output_projection_and_paged_gather():
     block_size = 2
     table = torch.randperm(28, generator=torch.Generator().manual_seed(5)).reshape(4, 7)  # scattered pages
     m = build_metadata(reqs, block_size=block_size, block_table=table, num_blocks=28)
-    cache = torch.full((28 * block_size, LKV + R), math.nan, dtype=torch.float64)  # NaN in every unused slot
+    cache = torch.full((28 * block_size, LKV + D_ROPE), math.nan, dtype=torch.float64)  # NaN in every unused slot
     for b, (ckv, cpe) in enumerate(ctx):
         for pos in range(contexts[b]):
             slot = int(m.block_table[b, pos // block_size]) * block_size + pos % block_size
@@ -266,14 +269,14 @@ def test_mixed_batch_with_output_projection_and_paged_gather():
         return cache[slots, :LKV], cache[slots, LKV:]
 
     g = torch.Generator().manual_seed(1)
-    W_O = randn(g, N * V, H)
+    W_O = randn(g, H_Q * D_V, D_HIDDEN)
     res = mla_mixed_batch(
         **new, metadata=m, context=gather, **w, scale=SCALE, workspace_size=4, decode_threshold=2, W_O=W_O
     )
     assert res.split == (2, 2, 3, 7)
     assert res.plan.max_context_chunk == 4 and res.plan.num_chunks == 3
     ref_out, _ = full_attention(new, ctx, w, new_tokens)
-    torch.testing.assert_close(res.out, ref_out.reshape(-1, N * V) @ W_O, rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(res.out, ref_out.reshape(-1, H_Q * D_V) @ W_O, rtol=1e-11, atol=1e-11)
 
 
 def test_mixed_batch_bad_input():
@@ -311,8 +314,8 @@ def test_chunked_through_fp8_cache_is_within_the_quantization_bound(contexts, se
     g = torch.Generator().manual_seed(seed)
     new_tokens = [2] * len(contexts)
     t = sum(new_tokens)
-    new = dict(q_nope=randn(g, t, N, P_NOPE), q_pe=randn(g, t, N, r), kv_c=randn(g, t, lkv), k_pe=randn(g, t, r))
-    w = dict(W_UK=randn(g, lkv, N, P_NOPE) / 20, W_UV=randn(g, lkv, N, V) / 20)
+    new = dict(q_nope=randn(g, t, H_Q, D_NOPE), q_pe=randn(g, t, H_Q, r), kv_c=randn(g, t, lkv), k_pe=randn(g, t, r))
+    w = dict(W_UK=randn(g, lkv, H_Q, D_NOPE) / 20, W_UV=randn(g, lkv, H_Q, D_V) / 20)
     ctx = [(randn(g, c, lkv), randn(g, c, r)) for c in contexts]
     # pages: request b owns pages b*3 .. b*3+2 (shuffled), unused bytes are 0xFF (NaN scales / values)
     n_pages = 3 * len(contexts)
@@ -349,14 +352,14 @@ def test_chunked_through_fp8_cache_is_within_the_quantization_bound(contexts, se
                 torch.einsum("tnp,cnp->tnc", new["q_nope"][s:e].abs(), dk_nope)
                 + torch.einsum("tnr,cr->tnc", new["q_pe"][s:e].abs(), d[:, lkv:])
             )
-            delta = ds.amax(-1)  # [q, N]: the largest logit perturbation per row
+            delta = ds.amax(-1)  # [q, H_q]: the largest logit perturbation per row
             v_all = torch.cat(
                 [
                     torch.einsum("cl,lnv->cnv", kv, w["W_UV"]).abs() + dv,
                     torch.einsum("tl,lnv->tnv", new["kv_c"][s:e], w["W_UV"]).abs(),
                 ]
             )
-            bound = torch.expm1(2 * delta)[..., None] * v_all.amax(0) + dv.amax(0)  # [q, N, V]
+            bound = torch.expm1(2 * delta)[..., None] * v_all.amax(0) + dv.amax(0)  # [q, H_q, D_v]
             assert ((out[s:e] - exact[s:e]).abs() <= bound).all()
         else:
             torch.testing.assert_close(out[s:e], exact[s:e], rtol=1e-12, atol=1e-12)

@@ -8,7 +8,7 @@ import torch
 from mlaspec.conformance.backend import load_backend
 from mlaspec.conformance.backends.torch_eager import TorchBackend
 from mlaspec.conformance.cases import Case, case_by_id, curated_cases
-from mlaspec.conformance.cli import main
+from mlaspec.conformance.cli import EXIT_FAILED, main
 from mlaspec.conformance.report import load_results
 from mlaspec.conformance.runner import run_case, run_cases
 from mlaspec.conformance.verdict import Result, format_failure
@@ -96,9 +96,9 @@ def test_cli_writes_report_and_reproducer_reruns_one_case(tmp_path, capsys):
         )
         == 1
     )
-    # the report can be rebuilt from the JSON lines alone, and exits as the run did (it had failures)
+    # the report can be rebuilt from the JSON lines alone, and exits like check: 1, the run it reports failed
     (out / "report.html").unlink()
-    assert main(["report", str(out)]) == 1 and (out / "report.html").exists()
+    assert main(["report", str(out)]) == EXIT_FAILED and (out / "report.html").exists()
     assert [r.case_id for r in load_results(out)] == [json.loads(line)["case_id"] for line in lines]
 
 
@@ -184,7 +184,7 @@ def test_projection_error_is_gamma_n_of_the_contracted_length():
     got = projection_error("bsl,lnp->bsnp", x, w, u)  # n = Lkv = 5: (1 + u/2) γ_5 * 5 everywhere
     assert got.shape == (2, 3, 4, 6) and torch.allclose(got, torch.full_like(got, (1 + u / 2) * gamma(5) * 5.0))
     q = torch.ones(2, 3, 4, 6)
-    got = projection_error("bsnp,lnp->bsnl", q, w, u)  # the absorbed query: n = P = 6
+    got = projection_error("bsnp,lnp->bsnl", q, w, u)  # the absorbed query: n = D_nope = 6
     assert torch.allclose(got, torch.full_like(got, (1 + u / 2) * gamma(6) * 6.0))
     assert gamma(512) == 512 * EPS32 / (1 - 512 * EPS32)
     with pytest.raises(ValueError, match="n u_w < 1"):

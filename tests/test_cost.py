@@ -53,7 +53,7 @@ class EinsumRecorder(TorchFunctionMode):
 
 @st.composite
 def problems(draw):
-    """A tiny MLA problem with all widths distinct-ish, so a formula that swaps P for V (say) is caught."""
+    """A tiny MLA problem with all widths distinct-ish, so a formula that swaps D_nope for D_v (say) is caught."""
     config = MLAConfig.tiny(
         num_heads=draw(st.integers(1, 3)),
         kv_lora_rank=draw(st.integers(2, 12)),
@@ -159,7 +159,7 @@ def test_mla_cost_bytes_of_absorbed_equal_the_tensors_it_builds(problem):
         mp.setattr(forms, "mqa_latent_attention", spy)
         out, _ = _run("absorbed", t)
     cost = mla_cost("absorbed", b, s_q, s_kv, dtype=torch.float64, config=config)
-    assert cost.cache_bytes == seen["kv"].numel() * F64  # the [B, S_kv, Lkv + R] entries
+    assert cost.cache_bytes == seen["kv"].numel() * F64  # the [B, S_kv, Lkv + D_rope] entries
     assert cost.weight_bytes == (t["W_UK"].numel() + t["W_UV"].numel()) * F64
     assert cost.io_bytes == (t["q_nope"].numel() + t["q_pe"].numel() + out.numel()) * F64
     assert cost.materialized_bytes == 2 * (seen["q"].numel() + seen["o_lat"].numel()) * F64
@@ -208,7 +208,7 @@ def test_mla_cost_absorbed_cache_read_does_not_depend_on_heads(b, s_kv, n, data)
     one, many = (mla_cost("absorbed", b, s_q, s_kv, num_heads=h) for h in (1, n))
     assert one.cache_bytes == many.cache_bytes == b * s_kv * 576 * 2
     mha_one, mha_many = (mla_cost("mha", b, s_q, s_kv, num_heads=h) for h in (1, n))
-    assert mha_many.materialized_bytes == n * mha_one.materialized_bytes  # K and V grow with every head
+    assert mha_many.materialized_bytes == n * mha_one.materialized_bytes  # k and v grow with every head
 
 
 def _t(form, b, s_q, s_kv, **kw):

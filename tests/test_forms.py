@@ -74,7 +74,8 @@ def test_forms_agree_under_any_mask(problem, data):
 
 
 def test_form_inputs_worked_example():
-    # Lkv = 2, N = 1, P = V = R = 1: k_nope = [1, 2] . [3, 4] = 11, v = [1, 2] . [5, 6] = 17, ql_nope = 2 * [3, 4]
+    # Lkv = 2, H_q = 1, D_nope = D_v = D_rope = 1: k_nope = [1, 2] . [3, 4] = 11, v = [1, 2] . [5, 6] = 17,
+    # ql_nope = 2 * [3, 4]
     W_UK = torch.tensor([3.0, 4.0]).reshape(2, 1, 1)
     W_UV = torch.tensor([5.0, 6.0]).reshape(2, 1, 1)
     q_nope, q_pe = torch.tensor([[[[2.0]]]]), torch.tensor([[[[5.0]]]])

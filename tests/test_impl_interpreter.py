@@ -7,7 +7,7 @@ compiled first, the module is skipped with that reason rather than run wrongly. 
 interpreter's ``tl.dot`` is wrong for bf16 (triton 3.9); ``mlaspec check --backend triton`` covers it on a GPU.
 
 Budgets are the harness's (:func:`mlaspec.conformance.ops.common.attention_bounds`): derived from the fp32
-logit accumulation and the rounding of ``P`` and the output to the case dtype, per element.
+logit accumulation and the rounding of the weights ``p`` and the output to the case dtype, per element.
 """
 
 import math
@@ -324,12 +324,12 @@ FP32_PROJECTION_CASES = [
     (
         "chunked_prefill_attention",
         "hyp-1",
-        dict(H_q=3, Lkv=4, P=2, R=2, V=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1),
+        dict(H_q=3, Lkv=4, D_nope=2, D_rope=2, D_v=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1),
     ),
-    ("mla_prefill", "hyp-14", dict(B=1, H_q=4, Lkv=25, P=1, R=2, S_kv=1, S_q=1, V=14, causal=True)),
-    ("mla_prefill", "hyp-14", dict(B=1, H_q=1, Lkv=25, P=1, R=2, S_kv=1, S_q=1, V=14, causal=True)),
-    ("mla_prefill", "hyp-14", dict(B=1, H_q=1, Lkv=14, P=1, R=2, S_kv=1, S_q=1, V=14, causal=True)),
-    ("mla_prefill", "hyp-485", dict(B=2, H_q=1, Lkv=14, P=5, R=2, S_kv=5, S_q=5, V=10, causal=True)),
+    ("mla_prefill", "hyp-14", dict(B=1, H_q=4, Lkv=25, D_nope=1, D_rope=2, S_kv=1, S_q=1, D_v=14, causal=True)),
+    ("mla_prefill", "hyp-14", dict(B=1, H_q=1, Lkv=25, D_nope=1, D_rope=2, S_kv=1, S_q=1, D_v=14, causal=True)),
+    ("mla_prefill", "hyp-14", dict(B=1, H_q=1, Lkv=14, D_nope=1, D_rope=2, S_kv=1, S_q=1, D_v=14, causal=True)),
+    ("mla_prefill", "hyp-485", dict(B=2, H_q=1, Lkv=14, D_nope=5, D_rope=2, S_kv=5, S_q=5, D_v=10, causal=True)),
 ]
 
 

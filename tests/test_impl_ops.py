@@ -242,7 +242,7 @@ def test_chunked_prefill_unsupported_head_dims_are_named():
         "chunked_prefill_attention",
         "wide",
         "float16",
-        dict(H_q=2, Lkv=32, P=256, R=64, V=16, contexts=[4], q_lens=[1], block_size=4, workspace_size=8),
+        dict(H_q=2, Lkv=32, D_nope=256, D_rope=64, D_v=16, contexts=[4], q_lens=[1], block_size=4, workspace_size=8),
     )
     assert "256" in TritonBackend().unsupported(case)
 
@@ -267,13 +267,13 @@ def _absorbed_inputs(b, s_q, s_kv, n, lkv, p, r, v, *, causal, dtype, seed=0):
 @pytest.mark.parametrize(
     "b, s_q, s_kv, n, lkv, p, r, v, causal, dtype",
     [
-        (2, 2, 37, 4, 32, 16, 16, 16, True, torch.float32),  # the paged decode kernel (Lkv, R powers of two), MTP 2
+        (2, 2, 37, 4, 32, 16, 16, 16, True, torch.float32),  # the paged decode kernel (Lkv, D_rope powers of 2), MTP 2
         (1, 3, 70, 2, 64, 8, 16, 8, True, torch.float16),  # decode kernel, two pages, MTP 3
-        (2, 1, 9, 3, 32, 16, 16, 24, False, torch.float16),  # decode kernel, not causal, V > P
+        (2, 1, 9, 3, 32, 16, 16, 24, False, torch.float16),  # decode kernel, not causal, D_v > D_nope
         (1, 3, 2, 2, 32, 16, 16, 16, True, torch.float32),  # more queries than keys: the first row sees nothing
-        (2, 2, 11, 4, 24, 16, 8, 16, True, torch.float32),  # R = 8: the varlen kernel as MQA
+        (2, 2, 11, 4, 24, 16, 8, 16, True, torch.float32),  # D_rope = 8: the varlen kernel as MQA
         (1, 1, 13, 16, 64, 16, 8, 16, True, torch.float16),
-    ],  # N = V = 16 (the curated n-equals-v), varlen
+    ],  # H_q = D_v = 16 (the curated n-equals-v), varlen
 )
 def test_mla_absorbed_matches_spec(b, s_q, s_kv, n, lkv, p, r, v, causal, dtype):
     kw = _absorbed_inputs(b, s_q, s_kv, n, lkv, p, r, v, causal=causal, dtype=dtype, seed=s_kv)
@@ -289,7 +289,7 @@ def test_mla_absorbed_matches_spec(b, s_q, s_kv, n, lkv, p, r, v, causal, dtype)
 
 
 def test_mla_absorbed_uses_w_uv_untransposed_when_n_equals_v():
-    # N = V: W_UV [Lkv, N, V] transposed in its last two dims still has its shape; the result must differ
+    # H_q = D_v: W_UV [Lkv, H_q, D_v] transposed in its last two dims still has its shape; the result must differ
     kw = _absorbed_inputs(1, 1, 5, 8, 32, 16, 16, 8, causal=True, dtype=torch.float32)
     ref = tuple(mla_absorbed(**kw))
     bad = tuple(mla_absorbed(**{**kw, "W_UV": kw["W_UV"].transpose(1, 2)}))
@@ -306,14 +306,14 @@ def test_mla_absorbed_rejects_bad_input_by_name():
     with pytest.raises(TypeError, match="k_pe"):
         b.mla_absorbed(**{**kw, "k_pe": kw["k_pe"].half()})
     wide = _absorbed_inputs(1, 1, 3, 2, 512, 16, 8, 16, causal=True, dtype=torch.float32)
-    with pytest.raises(ValueError, match="Lkv=512, R=8"):
+    with pytest.raises(ValueError, match="Lkv=512, D_rope=8"):
         b.mla_absorbed(**wide)
 
 
 def test_mla_absorbed_unsupported_widths_are_named():
     b = TritonBackend()
-    params = dict(B=1, S_q=1, S_kv=4, H_q=2, P=16, V=16, causal=True)
-    assert b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=512, R=64))) is None  # decode
-    assert b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=200, R=8))) is None  # varlen
-    reason = b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=512, R=8)))
-    assert "Lkv=512, R=8" in reason and "decode" in reason and "varlen" in reason
+    params = dict(B=1, S_q=1, S_kv=4, H_q=2, D_nope=16, D_v=16, causal=True)
+    assert b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=512, D_rope=64))) is None  # decode
+    assert b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=200, D_rope=8))) is None  # varlen
+    reason = b.unsupported(Case("mla_absorbed", "x", "float16", dict(params, Lkv=512, D_rope=8)))
+    assert "Lkv=512, D_rope=8" in reason and "decode" in reason and "varlen" in reason

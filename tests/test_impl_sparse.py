@@ -157,7 +157,7 @@ def test_splits_merge_to_the_same_result_and_padding_equals_shorter_length():
 
 
 def _paged_fp8(num_blocks, page, d, dtype, gen):
-    """A cache ``[num_blocks, P, d]`` exactly representable in the fp8 sparse layout (FlashMLA's pow2 scales)."""
+    """A cache ``[NB, P, d]`` exactly representable in the fp8 sparse layout (FlashMLA's pow2 scales)."""
     x = torch.randn(num_blocks * page, d, generator=gen, dtype=torch.float64)
     layout = cl.FP8_DS_MLA_V32 if d == 576 else cl.FP8_DS_MLA_V4
     x = cl.dequantize(cl.quantize(x, layout, pow2_scales=d == 576).raw, layout).entries
@@ -197,7 +197,7 @@ def _decode_check(q, cache, slots, lengths, out, lse, *, extra=None, sink=None):
     if extra is not None:
         kw = dict(extra_kv_cache=extra[0].double(), extra_indices=extra[1], extra_topk_length=extra[2])
     spec = sparse_decode(
-        q.double(), cache.double(), slots, softmax_scale=0.1, head_dim_v=512, topk_length=lengths, attn_sink=sink, **kw
+        q.double(), cache.double(), slots, scale=0.1, d_v=512, topk_length=lengths, attn_sink=sink, **kw
     )
     rows = cache.reshape(-1, 1, d)
     idx = slots.reshape(b * s_q, 1, -1)

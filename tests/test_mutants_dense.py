@@ -76,7 +76,8 @@ class RopeAsValue(TorchBackend):
 
 
 class TransposedWUV(TorchBackend):
-    """W_UV [Lkv, N, V] read as [Lkv, V, N]: shape-compatible when N == V (DeepSeek-V3 at TP1: 128 and 128)."""
+    """W_UV [Lkv, H_q, D_v] read as [Lkv, D_v, H_q]: shape-compatible when H_q == D_v (DeepSeek-V3 at TP1: 128 and
+    128)."""
 
     def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
         return super().mla_absorbed(q_nope, q_pe, kv_c, k_pe, W_UK, W_UV.transpose(1, 2), scale=scale, causal=causal)
@@ -235,7 +236,7 @@ HYP_1 = Case(
     "chunked_prefill_attention",
     "hyp-1",
     "float32",
-    dict(H_q=3, Lkv=4, P=2, R=2, V=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1),
+    dict(H_q=3, Lkv=4, D_nope=2, D_rope=2, D_v=9, block_size=1, contexts=[0], q_lens=[2], workspace_size=1),
 )
 FP32_PROJECTION_CASES = [
     *curated_cases(dtypes=("float32",), ops=("mla_prefill", "chunked_prefill_attention", "mla_absorbed")),

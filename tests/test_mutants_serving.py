@@ -164,7 +164,7 @@ class ContextFirstChunkOnly(TorchBackend):
 
 class DecodesComputeFormWrongScale(TorchBackend):
     """Mixed batch: decodes routed through the compute-friendly form with the absorbed width's scale
-    1/sqrt(Lkv + R) (1/sqrt(576)) instead of the model's 1/sqrt(P + R) * mscale^2."""
+    1/sqrt(Lkv + D_rope) (1/sqrt(576)) instead of the model's 1/sqrt(D_nope + D_rope) * mscale^2."""
 
     def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
         wrong = (kv_c.shape[-1] + k_pe.shape[-1]) ** -0.5

@@ -39,8 +39,8 @@ class NegOneAsIndexZero(TorchBackend):
     """``-1`` clamped to 0 for a safe load and then attended: key 0 joins every padded row. Kernels map ``-1`` to
     a safe address and must mask it too (FlashMLA ``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh``)."""
 
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
-        return super().sparse_prefill(q, kv, indices.clamp_min(0), sm_scale, d_v, attn_sink, topk_length)
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
+        return super().sparse_prefill(q, kv, indices.clamp_min(0), scale, d_v, attn_sink, topk_length)
 
 
 class NegOneWrapsToLast(TorchBackend):
@@ -61,16 +61,16 @@ class TopkLengthIgnored(TorchBackend):
     """``topk_length`` dropped: slots past it (which hold valid indices) are attended. Seen when an adapter forwards
     only ``indices`` (FlashMLA added ``topk_length`` after its first sparse release)."""
 
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
-        return super().sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, None)
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
+        return super().sparse_prefill(q, kv, indices, scale, d_v, attn_sink, None)
 
 
 class SinkInLse(TorchBackend):
     """The sink treated as one more softmax column, so the LSE includes it (``logaddexp(lse, sink)``). That is the
     gpt-oss sink convention of some attention kernels; FlashMLA leaves the LSE unchanged."""
 
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
-        out, ml, lse = super().sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
+        out, ml, lse = super().sparse_prefill(q, kv, indices, scale, d_v, attn_sink, topk_length)
         if attn_sink is not None:
             lse = torch.where(torch.isposinf(lse), lse, torch.logaddexp(lse, attn_sink.float()[None, :]))
         return out, ml, lse
@@ -304,16 +304,16 @@ class RoundedSpec(TorchBackend):
     """The float64 spec correctly rounded to the case dtype (``lse``, ``max_logits`` fp32): the best any kernel can
     return, so every budget must pass it."""
 
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
-        out, max_logits, lse = sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
+        out, max_logits, lse = sparse_prefill(q, kv, indices, scale, d_v, attn_sink, topk_length)
         return out.to(q.dtype), max_logits.float(), lse.float()
 
 
 class FlushesSubnormals(TorchBackend):
     """fp16 outputs below the smallest normal flushed to zero (an FTZ store): the floor must not hide it."""
 
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
-        out, max_logits, lse = super().sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
+        out, max_logits, lse = super().sparse_prefill(q, kv, indices, scale, d_v, attn_sink, topk_length)
         return out.masked_fill(out.abs() < torch.finfo(out.dtype).smallest_normal, 0.0), max_logits, lse
 
 

@@ -37,7 +37,7 @@ def test_gptj_rotates_adjacent_pairs():
     x[0, 0] = 1.0  # pair 0 = (x0, x1), angle = pos * 1
     y = apply_rope(x, torch.tensor([3]), c)
     assert y[0, 0].item() == pytest.approx(math.cos(3)) and y[0, 1].item() == pytest.approx(math.sin(3))
-    z = apply_rope(x, torch.tensor([3]), c, style="neox")  # neox pairs (x0, x_{R/2})
+    z = apply_rope(x, torch.tensor([3]), c, style="neox")  # neox pairs (x0, x_{D_rope/2})
     assert z[0, c.qk_rope_head_dim // 2].item() == pytest.approx(math.sin(3))
 
 

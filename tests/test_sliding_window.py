@@ -289,9 +289,7 @@ def test_v4_decode_path_equals_definition(case):
         extra = dict(
             extra_kv_cache=ccache, extra_indices=gi[:, None], extra_topk_length=(gi >= 0).sum(1).to(torch.int32)
         )
-    res = sparse_decode(
-        q[:, None], swa_cache, sw.indices, softmax_scale=0.3, head_dim_v=6, topk_length=sw.lens, **extra
-    )
+    res = sparse_decode(q[:, None], swa_cache, sw.indices, scale=0.3, d_v=6, topk_length=sw.lens, **extra)
     for b in range(len(reqs)):
         s, e = int(qsl[b]), int(qsl[b + 1])
         out, lse = v4_attention(

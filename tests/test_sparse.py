@@ -214,7 +214,7 @@ def test_decode_view_over_paged_cache_equals_contiguous(b, s_q, seed, with_lengt
     slots = global_slot_indices(local, req, block_table, p_sz).reshape(b, s_q, k)
     q = torch.randn(b, s_q, h_q, d, generator=g, dtype=torch.float64)
     tl = torch.randint(0, k + 1, (b,), generator=g, dtype=torch.int32) if with_lengths else None
-    res = sparse_decode(q, cache, slots, softmax_scale=0.4, head_dim_v=4, topk_length=tl)
+    res = sparse_decode(q, cache, slots, scale=0.4, d_v=4, topk_length=tl)
     assert res.out.shape == (b, s_q, h_q, 4) and res.lse.shape == (b, h_q, s_q)
     for r in range(b):
         ref = sparse_attention(
@@ -234,8 +234,8 @@ def test_decode_accepts_flashmla_4d_cache_and_default_scale():
     cache = torch.randn(2, 4, 1, 8, generator=g)
     q = torch.randn(1, 1, 2, 8, generator=g)
     idx = torch.tensor([[[7, 0, -1]]], dtype=torch.int32)
-    a = sparse_decode(q, cache, idx, head_dim_v=8)
-    b = sparse_decode(q, cache[:, :, 0], idx, softmax_scale=8**-0.5, head_dim_v=8)
+    a = sparse_decode(q, cache, idx, d_v=8)
+    b = sparse_decode(q, cache[:, :, 0], idx, scale=8**-0.5, d_v=8)
     assert torch.equal(a.out, b.out)
 
 
@@ -298,13 +298,9 @@ def test_sparse_decode_rejects_out_of_range_slot_but_not_past_topk_length():
     with pytest.raises(ValueError, match="indices"):
         sparse_decode(q, cache, torch.tensor([[[0, -2]]], dtype=torch.int32))
     # garbage past topk_length is allowed (never read), as FlashMLA's MODEL1 path guarantees
-    sparse_decode(
-        q, cache, torch.tensor([[[0, 2**31 - 1]]], dtype=torch.int32), topk_length=torch.tensor([1]), head_dim_v=8
-    )
+    sparse_decode(q, cache, torch.tensor([[[0, 2**31 - 1]]], dtype=torch.int32), topk_length=torch.tensor([1]), d_v=8)
     with pytest.raises(ValueError, match="extra_indices"):
-        sparse_decode(
-            q, cache, torch.tensor([[[0]]]), head_dim_v=8, extra_kv_cache=cache, extra_indices=torch.tensor([[[9]]])
-        )
+        sparse_decode(q, cache, torch.tensor([[[0]]]), d_v=8, extra_kv_cache=cache, extra_indices=torch.tensor([[[9]]]))
     with pytest.raises(ValueError, match="kv_cache"):
         sparse_decode(q, torch.randn(2, 4, 2, 8), torch.tensor([[[0]]]))
 

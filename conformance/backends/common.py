@@ -76,12 +76,10 @@ def cuda_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def case_param(case, *names: str, default=None):
-    """The first of ``names`` present in ``case.params`` (the sparse and indexer ops name sizes differently)."""
-    for name in names:
-        if name in case.params:
-            return case.params[name]
-    return default
+def case_param(case, name: str, default=None):
+    """The case's parameter ``name``, or ``default`` where the case has none. Every op names a size by the
+    glossary (``docs/glossary.md``): one name per dimension, so an adapter asks for that name and no other."""
+    return case.params.get(name, default)
 
 
 def round_up(x: int, multiple: int) -> int:
@@ -108,7 +106,7 @@ def ln_to_log2(lse: torch.Tensor) -> torch.Tensor:
 
 
 class PagedKV(NamedTuple):
-    """``cache [num_blocks, P, *entry]``, ``block_table [B, max_blocks]`` int32 and ``seqlens [B]`` int32."""
+    """``cache [NB, P, *entry]``, ``block_table [B, max_blocks]`` int32 and ``seqlens [B]`` int32."""
 
     cache: torch.Tensor
     block_table: torch.Tensor

@@ -11,7 +11,7 @@ vllm==0.33.0``), else ``vllm.third_party.deep_gemm``. DeepGEMM JIT-compiles its 
   columns with :func:`mlaspec.spec.indexer.compressed_to_absolute` (``-inf`` outside each span); the older kernel
   returns absolute columns already (vLLM's torch fallback ``fp8_mqa_logits_torch`` does too).
 * ``paged_indexer_logits`` -> ``get_paged_mqa_logits_metadata`` + ``fp8_fp4_paged_mqa_logits`` over the paged fp8
-  cache ``uint8 [num_blocks, P, 1, D + 4]`` (the spec's :class:`~mlaspec.spec.indexer.IndexerCacheLayout` bytes,
+  cache ``uint8 [NB, P, 1, D + 4]`` (the spec's :class:`~mlaspec.spec.indexer.IndexerCacheLayout` bytes,
   passed through unchanged). vLLM 0.33 always passes 2-D ``context_lens [B, next_n]``; a 1-D one is expanded
   with the spec's rule ``len[b, j] = context_lens[b] - next_n + j + 1``. Columns past each row's length are
   not cleaned by the kernel; the adapter writes ``-inf`` there, as the spec does.
@@ -93,10 +93,10 @@ class DeepGEMMBackend:
 
     def unsupported(self, case) -> str | None:
         if case.op == "paged_indexer_logits":
-            next_n = case_param(case, "next_n", "S_q", default=1)
+            next_n = case_param(case, "next_n", default=1)
             if next_n not in (1, 2, 4):
                 return f"DeepGEMM's SM90 paged MQA logits take next_n 1, 2 or 4 (native_next_n_supported), got {next_n}"
-            p = case_param(case, "P", "block_size", "page_size", default=64)
+            p = case_param(case, "P", default=64)
             if p not in (32, 64):
                 return f"DeepGEMM's paged MQA logits take page sizes 32 or 64 (get_paged_mqa_page_sizes), got {p}"
         return None
@@ -127,7 +127,7 @@ class DeepGEMMBackend:
         lens = expand_context_lens(context_lens, next_n)
         width = int(lens.max()) if max_context_len is None and lens.numel() else (max_context_len or 0)
         qd = self._fp8("q", q)
-        kv = cache.to(dev).unsqueeze(-2)  # [num_blocks, P, 1, D + 4], DeepGEMM's view (vLLM: kv_cache.unsqueeze(-2))
+        kv = cache.to(dev).unsqueeze(-2)  # [NB, P, 1, D + 4], DeepGEMM's view (vLLM: kv_cache.unsqueeze(-2))
         lens_d = lens.to(dev).contiguous()
         num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
         slots = num_sms // 2 if next_n == 4 else num_sms  # SM90 next_n=4 runs one task per 2-CTA cluster

@@ -4,7 +4,7 @@ Imports ``flash_mla`` (upstream FlashMLA), else ``vllm.third_party.flashmla.flas
 vLLM 0.33.0 wheel ships: ``pip install vllm==0.33.0``). Ops:
 
 * ``mla_decode`` -> ``flash_mla_with_kvcache`` (dense). The gathered ``kv [B, S_kv, 576]`` is paged into a
-  ``[num_blocks, 64, 1, 576]`` cache with *shuffled* physical blocks and NaN in every slot past a request's
+  ``[NB, 64, 1, 576]`` cache with *shuffled* physical blocks and NaN in every slot past a request's
   length (:func:`~mlaspec.conformance.backends.common.page_kv`); ``block_table`` and ``cache_seqlens`` int32.
   FlashMLA aligns causal queries to the end of the context (``csrc/api/dense_decode.h``: ``s_q == 1`` turns
   causal off; the splitkv kernel masks query ``i`` to ``S_kv - S_q + i + 1`` keys), the spec's bottom-right rule.
@@ -65,7 +65,7 @@ def quantize_sparse_cache(entries: torch.Tensor, page: int = PAGE) -> torch.Tens
     bytes (fp8 NaN): a kernel that reads an unused slot poisons its output.
 
     Returns:
-        ``uint8 [num_blocks, page, 1, token_bytes]``, a strided view of the page blocks (``stride(0)`` is the
+        ``uint8 [NB, page, 1, token_bytes]``, a strided view of the page blocks (``stride(0)`` is the
         layout's page size, which for V4 is rounded up to 576-byte alignment).
     """
     d = entries.shape[-1]
@@ -73,7 +73,7 @@ def quantize_sparse_cache(entries: torch.Tensor, page: int = PAGE) -> torch.Tens
         raise ValueError(f"kv_cache must have D_qk 576 (V3.2) or 512 (V4) for FlashMLA's fp8 cache, got {d}")
     layout = SPARSE_LAYOUTS[d]
     try:
-        pages = cl.exact_pages(entries.reshape(-1, d).cpu(), layout, page)  # [num_blocks, page_bytes]
+        pages = cl.exact_pages(entries.reshape(-1, d).cpu(), layout, page)  # [NB, page_bytes]
     except ValueError as exc:
         raise ValueError(
             f"kv_cache is not exactly representable in the {layout.token_bytes}-byte {layout.name} layout; "
@@ -105,8 +105,8 @@ class FlashMLABackend:
 
     # -- capabilities --------------------------------------------------------------------------------------------
     def unsupported(self, case) -> str | None:
-        d = case_param(case, "D_qk", "D", "d_qk")
-        d_v = case_param(case, "D_v", "d_v", "head_dim_v", default=512)
+        d = case_param(case, "D_qk")
+        d_v = case_param(case, "D_v", default=512)
         if d is not None and d not in DENSE_HEAD_DIMS:
             return f"FlashMLA needs D_qk 576 or 512 (csrc/api: 'Only head_size_k == 576 or 512'), case has {d}"
         if d_v != 512:
@@ -127,15 +127,15 @@ class FlashMLABackend:
         # sparse kernels
         if case.dtype != "bfloat16":
             return f"FlashMLA sparse kernels take bf16 q only, case dtype is {case.dtype}"
-        if case_param(case, "H_kv", "h_kv", default=1) != 1:
+        if case_param(case, "H_kv", default=1) != 1:
             return "FlashMLA sparse kernels need H_kv == 1 ('Currently only MQA (i.e. h_kv == 1) is supported')"
-        h = case_param(case, "H_q", "H", "h_q", default=64)
+        h = case_param(case, "H_q", default=64)
         if h > 128:
             return f"FlashMLA sparse kernels take at most 128 query heads (padded to 64/128), case has {h}"
         if case.op == "sparse_decode" and (d in (None, 576)):
-            if _flag(case, "topk_length", "with_topk_length", "lengths", "K_len"):
+            if case_param(case, "topk_length"):
                 return "FlashMLA V3.2 sparse decode rejects topk_length ('V3.2 does not support dynamic topk length')"
-            if _flag(case, "extra", "extra_kv", "extra_kv_cache", "S_extra", "K_extra", "extra_topk"):
+            if case_param(case, "layer") is not None:  # a V4 layer: its compressed cache is the extra cache
                 return "FlashMLA V3.2 sparse decode rejects an extra cache ('V3.2 does not support extra KV cache')"
         return None
 
@@ -145,7 +145,7 @@ class FlashMLABackend:
         b, s_q, h, d = q.shape
         paged = page_kv(kv.to(dev), PAGE, seed=b * 7919 + kv.shape[1])
         q = q.to(dev).contiguous()
-        cache = paged.cache.unsqueeze(2)  # [num_blocks, 64, 1, D]
+        cache = paged.cache.unsqueeze(2)  # [NB, 64, 1, D]
         fm = self.fm
         if hasattr(fm, "FlashMLASchedMeta"):  # FlashMLA >= 2026: metadata built on the first call
             meta, _ = fm.get_mla_metadata()
@@ -190,7 +190,7 @@ class FlashMLABackend:
         ext, dev = self._fp8_ext(), self.device
         b, s_q, h, d = q.shape
         paged = page_kv(kv_cache.to(dev), PAGE, seed=b * 7919 + kv_cache.shape[1], fill=0xFF)  # 0xFF: e4m3 NaN
-        cache = paged.cache.view(torch.float8_e4m3fn).unsqueeze(2)  # [num_blocks, 64, 1, 576]
+        cache = paged.cache.view(torch.float8_e4m3fn).unsqueeze(2)  # [NB, 64, 1, 576]
         q8 = (q.to(dev, torch.float32) / q_scale).to(torch.float8_e4m3fn).contiguous()  # exact for the op's q
         descale_q = torch.tensor([q_scale], dtype=torch.float32, device=dev)
         descale_k = torch.tensor([k_scale], dtype=torch.float32, device=dev)
@@ -207,8 +207,8 @@ class FlashMLABackend:
         kv_cache,
         indices,
         *,
-        softmax_scale=None,
-        head_dim_v=512,
+        scale=None,
+        d_v=512,
         topk_length=None,
         attn_sink=None,
         extra_kv_cache=None,
@@ -227,7 +227,7 @@ class FlashMLABackend:
         qp = pad_heads(q.to(dev, torch.bfloat16), h_pad, 2).contiguous()
         cache = quantize_sparse_cache(kv_cache.reshape(-1, d)).to(dev)
         idx = pad_last(indices.to(torch.int32), PAGE, -1).to(dev).contiguous()
-        kw = dict(softmax_scale=softmax_scale, is_fp8_kvcache=True, indices=idx)
+        kw = dict(softmax_scale=scale, is_fp8_kvcache=True, indices=idx)  # FlashMLA's name for the scale
         if topk_length is not None:
             kw["topk_length"] = topk_length.to(dev, torch.int32).contiguous()
         if attn_sink is not None:
@@ -240,11 +240,11 @@ class FlashMLABackend:
         meta, splits = self.fm.get_mla_metadata() if hasattr(self.fm, "FlashMLASchedMeta") else (None, None)
         if meta is None:
             raise RuntimeError("this flash_mla predates sparse decode (no FlashMLASchedMeta)")
-        out, lse = self.fm.flash_mla_with_kvcache(qp, cache, None, None, head_dim_v, meta, None, **kw)
+        out, lse = self.fm.flash_mla_with_kvcache(qp, cache, None, None, d_v, meta, None, **kw)
         return out[:, :, :h], lse[:, :h, :]
 
     # -- sparse prefill ------------------------------------------------------------------------------------------
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
         dev = self.device
         s_q, h, d = q.shape
         counts = (8, 16, 32, 64, 128) if self.sm90 else (64, 128)
@@ -256,7 +256,7 @@ class FlashMLABackend:
         sink = None if attn_sink is None else pad_heads(attn_sink.to(dev, torch.float32), h_pad, 0).contiguous()
         lengths = None if topk_length is None else topk_length.to(dev, torch.int32).contiguous()
         out, max_logits, lse = self.fm.flash_mla_sparse_fwd(
-            qp, kv.to(dev, torch.bfloat16).contiguous(), idx, sm_scale, d_v, sink, lengths
+            qp, kv.to(dev, torch.bfloat16).contiguous(), idx, scale, d_v, sink, lengths
         )[:3]
         return out[:, :h], max_logits[:, :h], lse[:, :h]
 
@@ -288,8 +288,3 @@ class FlashMLABackend:
         )
         out, _, lse = self.sparse_prefill(q, rows[:, None], idx[:, None].to(torch.int32), scale, d_v, attn_sink)
         return out, lse
-
-
-def _flag(case, *names: str) -> bool:
-    v = case_param(case, *names)
-    return bool(v) and v is not None

@@ -1,6 +1,6 @@
 """Backend ``torch``: eager PyTorch in the case dtype, rounding where a fused kernel rounds.
 
-Logits and softmax in fp32, the weights ``P`` rounded to the case dtype for ``P @ V``, the output in the case dtype,
+Logits and softmax in fp32, the weights ``p`` rounded to the case dtype for ``p @ v``, the output in the case dtype,
 LSE in fp32 (natural log). Runs on CPU, or on CUDA when ``MLASPEC_DEVICE=cuda``. A plain implementation to show
 what a backend looks like; it also keeps the harness honest: it must pass within the derived budgets.
 """
@@ -43,7 +43,7 @@ class TorchBackend(TorchServing, TorchSparse, TorchFP8):
             allowed = causal_mask(q.shape[1], k.shape[1], device=self.device)
         s = s.masked_fill(~allowed, -math.inf)
         lse = torch.logsumexp(s, -1)
-        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype)  # P in the case dtype, as kernels feed the MMA
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype)  # p in the case dtype, as kernels feed the MMA
         out = torch.einsum("bhqk,bkhd->bqhd", p, v.repeat_interleave(g, 2))
         return out.to(dtype), lse
 

@@ -2,7 +2,7 @@
 
 Decodes the cache records with PyTorch's own fp8 dtypes -- independently of the spec's bit-level decoder -- into
 fp32 entries (``e4m3 * k_scale``; for the 656-byte layout ``e4m3 * s_g`` per 128 values and the bf16 RoPE), then
-attends in fp32 with the weights ``P`` rounded to the case dtype, like the dense ``mla_decode``.
+attends in fp32 with the weights ``p`` rounded to the case dtype, like the dense ``mla_decode``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,6 @@ class TorchFP8:
         if causal:
             s = s.masked_fill(~causal_mask(q.shape[1], kv.shape[1], device=dev), -math.inf)
         lse = torch.logsumexp(s, -1)
-        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype).float()  # P in the case dtype
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype).float()  # p in the case dtype
         out = torch.einsum("bhqk,bkd->bqhd", p, kv[..., :d_v])
         return out.to(dtype), lse

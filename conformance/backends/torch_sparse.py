@@ -2,7 +2,7 @@
 
 Written the way an adapter for a real kernel would be: the sparse ops gather the named keys (masking invalid slots
 *before* the softmax and zeroing them, so NaN in unused cache rows never leaks), compute logits and softmax in fp32,
-round ``P`` to the case dtype for ``P @ V``, apply the sink in fp32 and report an empty row's LSE as ``+inf``;
+round ``p`` to the case dtype for ``p @ v``, apply the sink in fp32 and report an empty row's LSE as ``+inf``;
 ``v4_attention`` takes the layer's window and compressed indices from the spec (input preparation:
 :func:`~mlaspec.spec.sliding_window.v4_attention_indices`) and calls the same sparse core, its own second
 implementation of the attention math; the indexer ops read fp8 as fp32 and accumulate in fp32; ``topk_indices`` uses
@@ -42,7 +42,7 @@ class TorchSparse:
         s = s.masked_fill(~valid[:, :, None, :], -math.inf).flatten(1, 2)  # [R, H_q, K]
         lse = torch.logsumexp(s, -1)  # -inf on empty rows
         max_logits = s.amax(-1) if s.shape[-1] else torch.full_like(lse, -math.inf)
-        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype)  # P in the case dtype, as fed to the MMA
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype)  # p in the case dtype, as fed to the MMA
         p = p.reshape(q.shape[0], h_kv, g, -1).float()
         out = torch.einsum("rcgk,rckd->rcgd", p, keys[..., :d_v].float()).flatten(1, 2)  # exact products, fp32 sums
         empty = torch.isneginf(lse)
@@ -51,11 +51,11 @@ class TorchSparse:
             out = out * torch.where(empty, 0.0, torch.sigmoid(lse - sink))[..., None]  # LSE itself unchanged
         return out.to(dtype), lse.masked_fill(empty, math.inf), max_logits
 
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
         valid = (indices >= 0) & (indices < kv.shape[0])
         if topk_length is not None:
             valid &= torch.arange(indices.shape[-1])[None, None, :] < topk_length[:, None, None]
-        out, lse, max_logits = self._sparse_rows(q, kv, indices, valid, scale=sm_scale, d_v=d_v, attn_sink=attn_sink)
+        out, lse, max_logits = self._sparse_rows(q, kv, indices, valid, scale=scale, d_v=d_v, attn_sink=attn_sink)
         return out, max_logits, lse
 
     @staticmethod
@@ -73,8 +73,8 @@ class TorchSparse:
         kv_cache,
         indices,
         *,
-        softmax_scale=None,
-        head_dim_v=512,
+        scale=None,
+        d_v=512,
         topk_length=None,
         attn_sink=None,
         extra_kv_cache=None,
@@ -82,7 +82,7 @@ class TorchSparse:
         extra_topk_length=None,
     ):
         b, s_q, h_q, d = q.shape
-        scale = d**-0.5 if softmax_scale is None else softmax_scale
+        scale = d**-0.5 if scale is None else scale
         rows, idx, valid = self._paged_rows(kv_cache, indices, topk_length, s_q)
         if extra_kv_cache is not None:  # one softmax over both caches: stack them and offset the extra indices
             e_rows, e_idx, e_valid = self._paged_rows(extra_kv_cache, extra_indices, extra_topk_length, s_q)
@@ -90,7 +90,7 @@ class TorchSparse:
             valid = torch.cat([valid, e_valid], -1)
             rows = torch.cat([rows, e_rows])
         out, lse, _ = self._sparse_rows(
-            q.reshape(b * s_q, h_q, d), rows, idx, valid, scale=scale, d_v=head_dim_v, attn_sink=attn_sink
+            q.reshape(b * s_q, h_q, d), rows, idx, valid, scale=scale, d_v=d_v, attn_sink=attn_sink
         )
         return out.reshape(b, s_q, h_q, -1), lse.reshape(b, s_q, h_q).transpose(1, 2)
 

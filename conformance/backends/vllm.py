@@ -16,9 +16,9 @@ Ops:
   spec's layout and convention (it *is* the function the spec's merge describes).
 * ``mla_decode`` -> ``vllm/v1/attention/ops/triton_decode_attention.py`` ``decode_attention_fwd(...,
   is_mla=True)``, called as ``vllm/v1/attention/backends/mla/triton_mla.py`` (``TritonMLAImpl.forward_mqa``)
-  calls it: the paged cache ``[N, P, 1, 576]`` as K and its first 512 columns as V, one program per query row,
-  causal multi-token decode expressed as per-row lengths ``seq_len - S_q + 1 + t`` (clamped at 0), the block
-  table repeated per row, ``num_kv_splits = min(next_pow2(max(1, max_seq_len // 512)), 2 * SMs)``.
+  calls it: the paged cache ``[NB, P, 1, 576]`` as the keys and its first 512 columns as the values, one program per
+  query row, causal multi-token decode expressed as per-row lengths ``seq_len - S_q + 1 + t`` (clamped at 0), the
+  block table repeated per row, ``num_kv_splits = min(next_pow2(max(1, max_seq_len // 512)), 2 * SMs)``.
   **vLLM allocates the LSE in the query dtype** (``lse = torch.zeros(B, H, dtype=q.dtype)``), so in bf16 the LSE
   is rounded to 8 bits; the adapter does the same by default (what vLLM returns for DCP merges) and
   ``MLASPEC_VLLM_LSE_FP32=1`` gives the kernel an fp32 buffer instead.
@@ -433,7 +433,7 @@ class VLLMBackend:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
         splits = num_kv_splits(kv.shape[1], sms)
         attn_logits = torch.empty(rows, h, splits, d_v + 1, dtype=torch.float32, device=dev)
-        cache = paged.cache.unsqueeze(2)  # [N, P, 1, 576]
+        cache = paged.cache.unsqueeze(2)  # [NB, P, 1, 576]
         one = torch.tensor(1.0, dtype=torch.float32, device=dev)
         self.decode_mod.decode_attention_fwd(
             qf,

@@ -7,7 +7,7 @@ logits large enough that a wrong scale shows, empty rows where the op allows the
 **Budgets are derived, per element, not picked.** The reference runs in float64 on the very inputs the backend
 got (already rounded to the case dtype), so input rounding is no error source. A good kernel then rounds in three
 places: the logits (fp32 accumulation of a ``D``-long dot product: ``|δs| <= γ_D scale Σ|q||k|``, ``γ_D ≈ D ε32``
-below), the softmax weights ``P`` (rounded to the case dtype before ``P @ V``: ``u`` relative), and the output (``u/2``
+below), the softmax weights ``p`` (rounded to the case dtype before ``p @ v``: ``u`` relative), and the output (``u/2``
 relative), with ``u`` the unit roundoff of the case dtype (``2^-8`` bf16, ``2^-11`` fp16, ``2^-24`` fp32).
 Propagated through attention, with ``M = Σ_j p_j |v_j|`` the magnitude the output is averaged from (the spec's own
 attention over ``|v|``) and a logit error ``δs`` perturbing each weight by at most ``2 δs`` relatively::
@@ -17,7 +17,7 @@ attention over ``|v|``) and a logit error ``δs`` perturbing each weight by at m
 
 **Projections** (``mla_prefill``, ``chunked_prefill_attention``, the prefills of ``mla_mixed_batch``: ``k_nope =
 kv_c W_UK`` and ``v = kv_c W_UV``; ``mla_absorbed`` and the decodes of ``mla_mixed_batch``: ``ql_nope = q_nope
-W_UK^T`` and ``o_lat W_UV``) are dot products of length ``n`` (``Lkv``, or ``P`` for the absorbed query) that a
+W_UK^T`` and ``o_lat W_UV``) are dot products of length ``n`` (``Lkv``, or ``D_nope`` for the absorbed query) that a
 conforming kernel accumulates in fp32 (``u_w = ε32`` whatever the case dtype: a bf16 or fp16 accumulator would make
 ``n u_w >= 1`` for ``n = 512``, and no bound exists; tensor-core GEMMs on bf16 / fp16 accumulate in fp32) and may then
 round to the case dtype. Higham's bound for any summation order gives, per element of ``y = x W``::

@@ -65,7 +65,11 @@ def _decode_bounds(kw, ref, u):
 def _prefill_inputs(c: Case) -> dict:
     p, r = c.params, randn(c)
     cfg = MLAConfig.tiny(
-        num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"], qk_rope_head_dim=p["R"], v_head_dim=p["V"]
+        num_heads=p["H_q"],
+        kv_lora_rank=p["Lkv"],
+        qk_nope_head_dim=p["D_nope"],
+        qk_rope_head_dim=p["D_rope"],
+        v_head_dim=p["D_v"],
     )
     w = make_weights(cfg, seed=c.seed, dtype=DTYPES[c.dtype])
     b, s_q, s_kv = p["B"], p["S_q"], p["S_kv"]
@@ -126,22 +130,22 @@ def _absorbed_bounds(kw, ref, u):
     # a worst-case sum of |terms| overstates them ~20x and would let real bugs through (a dropped causal mask moves
     # the output 4%); independent roundings add in quadrature (probabilistic error analysis, Higham & Mary 2019), so
     # those two sums use the root-sum-square with a factor 4 of headroom. The fp32 logit sums stay worst case, and
-    # so do the fp32 accumulations of the two projections (P-long q_nope W_UK^T, Lkv-long o_lat W_UV: γ_n |x|.|w|,
+    # so do the fp32 accumulations of the two projections (D_nope-long q_nope W_UK^T, Lkv-long o_lat W_UV: γ_n |x|.|w|,
     # common.projection_error): at u_w = 2^-24 and Lkv = 512 they add ~10% to bf16 budgets and ~55% to fp16 ones,
     # and they are what an fp32 case's budget is made of.
     wuk, wuv = kw["W_UK"].double(), kw["W_UV"].double()
-    q, kv = _absorbed_inputs(kw)  # [B, S_q, N, Lkv + R], [B, S_kv, Lkv + R]
-    kv = kv[:, :, None]  # [B, S_kv, 1, Lkv + R]
+    q, kv = _absorbed_inputs(kw)  # [B, S_q, H_q, Lkv + D_rope], [B, S_kv, Lkv + D_rope]
+    kv = kv[:, :, None]  # [B, S_kv, 1, Lkv + D_rope]
     lkv = kw["kv_c"].shape[-1]
-    ql_rss = torch.einsum("bqhd,bkd->bhqk", q[..., :lkv] ** 2, kv[:, :, 0, :lkv] ** 2).sqrt()  # [B, N, S_q, S_kv]
+    ql_rss = torch.einsum("bqhd,bkd->bhqk", q[..., :lkv] ** 2, kv[:, :, 0, :lkv] ** 2).sqrt()  # [B, H_q, S_q, S_kv]
     ql_err = 4 * u / 2 * kw["scale"] * (ql_rss.amax(-1) if ql_rss.shape[-1] else ql_rss.sum(-1))
     ql_acc = abs_logits_max(
         projection_error("bsnp,lnp->bsnl", kw["q_nope"].double(), wuk, u), kv[..., :lkv], kw["scale"]
     )
-    ds = logit_error(q, kv, kw["scale"]) + ql_err + ql_acc  # [B, N, S_q]
+    ds = logit_error(q, kv, kw["scale"]) + ql_err + ql_acc  # [B, H_q, S_q]
     o_lat = attention(q, kv, kv[..., :lkv], scale=kw["scale"], causal=kw["causal"]).out
     m_lat = attention(q, kv, kv[..., :lkv].abs(), scale=kw["scale"], causal=kw["causal"]).out
-    err_lat = (u + 2 * ds.transpose(1, 2)[..., None]) * m_lat + u / 2 * o_lat.abs()  # [B, S_q, N, Lkv]
+    err_lat = (u + 2 * ds.transpose(1, 2)[..., None]) * m_lat + u / 2 * o_lat.abs()  # [B, S_q, H_q, Lkv]
     err = 4 * torch.einsum("bsnl,lnv->bsnv", err_lat**2, wuv**2).sqrt()
     acc = projection_error("bsnl,lnv->bsnv", o_lat.abs() + err_lat, wuv, u)  # the backend's o_lat, up to err_lat
     lse_bound = 2 * (ds + kv.shape[1] * EPS32 + EPS32 * ref[1].abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
@@ -299,13 +303,13 @@ def _mla_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
                 S_kv=(7 if not full else 512) + ctx,
                 H_q=16,
                 Lkv=512,
-                P=128,
-                R=64,
-                V=128,
+                D_nope=128,
+                D_rope=64,
+                D_v=128,
                 causal=True,
             ),
         ),
-        ("tiny-noncausal", dict(B=2, S_q=5, S_kv=13, H_q=4, Lkv=32, P=16, R=8, V=16, causal=False)),
+        ("tiny-noncausal", dict(B=2, S_q=5, S_kv=13, H_q=4, Lkv=32, D_nope=16, D_rope=8, D_v=16, causal=False)),
     ]
 
 
@@ -318,9 +322,9 @@ def _mla_prefill_params(draw) -> dict:
         S_kv=s_q + draw(st.integers(0, LIMITS["S_kv"] // 2)),
         H_q=draw(st.integers(1, LIMITS["H"])),
         Lkv=draw(st.integers(1, LIMITS["Lkv"])),
-        P=draw(st.integers(1, LIMITS["P"])),
-        R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
-        V=draw(st.integers(1, LIMITS["V"])),
+        D_nope=draw(st.integers(1, LIMITS["D_nope"])),
+        D_rope=2 * draw(st.integers(1, LIMITS["D_rope"] // 2)),
+        D_v=draw(st.integers(1, LIMITS["D_v_mla"])),
         causal=draw(st.booleans()),
     )
 
@@ -328,8 +332,8 @@ def _mla_prefill_params(draw) -> dict:
 def _mla_absorbed_cases(scale: Scale) -> list[tuple[str, dict]]:
     full, ctx = scale
     return [
-        # the whole absorbed decode form; TP1 has N = V = 128 heads, so a transposed W_UV still fits its shape
-        ("v3-tp8-mtp2", dict(B=2, S_q=2, S_kv=ctx, H_q=16, Lkv=512, P=128, R=64, V=128, causal=True)),
+        # the whole absorbed decode form; TP1 has H_q = D_v = 128, so a transposed W_UV still fits its shape
+        ("v3-tp8-mtp2", dict(B=2, S_q=2, S_kv=ctx, H_q=16, Lkv=512, D_nope=128, D_rope=64, D_v=128, causal=True)),
         (
             "n-equals-v",
             dict(
@@ -338,9 +342,9 @@ def _mla_absorbed_cases(scale: Scale) -> list[tuple[str, dict]]:
                 S_kv=ctx,
                 H_q=128 if full else 16,
                 Lkv=512 if full else 64,
-                P=128 if full else 16,
-                R=64 if full else 8,
-                V=128 if full else 16,
+                D_nope=128 if full else 16,
+                D_rope=64 if full else 8,
+                D_v=128 if full else 16,
                 causal=True,
             ),
         ),

@@ -26,7 +26,7 @@ Inputs (``B`` requests, ``S_kv`` cached tokens each):
 Reference: ``mqa_latent_attention(q, dequantize(kv_cache), d_v, scale, causal)`` in float64.
 
 **Budget.** As :func:`~mlaspec.conformance.ops.common.attention_bounds` (fp32 logits, output rounded to the case
-dtype), with the softmax weights rounded to **e4m3** rather than the case dtype: an fp8 tensor-core ``P @ V`` needs
+dtype), with the softmax weights rounded to **e4m3** rather than the case dtype: an fp8 tensor-core ``p @ v`` needs
 both operands in fp8 (``run_mha_fwd_splitkv_mla<cutlass::float_e4m3_t, cutlass::bfloat16_t, 576>`` in vLLM's
 ``_flashmla_extension_C``). Rounding ``p`` in ``[0, 1]`` to e4m3 costs ``|δp| <= 2^-4 p`` for normal values and at
 most ``2^-10`` (half the smallest subnormal) below ``2^-6``, so per output element::
@@ -34,7 +34,7 @@ most ``2^-10`` (half the smallest subnormal) below ``2^-6``, so per output eleme
     |out - ref| <= 2 * (u |ref| + (2^-4 + 2 δs) M + 2^-10 A)       A = Σ_j |v_j| / ℓ,  ℓ = Σ_j exp(s_j - max s)
 
 (``M = Σ_j p_j |v_j|`` as in the dense budget; ``A`` is what flushing every weight by ``2^-10`` could cost, over
-the row's sum of weights ``ℓ >= 1``). A kernel that keeps ``P`` in bf16 passes with room to spare.
+the row's sum of weights ``ℓ >= 1``). A kernel that keeps ``p`` in bf16 passes with room to spare.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ OPS = [
         mla_decode_fp8_reference,
         _bounds,
         doc="Absorbed-form MQA over an fp8 KV cache (per-tensor e4m3 576 B, or 656 B fp8_ds_mla), judged against "
-        "spec attention over the dequantized cache; P may be e4m3 (spec.forms.mqa_latent_attention)",
+        "spec attention over the dequantized cache; the weights p may be e4m3 (spec.forms.mqa_latent_attention)",
         cases=_mla_decode_fp8_cases,
         spec=mqa_latent_attention,
     ),

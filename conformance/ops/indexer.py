@@ -5,7 +5,7 @@
   ``weights [M, H]`` fp32, the per-key ``k_scale [N]`` fp32 and the ragged spans ``ks, ke [M]``, and returns
   ``logits [M, N]`` in **absolute** columns with ``-inf`` outside each row's span;
 * ``paged_indexer_logits`` checks :func:`mlaspec.spec.indexer.paged_indexer_logits` (DeepGEMM
-  ``fp8_paged_mqa_logits``) over the byte-level paged cache ``uint8 [num_blocks, P, D + 4]`` (a block is ``P * D``
+  ``fp8_paged_mqa_logits``) over the byte-level paged cache ``uint8 [NB, P, D + 4]`` (a block is ``P * D``
   fp8 values, then ``P`` fp32 scales), with 1-D or 2-D (MTP, vLLM 0.33) ``context_lens``;
 * ``topk_indices`` checks :func:`mlaspec.spec.topk.topk_indices` (vLLM ``top_k_per_row_prefill`` /
   ``top_k_per_row_decode``) with a tie-aware comparison (:func:`mlaspec.spec.topk.topk_agreement`): any valid choice

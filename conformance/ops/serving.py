@@ -137,7 +137,7 @@ def _exact(names: tuple[str, ...], *, bits: bool = False):
 
 
 def _records(cache: torch.Tensor) -> torch.Tensor:
-    """``[num_blocks, P, width]`` (any dtype) -> ``[num_blocks * P, bytes]`` uint8."""
+    """``[NB, P, width]`` (any dtype) -> ``[NB * P, bytes]`` uint8."""
     flat = cache.detach().cpu().contiguous().reshape(cache.shape[0] * cache.shape[1], -1)
     return flat.view(torch.uint8)
 
@@ -182,7 +182,7 @@ def _judge_records(
     layout: cl.CacheLayout | None,
     scale,
 ) -> tuple:
-    """Judge a written cache given as records ``[N, token_bytes]`` uint8 (see the module docstring).
+    """Judge a written cache given as records ``[NB * P, token_bytes]`` uint8 (see the module docstring).
 
     ``slots [W]`` are the written records, ``x [W, D]`` their entries.
     """
@@ -268,7 +268,7 @@ def _slots(c: Case, t: int, total: int, pad: int) -> torch.Tensor:
 
 def _concat_inputs(c: Case) -> dict:
     p = c.params
-    t, blk, nb, kind = p["T"], p["P"], p["num_blocks"], p["kv_cache_dtype"]
+    t, blk, nb, kind = p["T"], p["P"], p["NB"], p["kv_cache_dtype"]
     layout = QUANTIZED_CACHE.get(kind)
     scale = p.get("scale")
     x = _hostile_entries(c, t, 576, _group_of(layout), saturate=None if scale is None else 600.0 * scale)
@@ -434,7 +434,7 @@ def _dequantize_compare(kw, got, ref):
 def _pages_inputs(c: Case) -> dict:
     p = c.params
     layout, scale = _layout_scale(p)
-    blk, nb, t = p["P"], p["num_blocks"], p["T"]
+    blk, nb, t = p["P"], p["NB"], p["T"]
     pages = torch.full((nb, cl.page_bytes(layout, blk)), FILL, dtype=torch.uint8)
     x = _hostile_entries(c, t, layout.entry_dim, _group_of(layout))
     return dict(
@@ -485,7 +485,7 @@ def _read_inputs(c: Case) -> dict:
     p = c.params
     kw = _pages_inputs(c)
     pages = cl.write_pages(**kw)
-    blk, nb, n = p["P"], p["num_blocks"], p["N"]
+    blk, nb, n = p["P"], p["NB"], p["T_read"]
     slots = torch.randint(0, nb * blk, (n,), generator=_gen(c, 4))
     slots[:: max(n // 3, 1)] = -1  # invalid indices
     slots[1] = kw["slot_mapping"][0]  # a written one for sure
@@ -500,7 +500,11 @@ def _read_reference(**kw) -> tuple:
 def _chunked_inputs(c: Case) -> dict:
     p, r = c.params, randn(c)
     cfg = MLAConfig.tiny(
-        num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"], qk_rope_head_dim=p["R"], v_head_dim=p["V"]
+        num_heads=p["H_q"],
+        kv_lora_rank=p["Lkv"],
+        qk_nope_head_dim=p["D_nope"],
+        qk_rope_head_dim=p["D_rope"],
+        v_head_dim=p["D_v"],
     )
     w = make_weights(cfg, seed=c.seed, dtype=DTYPES[c.dtype])
     ctx, q_lens = p["contexts"], p["q_lens"]
@@ -564,7 +568,11 @@ def _mixed_inputs(c: Case) -> dict:
     """A reordered mixed batch over a paged cache that holds every request's context and NaN everywhere else."""
     p, r = c.params, randn(c)
     cfg = MLAConfig.tiny(
-        num_heads=p["H_q"], kv_lora_rank=p["Lkv"], qk_nope_head_dim=p["P"], qk_rope_head_dim=p["R"], v_head_dim=p["V"]
+        num_heads=p["H_q"],
+        kv_lora_rank=p["Lkv"],
+        qk_nope_head_dim=p["D_nope"],
+        qk_rope_head_dim=p["D_rope"],
+        v_head_dim=p["D_v"],
     )
     w = make_weights(cfg, seed=c.seed, dtype=DTYPES[c.dtype])
     reqs, blk = _requests(p), p["block_size"]
@@ -846,7 +854,7 @@ def _concat_and_cache_mla_cases(scale: Scale) -> list[tuple[str, dict]]:
                 T=300 if full else 13,
                 pad=20 if full else 3,
                 P=64 if full else 16,
-                num_blocks=12 if full else 3,
+                NB=12 if full else 3,
                 kv_cache_dtype="auto",
             ),
         ),
@@ -856,7 +864,7 @@ def _concat_and_cache_mla_cases(scale: Scale) -> list[tuple[str, dict]]:
                 T=300 if full else 13,
                 pad=4,
                 P=64 if full else 16,
-                num_blocks=12 if full else 3,
+                NB=12 if full else 3,
                 kv_cache_dtype="fp8",
                 scale=0.09375,
             ),
@@ -867,7 +875,7 @@ def _concat_and_cache_mla_cases(scale: Scale) -> list[tuple[str, dict]]:
                 T=300 if full else 13,
                 pad=4,
                 P=64 if full else 16,
-                num_blocks=12 if full else 3,
+                NB=12 if full else 3,
                 kv_cache_dtype="fp8_ds_mla",
             ),
         ),
@@ -883,7 +891,7 @@ def _concat_and_cache_mla_params(draw) -> dict:
     pad = draw(st.integers(0, 3))
     t = pad + draw(st.integers(1, min(LIMITS["T"], blocks * block - 1)))
     kind = draw(st.sampled_from(["auto", "fp8", "fp8_e5m2", "fp8_ds_mla"]))
-    p = dict(T=t, pad=pad, P=block, num_blocks=blocks, kv_cache_dtype=kind)
+    p = dict(T=t, pad=pad, P=block, NB=blocks, kv_cache_dtype=kind)
     if kind in ("fp8", "fp8_e5m2"):
         p["scale"] = draw(st.sampled_from([0.09375, 0.5, 1.0, 2.0]))
     return p
@@ -949,14 +957,14 @@ def _dequantize_cases(scale: Scale) -> list[tuple[str, dict]]:
 def _write_pages_cases(scale: Scale) -> list[tuple[str, dict]]:
     full = scale.full
     return [
-        ("v4-584-paged", dict(T=40 if full else 13, pad=2, P=64 if full else 16, num_blocks=3, layout="fp8_ds_mla_v4")),
+        ("v4-584-paged", dict(T=40 if full else 13, pad=2, P=64 if full else 16, NB=3, layout="fp8_ds_mla_v4")),
         (
             "v41-528-paged",
-            dict(T=40 if full else 13, pad=2, P=64 if full else 16, num_blocks=3, layout="mxfp8_ds_mla_v41"),
+            dict(T=40 if full else 13, pad=2, P=64 if full else 16, NB=3, layout="mxfp8_ds_mla_v41"),
         ),
         (
             "v32-656-paged",
-            dict(T=40 if full else 13, pad=2, P=64 if full else 16, num_blocks=3, layout="fp8_ds_mla_v32"),
+            dict(T=40 if full else 13, pad=2, P=64 if full else 16, NB=3, layout="fp8_ds_mla_v32"),
         ),
     ]
 
@@ -964,10 +972,10 @@ def _write_pages_cases(scale: Scale) -> list[tuple[str, dict]]:
 def _read_tokens_cases(scale: Scale) -> list[tuple[str, dict]]:
     full = scale.full
     return [
-        ("v4-584-paged", dict(T=40 if full else 13, P=64 if full else 16, num_blocks=3, N=12, layout="fp8_ds_mla_v4")),
+        ("v4-584-paged", dict(T=40 if full else 13, P=64 if full else 16, NB=3, T_read=12, layout="fp8_ds_mla_v4")),
         (
             "v41-528-paged",
-            dict(T=40 if full else 13, P=64 if full else 16, num_blocks=3, N=12, layout="mxfp8_ds_mla_v41"),
+            dict(T=40 if full else 13, P=64 if full else 16, NB=3, T_read=12, layout="mxfp8_ds_mla_v41"),
         ),
     ]
 
@@ -981,9 +989,9 @@ def _chunked_prefill_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
             dict(
                 H_q=16,
                 Lkv=512,
-                P=128,
-                R=64,
-                V=128,
+                D_nope=128,
+                D_rope=64,
+                D_v=128,
                 contexts=[4096, 0, 1000, 300],
                 q_lens=[64, 128, 17, 33],
                 block_size=64,
@@ -993,9 +1001,9 @@ def _chunked_prefill_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
             else dict(
                 H_q=4,
                 Lkv=32,
-                P=16,
-                R=8,
-                V=16,
+                D_nope=16,
+                D_rope=8,
+                D_v=16,
                 contexts=[37, 0, 20, 9],
                 q_lens=[3, 5, 1, 4],
                 block_size=4,
@@ -1004,7 +1012,17 @@ def _chunked_prefill_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
         ),
         (
             "first-chunks-only",
-            dict(H_q=4, Lkv=32, P=16, R=8, V=16, contexts=[0, 0], q_lens=[4, 2], block_size=4, workspace_size=16),
+            dict(
+                H_q=4,
+                Lkv=32,
+                D_nope=16,
+                D_rope=8,
+                D_v=16,
+                contexts=[0, 0],
+                q_lens=[4, 2],
+                block_size=4,
+                workspace_size=16,
+            ),
         ),
     ]
 
@@ -1021,9 +1039,9 @@ def _chunked_prefill_attention_params(draw) -> dict:
     return dict(
         H_q=draw(st.integers(1, LIMITS["H"])),
         Lkv=draw(st.integers(1, LIMITS["Lkv"])),
-        P=draw(st.integers(1, LIMITS["P"])),
-        R=2 * draw(st.integers(1, LIMITS["R"] // 2)),
-        V=draw(st.integers(1, LIMITS["V"])),
+        D_nope=draw(st.integers(1, LIMITS["D_nope"])),
+        D_rope=2 * draw(st.integers(1, LIMITS["D_rope"] // 2)),
+        D_v=draw(st.integers(1, LIMITS["D_v_mla"])),
         contexts=contexts,
         q_lens=draw(st.lists(st.integers(1, LIMITS["q_len"]), min_size=n, max_size=n)),
         block_size=block,
@@ -1096,9 +1114,9 @@ def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
             dict(
                 H_q=16,
                 Lkv=512,
-                P=128,
-                R=64,
-                V=128,
+                D_nope=128,
+                D_rope=64,
+                D_v=128,
                 block_size=64,
                 workspace_size=2048,
                 decode_threshold=2,
@@ -1108,9 +1126,9 @@ def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
             else dict(
                 H_q=4,
                 Lkv=32,
-                P=16,
-                R=16,
-                V=16,
+                D_nope=16,
+                D_rope=16,
+                D_v=16,
                 block_size=16,
                 workspace_size=32,
                 decode_threshold=2,
@@ -1122,9 +1140,9 @@ def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
             dict(
                 H_q=128 if full else 16,
                 Lkv=512 if full else 32,
-                P=128 if full else 16,
-                R=64 if full else 16,
-                V=128 if full else 16,
+                D_nope=128 if full else 16,
+                D_rope=64 if full else 16,
+                D_v=128 if full else 16,
                 block_size=64 if full else 16,
                 workspace_size=2048 if full else 32,
                 decode_threshold=2,
@@ -1136,9 +1154,9 @@ def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
             dict(
                 H_q=16,
                 Lkv=512,
-                P=128,
-                R=64,
-                V=128,
+                D_nope=128,
+                D_rope=64,
+                D_v=128,
                 block_size=64,
                 workspace_size=4096,
                 decode_threshold=1,
@@ -1148,9 +1166,9 @@ def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
             else dict(
                 H_q=4,
                 Lkv=32,
-                P=16,
-                R=16,
-                V=16,
+                D_nope=16,
+                D_rope=16,
+                D_v=16,
                 block_size=16,
                 workspace_size=32,
                 decode_threshold=1,

@@ -3,7 +3,7 @@
 * ``sparse_prefill`` checks :func:`mlaspec.spec.sparse.sparse_prefill` (``flash_mla_sparse_fwd``): ``out``,
   ``max_logits``, ``lse`` (``[S_q, H_q]``, natural log, **+inf on a row with no valid index**);
 * ``sparse_decode`` checks :func:`mlaspec.spec.sparse.sparse_decode` (``flash_mla_with_kvcache(indices=...)``)
-  over a dequantized paged cache ``[num_blocks, P, D_qk]`` with global slots ``block * P + offset``,
+  over a dequantized paged cache ``[NB, P, D_qk]`` with global slots ``block * P + offset``,
   ``topk_length [B]`` per request, an attention sink and, for V4, the ``extra`` cache;
 * ``v4_attention`` checks :func:`mlaspec.spec.sliding_window.v4_attention`, the definition of one DeepSeek V4
   layer for one request (window ``(p - W, p]`` over the raw keys, plus the compressed entries of a c4a / c128a
@@ -191,7 +191,7 @@ def _prefill_inputs(c: Case) -> dict:
         q=r(s_q, h_q, d, scale=2.0),
         kv=kv,
         indices=idx.to(torch.int32),
-        sm_scale=p.get("scale", d**-0.5),
+        scale=p.get("scale", d**-0.5),
         d_v=dv,
         attn_sink=_sink(c, h_q),
         topk_length=None if topk_length is None else topk_length.to(torch.int32),
@@ -206,7 +206,7 @@ def _prefill_bounds(kw, ref, u):
         kw["q"],
         keys,
         valid,
-        scale=kw["sm_scale"],
+        scale=kw["scale"],
         d_v=kw["d_v"],
         attn_sink=kw["attn_sink"],
         out=out,
@@ -293,8 +293,8 @@ def _decode_inputs(c: Case) -> dict:
             q=r(b_, s_q, h_q, d, scale=2.0),
             kv_cache=cache,
             indices=idx.to(torch.int32),
-            softmax_scale=p.get("scale", d**-0.5),
-            head_dim_v=dv,
+            scale=p.get("scale", d**-0.5),
+            d_v=dv,
             topk_length=lengths.to(torch.int32),
             attn_sink=_sink(c, h_q),
             extra_kv_cache=None,
@@ -329,8 +329,8 @@ def _decode_inputs(c: Case) -> dict:
         q=r(t, 1, h_q, d, scale=2.0),
         kv_cache=cache,
         indices=swa.indices.to(torch.int32),
-        softmax_scale=p.get("scale", d**-0.5),
-        head_dim_v=dv,
+        scale=p.get("scale", d**-0.5),
+        d_v=dv,
         topk_length=swa.lens.to(torch.int32),
         attn_sink=_sink(c, h_q),
         extra_kv_cache=ccache,
@@ -340,7 +340,7 @@ def _decode_inputs(c: Case) -> dict:
 
 
 def _decode_rows(kv_cache, indices, lengths, s_q):
-    """Flattened rows ``[N * P, 1, D]``, indices ``[B * S_q, 1, K]`` and their validity (``-1`` and past length)."""
+    """Flattened rows ``[NB * P, 1, D]``, indices ``[B * S_q, 1, K]`` and their validity (``-1`` and past length)."""
     rows = kv_cache.reshape(-1, 1, kv_cache.shape[-1])
     idx = indices.reshape(-1, 1, indices.shape[-1])
     valid = idx >= 0
@@ -360,8 +360,8 @@ def _decode_bounds(kw, ref, u):
         kw["q"].reshape(b_ * s_q, h_q, d),
         keys,
         valid,
-        scale=kw["softmax_scale"],
-        d_v=kw["head_dim_v"],
+        scale=kw["scale"],
+        d_v=kw["d_v"],
         attn_sink=kw["attn_sink"],
         out=out.reshape(b_ * s_q, h_q, -1),
         lse=lse.transpose(1, 2).reshape(b_ * s_q, h_q),

@@ -14,8 +14,8 @@ back:
   cuBLAS bmm (:func:`mlaspec.impl.layer.absorb_query`: ``ql_nope = q_nope W_UK^T`` rounded to the case dtype;
   :func:`mlaspec.impl.layer.unabsorb_output`: ``o_lat W_UV``), the attention over the entries ``[kv_c | k_pe]``
   through a kernel: the paged decode kernel (as ``mla_decode`` above, MTP queries causal and aligned to the end)
-  when ``Lkv`` and ``R`` are powers of two >= 16 (DeepSeek's 512 + 64), else the varlen kernel as MQA (one KV head,
-  ``v = kv_c``) when ``Lkv + R <= 256``; other widths are a named limit.
+  when ``Lkv`` and ``D_rope`` are powers of two >= 16 (DeepSeek's 512 + 64), else the varlen kernel as MQA (one KV
+  head, ``v = kv_c``) when ``Lkv + D_rope <= 256``; other widths are a named limit.
 * ``merge_attn_states``: :func:`mlaspec.impl.merge.merge_attn_states` directly.
 """
 
@@ -43,7 +43,8 @@ def pow2_at_least_16(x: int) -> bool:
 
 
 def _absorbed_by_decode(lkv: int, r: int) -> bool:
-    """Whether the paged decode kernel takes entries of ``Lkv + R`` (it splits them into two power-of-two dots)."""
+    """Whether the paged decode kernel takes entries of ``Lkv + D_rope`` (it splits them into two power-of-two
+    dots)."""
     return pow2_at_least_16(lkv) and pow2_at_least_16(r)
 
 
@@ -69,17 +70,20 @@ class TritonDense:
 
     def _unsupported_mla_prefill(self, case) -> str | None:
         p = case.params
-        if p["P"] + p["R"] > 256 or p["V"] > 256:
-            return f"mla_prefill head dims must be <= 256, got qk {p['P']} + {p['R']}, v {p['V']}"
+        if p["D_nope"] + p["D_rope"] > 256 or p["D_v"] > 256:
+            return (
+                f"mla_prefill head dims must be <= 256, got D_qk = D_nope + D_rope = {p['D_nope']} + {p['D_rope']}, "
+                f"D_v = {p['D_v']}"
+            )
         return None
 
     def _unsupported_mla_absorbed(self, case) -> str | None:
         p = case.params
-        if _absorbed_by_decode(p["Lkv"], p["R"]) or p["Lkv"] + p["R"] <= 256:
+        if _absorbed_by_decode(p["Lkv"], p["D_rope"]) or p["Lkv"] + p["D_rope"] <= 256:
             return None
         return (
-            f"mla_absorbed: the paged decode kernel needs Lkv and R powers of two >= 16 (512 + 64) and the varlen "
-            f"kernel Lkv + R <= 256, got Lkv={p['Lkv']}, R={p['R']}"
+            f"mla_absorbed: the paged decode kernel needs Lkv and D_rope powers of two >= 16 (512 + 64) and the "
+            f"varlen kernel Lkv + D_rope <= 256, got Lkv={p['Lkv']}, D_rope={p['D_rope']}"
         )
 
     # -- ops -----------------------------------------------------------------------------------------------------
@@ -114,33 +118,34 @@ class TritonDense:
     def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
         dtype = q_nope.dtype
         q_nope, q_pe, kv_c, k_pe, W_UK, W_UV = (t.to(self.device) for t in (q_nope, q_pe, kv_c, k_pe, W_UK, W_UV))
-        B, S_q, N, _ = q_nope.shape
+        B, S_q, H_q, _ = q_nope.shape
         # up-project the latent once per key, rounded to the case dtype, as vLLM materialises k_nope and v
-        k_nope = torch.einsum("bsl,lnp->bsnp", kv_c.float(), W_UK.float()).to(dtype)  # [B, S_kv, N, P]
-        v = torch.einsum("bsl,lnv->bsnv", kv_c.float(), W_UV.float()).to(dtype)  # [B, S_kv, N, V]
-        q = torch.cat([q_nope, q_pe], -1)  # [B, S_q, N, P + R]
-        k = torch.cat([k_nope, k_pe[:, :, None].expand(-1, -1, N, -1)], -1)  # [B, S_kv, N, P + R]
+        k_nope = torch.einsum("bsl,lnp->bsnp", kv_c.float(), W_UK.float()).to(dtype)  # [B, S_kv, H_q, D_nope]
+        v = torch.einsum("bsl,lnv->bsnv", kv_c.float(), W_UV.float()).to(dtype)  # [B, S_kv, H_q, D_v]
+        q = torch.cat([q_nope, q_pe], -1)  # [B, S_q, H_q, D_nope + D_rope]
+        k = torch.cat([k_nope, k_pe[:, :, None].expand(-1, -1, H_q, -1)], -1)  # [B, S_kv, H_q, D_nope + D_rope]
         return self.attention(q, k, v, scale=scale, causal=causal)
 
     def mla_absorbed(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False, mask=None):
-        """``out [B, S_q, N, V]`` (q_nope's dtype) and ``lse [B, N, S_q]`` fp32 from the spec's arguments
-        (:func:`mlaspec.spec.forms.mla_absorbed`: ``q_nope [B, S_q, N, P]``, ``q_pe [B, S_q, N, R]``,
-        ``kv_c [B, S_kv, Lkv]``, ``k_pe [B, S_kv, R]``, ``W_UK [Lkv, N, P]``, ``W_UV [Lkv, N, V]``)."""
+        """``out [B, S_q, H_q, D_v]`` (q_nope's dtype) and ``lse [B, H_q, S_q]`` fp32 from the spec's arguments
+        (:func:`mlaspec.spec.forms.mla_absorbed`: ``q_nope [B, S_q, H_q, D_nope]``, ``q_pe [B, S_q, H_q, D_rope]``,
+        ``kv_c [B, S_kv, Lkv]``, ``k_pe [B, S_kv, D_rope]``, ``W_UK [Lkv, H_q, D_nope]``, ``W_UV [Lkv, H_q,
+        D_v]``)."""
         if mask is not None:
             raise ValueError("mask: the triton absorbed form supports only causal masking")
         dev, lkv, r = self.device, kv_c.shape[-1], k_pe.shape[-1]
         if k_pe.dtype != kv_c.dtype:
             raise TypeError(f"k_pe must have kv_c's dtype {kv_c.dtype}, got {k_pe.dtype}")
-        q = absorb_query(q_nope.to(dev), q_pe.to(dev), W_UK.to(dev))  # [B, S_q, N, Lkv + R]
-        kv = torch.cat([kv_c, k_pe], -1).to(dev, q.dtype)  # [B, S_kv, Lkv + R]: the cache entries
+        q = absorb_query(q_nope.to(dev), q_pe.to(dev), W_UK.to(dev))  # [B, S_q, H_q, Lkv + D_rope]
+        kv = torch.cat([kv_c, k_pe], -1).to(dev, q.dtype)  # [B, S_kv, Lkv + D_rope]: the cache entries
         if _absorbed_by_decode(lkv, r):
             o_lat, lse = self.mla_decode(q, kv, d_v=lkv, scale=scale, causal=causal)
         elif lkv + r <= 256:
             o_lat, lse = self.attention(q, kv[:, :, None], kv[:, :, None, :lkv], scale=scale, causal=causal)
         else:
             raise ValueError(
-                f"kv_c, k_pe: Lkv={lkv}, R={r} fit neither the decode kernel (powers of two >= 16) nor "
-                f"the varlen kernel (Lkv + R <= 256)"
+                f"kv_c, k_pe: Lkv={lkv}, D_rope={r} fit neither the decode kernel (powers of two >= 16) nor "
+                f"the varlen kernel (Lkv + D_rope <= 256)"
             )
         return unabsorb_output(o_lat, W_UV.to(dev)), lse
 

@@ -2,7 +2,7 @@
 
 * ``indexer_logits``: the fp8 ``q [M, H, D]`` / ``k [N, D]``, folded weights, spans and per-key scales go straight to
   :func:`mlaspec.impl.indexer.indexer_logits` (absolute columns, ``-inf`` outside ``[ks, ke)``);
-* ``paged_indexer_logits``: the byte-level cache ``uint8 [num_blocks, P, D + 4]`` and 1-D or 2-D context lengths go
+* ``paged_indexer_logits``: the byte-level cache ``uint8 [NB, P, D + 4]`` and 1-D or 2-D context lengths go
   to :func:`mlaspec.impl.indexer.paged_indexer_logits`;
 * ``topk_indices``: the fp32 logits to :func:`mlaspec.impl.indexer.topk_indices` (threshold select, ``-1`` padded).
 

@@ -48,20 +48,26 @@ class TritonLayer:
     # -- limits, named -------------------------------------------------------------------------------------------
     def _unsupported_mla_mixed_batch(self, case) -> str | None:
         p = case.params
-        if not (_pow2_at_least_16(p["Lkv"]) and _pow2_at_least_16(p["R"])):
-            return f"mla_mixed_batch: the decode kernel needs Lkv and R powers of two >= 16, got {p['Lkv']}, {p['R']}"
-        if p["P"] + p["R"] > 256 or p["V"] > 256:
-            return f"mla_mixed_batch: prefill head dims must be <= 256, got qk {p['P']} + {p['R']}, v {p['V']}"
+        if not (_pow2_at_least_16(p["Lkv"]) and _pow2_at_least_16(p["D_rope"])):
+            return (
+                f"mla_mixed_batch: the decode kernel needs Lkv and D_rope powers of two >= 16, got Lkv={p['Lkv']}, "
+                f"D_rope={p['D_rope']}"
+            )
+        if p["D_nope"] + p["D_rope"] > 256 or p["D_v"] > 256:
+            return (
+                f"mla_mixed_batch: prefill head dims must be <= 256, got D_qk = D_nope + D_rope = {p['D_nope']} + "
+                f"{p['D_rope']}, D_v = {p['D_v']}"
+            )
         if not _pow2_at_least_16(p["block_size"]):
             return f"mla_mixed_batch: the page size must be a power of two >= 16, got {p['block_size']}"
         return _bf16_in_interpreter(case)
 
     def _unsupported_chunked_prefill_attention(self, case) -> str | None:
         p = case.params
-        if p["P"] + p["R"] > 256 or p["V"] > 256:
+        if p["D_nope"] + p["D_rope"] > 256 or p["D_v"] > 256:
             return (
-                f"chunked_prefill_attention: the varlen kernel's head dims must be <= 256, got qk {p['P']} + "
-                f"{p['R']}, v {p['V']}"
+                f"chunked_prefill_attention: the varlen kernel's head dims must be <= 256, got D_qk = D_nope + "
+                f"D_rope = {p['D_nope']} + {p['D_rope']}, D_v = {p['D_v']}"
             )
         return _bf16_in_interpreter(case)
 
@@ -121,7 +127,7 @@ class TritonLayer:
         )
 
     def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *, scale):
-        """``out [T_p, N, V]`` (q_nope's dtype) and ``lse [N, T_p]`` fp32; the spec's arguments
+        """``out [T_p, H_q, D_v]`` (q_nope's dtype) and ``lse [H_q, T_p]`` fp32; the spec's arguments
         (:func:`mlaspec.spec.chunked_context.chunked_prefill_attention`)."""
         if not isinstance(plan, ChunkPlan):
             raise TypeError(f"plan must be a ChunkPlan, got {type(plan).__name__}")

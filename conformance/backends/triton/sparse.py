@@ -5,7 +5,7 @@ Each method translates the harness's arguments to :func:`mlaspec.impl.sparse.spa
 
 * ``sparse_prefill``: ``kv [S_kv, H_kv, D_qk]`` read as rows, indices ``[S_q, H_kv, K]`` as given (every sentinel
   ``< 0`` or ``>= S_kv`` is skipped in the kernel), ``topk_length [S_q]``; one program per query row and head block.
-* ``sparse_decode``: the harness hands a dequantized paged cache ``[num_blocks, P, D_qk]``. When the cache is exactly
+* ``sparse_decode``: the harness hands a dequantized paged cache ``[NB, P, D_qk]``. When the cache is exactly
   representable in FlashMLA's fp8 sparse layout (656 B V3.2 / 584 B V4; the cases flagged ``fp8_cache``), it is
   written in that layout with the spec's writer (:func:`mlaspec.impl.sparse.quantize_keys`, never-named NaN rows
   as ``0xFF``) and the kernel dequantizes inside; otherwise the kernel reads the cache in the case dtype. Global
@@ -63,14 +63,14 @@ class TritonSparse:
         return self._unsupported_dims(case)
 
     # -- ops -----------------------------------------------------------------------------------------------------
-    def sparse_prefill(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    def sparse_prefill(self, q, kv, indices, scale, d_v=512, attn_sink=None, topk_length=None):
         dev = self.device
         q, kv = q.to(dev).contiguous(), kv.to(dev).contiguous()
         res = sparse_mla(
             q,
             float_keys(kv),
             indices.to(dev, torch.int32),
-            scale=sm_scale,
+            scale=scale,
             d_v=d_v,
             topk_length=None if topk_length is None else topk_length.to(dev),
             attn_sink=None if attn_sink is None else attn_sink.to(dev),
@@ -78,7 +78,7 @@ class TritonSparse:
         return res.out, res.max_logits, res.lse
 
     def _decode_keys(self, cache: torch.Tensor):
-        """The kernel's view of a dequantized paged cache ``[num_blocks, P, (1,) D]``: fp8 when exact, else rows."""
+        """The kernel's view of a dequantized paged cache ``[NB, P, (1,) D]``: fp8 when exact, else rows."""
         page = cache.shape[1]
         flat = cache.reshape(-1, cache.shape[-1])
         if self.sparse_fp8:
@@ -93,8 +93,8 @@ class TritonSparse:
         kv_cache,
         indices,
         *,
-        softmax_scale=None,
-        head_dim_v=512,
+        scale=None,
+        d_v=512,
         topk_length=None,
         attn_sink=None,
         extra_kv_cache=None,
@@ -103,7 +103,7 @@ class TritonSparse:
     ):
         dev = self.device
         d = q.shape[-1]
-        scale = d**-0.5 if softmax_scale is None else softmax_scale
+        scale = d**-0.5 if scale is None else scale
         q = q.to(dev).contiguous()
         keys = self._decode_keys(kv_cache.to(q.dtype))
         extra = None if extra_kv_cache is None else self._decode_keys(extra_kv_cache.to(q.dtype))
@@ -113,7 +113,7 @@ class TritonSparse:
             keys,
             indices.to(dev, torch.int32),
             scale=scale,
-            d_v=head_dim_v,
+            d_v=d_v,
             topk_length=on(topk_length),
             attn_sink=on(attn_sink),
             extra=extra,
