@@ -54,7 +54,7 @@ __all__ = [
     "plan_context_chunks",
 ]
 
-# A request's context: either the tensors themselves, per request ``(kv_c [C_b, Lkv], k_pe [C_b, D_rope])``, or
+# A request's context: either the tensors themselves, per request ``(kv_c [S_ctx_b, Lkv], k_pe [S_ctx_b, D_rope])``, or
 # a callable ``gather(request, start, length) -> (kv_c [length, Lkv], k_pe [length, D_rope])`` (e.g. reading a
 # paged cache through the block table).
 _Entries = tuple[torch.Tensor, torch.Tensor]
@@ -250,9 +250,9 @@ def _check_context(gather, plan_or_lens: torch.Tensor, lkv: int, r: int) -> None
     """Each request's context must have the announced length and the latent/rope widths."""
     for b, c in enumerate(plan_or_lens.tolist()):
         kv_c, k_pe = gather(b, 0, c)
-        dims = Dims(C=c, Lkv=lkv, D_rope=r)
-        dims.tensor(f"context[{b}] kv_c", kv_c, ("C", "Lkv"), FLOAT)
-        dims.tensor(f"context[{b}] k_pe", k_pe, ("C", "D_rope"), FLOAT)
+        dims = Dims(S_ctx=c, Lkv=lkv, D_rope=r)
+        dims.tensor(f"context[{b}] kv_c", kv_c, ("S_ctx", "Lkv"), FLOAT)
+        dims.tensor(f"context[{b}] k_pe", k_pe, ("S_ctx", "D_rope"), FLOAT)
 
 
 def chunked_prefill_attention(
@@ -270,7 +270,7 @@ def chunked_prefill_attention(
 ) -> AttentionOutput:
     """Prefill attention with chunked context: context chunk by chunk (no mask), then the new tokens (causal).
 
-    Math (per prefill ``b`` with queries ``Q_b``, context ``C_b``, new keys ``K_b``)::
+    Math (per prefill ``b`` with queries ``Q_b``, context ``S_ctx_b``, new keys ``K_b``)::
 
         o, lse = (0, -inf)
         for chunk i in plan:                                     # rows cu_seq_lens[i, b]:cu_seq_lens[i, b+1]
@@ -286,7 +286,7 @@ def chunked_prefill_attention(
         kv_c: ``[T_p, Lkv]`` float, the new tokens' latents.
         k_pe: ``[T_p, D_rope]`` float, the new tokens' rotated rope keys.
         cu_seqlens_q: ``[B_p + 1]`` int, starts at 0, ends at ``T_p``.
-        context: per prefill ``(kv_c [C_b, Lkv], k_pe [C_b, D_rope])`` with ``C_b = plan.context_lens[b]``, or a
+        context: per prefill ``(kv_c [S_ctx_b, Lkv], k_pe [S_ctx_b, D_rope])`` with ``S_ctx_b = plan.context_lens[b]``, or a
             callable ``gather(b, start, length)`` returning that slice (``b`` indexes the prefills).
         plan: :func:`plan_context_chunks` over the same ``B_p`` prefills.
         W_UK: ``[Lkv, H_q, D_nope]`` float. W_UV: ``[Lkv, H_q, D_v]`` float.
@@ -396,7 +396,7 @@ def mla_mixed_batch(
             ``metadata.query_start_loc``.
         kv_c: ``[T, Lkv]`` float. k_pe: ``[T, D_rope]`` float, rotated: the new tokens' cache entries.
         metadata: the batch, reordered decodes first.
-        context: per request ``(kv_c [C_b, Lkv], k_pe [C_b, D_rope])`` with ``C_b =
+        context: per request ``(kv_c [S_ctx_b, Lkv], k_pe [S_ctx_b, D_rope])`` with ``S_ctx_b =
             metadata.num_computed_tokens[b]``, or ``gather(b, start, length)`` with ``b`` the request's index in
             ``metadata``.
         W_UK: ``[Lkv, H_q, D_nope]`` float. W_UV: ``[Lkv, H_q, D_v]`` float.

@@ -676,7 +676,7 @@ def compressed_to_absolute(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Ten
         out[m, n]         = -inf             elsewhere (compressed columns past ke - ks are garbage: ignored)
 
     Args:
-        logits: ``[M, W]`` float, ``W >= max(ke - ks)``.
+        logits: ``[M, N_c]`` float, ``N_c >= max(ke - ks)``.
         ks, ke: ``[M]`` int spans, ``0 <= ks <= ke <= num_keys``.
         num_keys: ``N``, the number of absolute columns.
 
@@ -687,14 +687,14 @@ def compressed_to_absolute(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Ten
     ``tests/test_attention.py`` (the post-processing loop).
     """
     dims = Dims()
-    dims.tensor("logits", logits, ("M", "W"), FLOAT)
+    dims.tensor("logits", logits, ("M", "N_c"), FLOAT)
     ks64, ke64 = _spans(ks, ke, dims)
     n = positive_int("num_keys", num_keys, minimum=0)
     if bool((ke64 > n).any()):
         raise ValueError(f"ke must be <= num_keys={n}, got {ke64.tolist()}")
-    if ks64.numel() and int((ke64 - ks64).max()) > dims["W"]:
+    if ks64.numel() and int((ke64 - ks64).max()) > dims["N_c"]:
         longest = int((ke64 - ks64).max())
-        raise ValueError(f"logits must have at least max(ke - ks) = {longest} columns, got {dims['W']}")
+        raise ValueError(f"logits must have at least max(ke - ks) = {longest} columns, got {dims['N_c']}")
     out = torch.full((dims["M"], n), -math.inf, dtype=torch.float64)
     for m in range(dims["M"]):
         s, e = int(ks64[m]), int(ke64[m])
@@ -713,10 +713,10 @@ def absolute_to_compressed(
     Args:
         logits: ``[M, N]`` float, absolute columns.
         ks, ke: ``[M]`` int spans, ``ke <= N``.
-        width: output columns ``W``; default ``max(ke - ks)`` (DeepGEMM's ``max_seqlen_k``).
+        width: output columns ``N_c``; default ``max(ke - ks)`` (DeepGEMM's ``max_seqlen_k``).
 
     Returns:
-        ``[M, W]`` float64.
+        ``[M, N_c]`` float64.
     """
     dims = Dims()
     dims.tensor("logits", logits, ("M", "N"), FLOAT)
