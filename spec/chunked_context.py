@@ -286,8 +286,9 @@ def chunked_prefill_attention(
         kv_c: ``[T_p, Lkv]`` float, the new tokens' latents.
         k_pe: ``[T_p, D_rope]`` float, the new tokens' rotated rope keys.
         cu_seqlens_q: ``[B_p + 1]`` int, starts at 0, ends at ``T_p``.
-        context: per prefill ``(kv_c [S_ctx_b, Lkv], k_pe [S_ctx_b, D_rope])`` with ``S_ctx_b = plan.context_lens[b]``, or a
-            callable ``gather(b, start, length)`` returning that slice (``b`` indexes the prefills).
+        context: per prefill ``(kv_c [S_ctx_b, Lkv], k_pe [S_ctx_b, D_rope])`` with
+            ``S_ctx_b = plan.context_lens[b]``, or a callable ``gather(b, start, length)`` returning that slice
+            (``b`` indexes the prefills).
         plan: :func:`plan_context_chunks` over the same ``B_p`` prefills.
         W_UK: ``[Lkv, H_q, D_nope]`` float. W_UV: ``[Lkv, H_q, D_v]`` float.
         scale: softmax scale.
