@@ -79,6 +79,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--mla-examples", metavar="N", type=int, default=20, help="hypothesis-generated cases per op (default: 20)"
     )
     group.addoption(
+        "--mla-allow-empty",
+        action="store_true",
+        help="exit 0 when no conformance case passed (every one skipped), instead of 5 (nothing checked)",
+    )
+    group.addoption(
         "--mla-isolation",
         choices=("process", "none"),
         default="process",
@@ -293,11 +298,25 @@ def _missing_backend() -> str:
     return MISSING_BACKEND.format(names=", ".join(sorted(available_backends())) or "none")
 
 
+def _nothing_checked(session: pytest.Session) -> None:
+    """Exit 5 (pytest's "no tests") when no conformance test passed, every one skipped, unless --mla-allow-empty:
+    a run that checked nothing must not look green. The terminal reporter holds every report, xdist's workers' too."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or session.config.getoption("mla_allow_empty"):
+        return
+    ours = [r for r in reporter.stats.get("passed", []) if "conformance/test_conformance.py" in r.nodeid]
+    if not ours:
+        reporter.write_line("mlaspec: NOTHING CHECKED: no conformance case passed (--mla-allow-empty accepts that)")
+        session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(_KEY, None)
     if state is None:
         return
     state.close()
+    if state.backend_name is not None and state.worker is None and session.exitstatus == pytest.ExitCode.OK:
+        _nothing_checked(session)
     if state.report_dir is None or state.worker is not None or not state.report_dir.is_dir():
         return
     if not any(state.report_dir.glob("results*.jsonl")):

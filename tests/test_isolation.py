@@ -176,3 +176,9 @@ def test_backends_says_usable_only_where_a_case_can_run():
         env={**env, "TRITON_INTERPRET": "1"},
     )
     assert "triton" in interpreted.stdout and " usable (triton" in interpreted.stdout
+
+
+def test_pytest_that_checks_nothing_exits_5(misbehaving):
+    args = ["--mla-backend", "misbehaving:Unavailable", "--mla-dtypes", "float32", "-m", "attention", "-k", "curated"]
+    assert _pytest(*args, cwd=misbehaving).returncode == 5
+    assert _pytest(*args, "--mla-allow-empty", cwd=misbehaving).returncode == 0
