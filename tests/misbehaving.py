@@ -107,3 +107,13 @@ void spin(void) {
 
 class Unavailable(TorchBackend):
     unavailable = "needs a device this machine does not have"
+
+
+class CudaIllegalAccess(_Misbehaving):
+    """A device-side out-of-bounds index: the CUDA context of the process is lost (GPU only)."""
+
+    def misbehave(self, q, k, v, **kw):
+        x = torch.zeros(4, device="cuda")
+        x[torch.tensor([1 << 40], device="cuda")] += 1
+        torch.cuda.synchronize()
+        return self.honest(q, k, v, **kw)
