@@ -175,14 +175,14 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
             seconds = time.perf_counter() - start
             breaches = contract_breaches(inputs, given, got, msg[2])
             conn.send(("ok", _pack(_to_cpu(got)), seconds, tuple(breaches)))
-            if _cuda_broken():  # an illegal address: every later launch in this process would fail
-                return  # the parent starts a new worker (a new CUDA context) for the next case
         except Exception as exc:  # the op's failure is the case's verdict, not the worker's end
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             if len(message) > 300:
                 message = message[:300] + " ..."
             traceback.print_exc()
             conn.send(("error", f"{type(exc).__name__}: {message}"))
+        if _cuda_broken():  # an illegal address: every later launch in this process would fail
+            return  # the parent starts a new worker (a new CUDA context) for the next case
 
 
 # -- the parent side ------------------------------------------------------------------------------------------------

@@ -182,3 +182,17 @@ def test_pytest_that_checks_nothing_exits_5(misbehaving):
     args = ["--mla-backend", "misbehaving:Unavailable", "--mla-dtypes", "float32", "-m", "attention", "-k", "curated"]
     assert _pytest(*args, cwd=misbehaving).returncode == 5
     assert _pytest(*args, "--mla-allow-empty", cwd=misbehaving).returncode == 0
+
+
+def test_a_lost_cuda_context_costs_only_its_case(misbehaving, monkeypatch):
+    """On a GPU: a device-side assert breaks the worker's CUDA context; that case errors, the worker exits, and the
+    next case runs in a new worker with a new context."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    monkeypatch.setenv("MLASPEC_DEVICE", "cuda")
+    status, by_case = _check("CudaIllegalAccess", misbehaving / "report")
+    assert status == EXIT_FAILED
+    assert by_case[BAD]["verdict"] == "error" and "CUDA error" in by_case[BAD]["reason"]
+    assert {by_case[c]["verdict"] for c in CASES if c != BAD} == {"pass"}
