@@ -174,15 +174,19 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
             breaches = contract_breaches(inputs, given, got, msg[2])
-            conn.send(("ok", _pack(_to_cpu(got)), seconds, tuple(breaches)))
+            reply = ("ok", _pack(_to_cpu(got)), seconds, tuple(breaches))
         except Exception as exc:  # the op's failure is the case's verdict, not the worker's end
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             if len(message) > 300:
                 message = message[:300] + " ..."
             traceback.print_exc()
-            conn.send(("error", f"{type(exc).__name__}: {message}"))
-        if _cuda_broken():  # an illegal address: every later launch in this process would fail
-            return  # the parent starts a new worker (a new CUDA context) for the next case
+            reply = ("error", f"{type(exc).__name__}: {message}")
+        # an illegal address breaks this process's CUDA context: every later launch would fail, so the worker
+        # retires after this reply, and the parent starts a new one (a new context) for the next case
+        retire = _cuda_broken()
+        conn.send((*reply, retire))
+        if retire:
+            return
 
 
 # -- the parent side ------------------------------------------------------------------------------------------------
@@ -308,9 +312,13 @@ class WorkerBackend:
         reply = self._receive(self.timeout)
         if reply is None:
             return self._failure(self._pending, self.timeout)
+        if reply[-1]:  # the worker retires (its CUDA context is lost): the next call starts a new one
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(30)
+            self._kill()
         if reply[0] == "error":
             return Outcome("error", reason=reply[1], seconds=time.perf_counter() - self._pending)
-        _, packed, seconds, breaches = reply
+        _, packed, seconds, breaches, _ = reply
         outputs = pickle.loads(packed)  # our own worker's bytes
         return Outcome("ok", outputs=outputs, seconds=seconds, breaches=breaches)
 
