@@ -114,9 +114,15 @@ def run_case(
     isolated = isinstance(backend, WorkerBackend)
     if isolated:
         backend.send(case, op.writes)  # the worker computes while the reference is computed here
-    inputs = op.make_inputs(case)
-    ref = tuple(op.reference(**inputs))
-    bounds = None if op.bounds is None else op.bounds(inputs, ref, unit_roundoff(DTYPES[case.dtype]))
+    try:
+        inputs = op.make_inputs(case)
+        ref = tuple(op.reference(**inputs))
+        bounds = None if op.bounds is None else op.bounds(inputs, ref, unit_roundoff(DTYPES[case.dtype]))
+    except Exception as exc:  # parameters the harness cannot build from: the case's error, the run goes on
+        if isolated:
+            backend.collect()  # the worker's answer to this case, so the next case reads its own
+        result.verdict, result.reason = "error", f"the harness could not build this case: {_error_message(exc)}"
+        return result
     outcome = backend.collect() if isolated else _call(backend, case, inputs, op.writes, timeout)
     result.seconds = outcome.seconds
     if outcome.kind != "ok":

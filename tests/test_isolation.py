@@ -196,3 +196,16 @@ def test_a_lost_cuda_context_costs_only_its_case(misbehaving, monkeypatch):
     assert status == EXIT_FAILED
     assert by_case[BAD]["verdict"] == "error" and "CUDA error" in by_case[BAD]["reason"]
     assert {by_case[c]["verdict"] for c in CASES if c != BAD} == {"pass"}
+
+
+def test_a_case_the_harness_cannot_build_is_its_error_and_the_next_case_reads_its_own_answer():
+    from mlaspec.conformance.cases import Case, curated_cases
+    from mlaspec.conformance.runner import run_cases
+    from mlaspec.conformance.worker import WorkerBackend
+
+    broken = Case("attention", "no-sizes", "float32", {"B": 1})
+    good = curated_cases(ops=("attention",), dtypes=("float32",))[:2]
+    with WorkerBackend("torch", timeout=60) as backend:
+        results = run_cases(backend, [good[0], broken, good[1]], backend_name="torch")
+    assert [r.verdict for r in results] == ["pass", "error", "pass"]
+    assert "the harness could not build this case: KeyError" in results[1].reason
