@@ -338,7 +338,11 @@ def parser() -> argparse.ArgumentParser:
     mat.add_argument("--ops", help="comma-separated op names (default: all)")
     mat.add_argument("--dtypes", default="bfloat16", help="comma-separated case dtypes (default: bfloat16)")
     mat.add_argument("--scale", default="tiny", choices=["tiny", "full"], help="case sizes (full: real DeepSeek)")
-    mat.add_argument("--out", default="docs/matrix", help="output directory (default: docs/matrix)")
+    mat.add_argument(
+        "--out",
+        default="mlaspec-matrix",
+        help="output directory (default: mlaspec-matrix; the committed pages are regenerated with --out docs/matrix)",
+    )
     mat.add_argument("--timeout", type=float, default=300.0, help="per-case timeout in seconds")
     mat.add_argument(
         "--merge",
