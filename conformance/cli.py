@@ -72,7 +72,7 @@ def _names(text: str | None, known, what: str) -> tuple[str, ...] | None:
 def _check(args: argparse.Namespace) -> int:
     from .cases import case_by_id, curated_cases
     from .ops import DTYPES, OPS
-    from .report import environment, header_line, summary_table, write_html
+    from .report import compact_summary, environment, header_line, summary_table, write_html
     from .runner import run_cases
 
     ops = _names(args.ops, tuple(OPS), "op")
@@ -105,8 +105,14 @@ def _check(args: argparse.Namespace) -> int:
             if i >= announced:  # the reproducer first: a crash must not take it along
                 print(f"[{i + 1:>3}/{len(cases)}] RUN   {case.repro(args.backend, args.scale)}", flush=True)
 
+        tty = sys.stdout.isatty() and not args.verbose
+
         def progress(i: int, r) -> None:
-            print(f"[{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}", flush=True)
+            line = f"[{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}"
+            if args.verbose or i >= announced or r.verdict not in ("pass", "skip"):
+                print(("\r\033[K" if tty else "") + line, flush=True)  # a verdict worth a line of its own
+            elif tty:  # one progress line, rewritten in place
+                print(f"\r\033[K{line}", end="", flush=True)
 
         lost: list[str] = []
 
@@ -134,17 +140,21 @@ def _check(args: argparse.Namespace) -> int:
         if hasattr(backend, "close"):
             backend.close()
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
-    print()
-    print(summary_table(results))
+    print("\r\033[K" if tty else "")
+    if args.verbose:
+        print(summary_table(results) + "\n")
     page = write_html(results, out_dir, backend=args.backend, version=backend.version, env=env)
-    print(f"report: {page}")
-    return _verdict(results, [c.id for c in cases], allow_empty=args.allow_empty, why_not_run=lost)
+    footer = f"{compact_summary(results)}\nreport: {page}"
+    return _verdict(results, [c.id for c in cases], allow_empty=args.allow_empty, why_not_run=lost, footer=footer)
 
 
-def _verdict(results: list, planned: list[str], *, allow_empty: bool, why_not_run: list[str] = ()) -> int:
-    """Print the failures, the cases that never ran, and say the exit status: 0 when every planned case passed or
-    was skipped with a reason and at least one ran; 1 on any fail / error / crash / timeout or a planned case with
-    no verdict; 3 when nothing was checked (no case, or every case skipped) unless ``allow_empty``."""
+def _verdict(
+    results: list, planned: list[str], *, allow_empty: bool, why_not_run: list[str] = (), footer: str = ""
+) -> int:
+    """Print the failures, the cases that never ran, then ``footer`` (the counts, the report's path), and say the
+    exit status: 0 when every planned case passed or was skipped with a reason and at least one ran; 1 on any fail /
+    error / crash / timeout or a planned case with no verdict; 3 when nothing was checked (no case, or every case
+    skipped) unless ``allow_empty``."""
     from .verdict import FAILED, format_failure
 
     failed = [r for r in results if r.verdict in FAILED]
@@ -156,6 +166,8 @@ def _verdict(results: list, planned: list[str], *, allow_empty: bool, why_not_ru
         why = why_not_run[0] if why_not_run else "the run stopped before them"
         shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
         print(f"NOT RUN: {len(missing)} of {len(planned)} planned cases have no verdict ({why}): {shown}")
+    if footer:
+        print(("\n" if failed or missing else "") + footer)
     if failed or missing:
         return EXIT_FAILED
     if not any(r.verdict == "pass" for r in results) and not allow_empty:
@@ -251,7 +263,7 @@ def _backends(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     """Rebuild the report of a run (whole, killed, or sharded) and say what it found; the exit status is
     :func:`_verdict`'s over the planned cases of the run's header."""
-    from .report import load_run, summary_table, write_html
+    from .report import compact_summary, load_run, write_html
 
     out_dir = Path(args.dir)
     try:
@@ -266,9 +278,9 @@ def _report(args: argparse.Namespace) -> int:
     planned = list(dict.fromkeys(c for h in headers for c in h["planned"]))
     of = f" of {len(planned)} planned cases" if planned else " (no header: the planned cases are unknown)"
     print(f"mlaspec report: backend {backend} ({version}), {len(results)} verdicts{of}")
-    print(summary_table(results))
-    print(f"report: {write_html(results, out_dir, backend=backend, version=version, env=env)}")
-    return _verdict(results, planned or [r.case_id for r in results], allow_empty=True)
+    page = write_html(results, out_dir, backend=backend, version=version, env=env)
+    footer = f"{compact_summary(results)}\nreport: {page}"
+    return _verdict(results, planned or [r.case_id for r in results], allow_empty=True, footer=footer)
 
 
 def _matrix(args: argparse.Namespace) -> int:
@@ -320,6 +332,9 @@ def parser() -> argparse.ArgumentParser:
         default="process",
         help="process (default): the backend runs in a worker process, so a crash, exit or hang fails only its "
         "case; none: in this process (for a debugger)",
+    )
+    check.add_argument(
+        "--verbose", action="store_true", help="a line per case and the full table (default: failures and counts)"
     )
     check.add_argument(
         "--allow-empty", action="store_true", help="exit 0 when nothing was checked (no case ran), instead of 3"

@@ -17,6 +17,7 @@ from .verdict import FAILED, Result, format_failure
 
 __all__ = [
     "HEADER",
+    "compact_summary",
     "environment",
     "header_line",
     "load_results",
@@ -122,6 +123,19 @@ def summary_table(results: list[Result]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(verdict_counts(results))
+    return "\n".join(lines)
+
+
+def compact_summary(results: list[Result]) -> str:
+    """The verdict counts, then the skips counted by reason (most frequent first): what a run says at its end
+    when the per-case table is not asked for (``mlaspec check --verbose``)."""
+    lines = [verdict_counts(results)]
+    reasons: dict[str, int] = {}
+    for r in results:
+        if r.verdict == "skip":
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  skipped {n:>4}: {reason}")
     return "\n".join(lines)
 
 
