@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import platform
 import warnings
 from pathlib import Path
@@ -181,6 +182,22 @@ section{border-top:2px solid #b00020;margin-top:2em}img{max-width:100%}
 pre.failure{white-space:pre-wrap}"""
 
 
+def _skips(results: list[Result]) -> str:
+    """The skipped cases as one row per reason: how many, the reason, and the first few case ids."""
+    by_reason: dict[str, list[str]] = {}
+    for r in results:
+        if r.verdict == "skip":
+            by_reason.setdefault(r.reason, []).append(r.case_id)
+    if not by_reason:
+        return ""
+    rows = "".join(
+        f"<tr><td>{len(ids)}</td><td>{html.escape(reason)}</td><td>{html.escape(', '.join(ids[:3]))}"
+        f"{' ...' if len(ids) > 3 else ''}</td></tr>"
+        for reason, ids in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))
+    )
+    return f"<h2>Skipped, by reason</h2><table><tr><th>cases</th><th>reason</th><th>e.g.</th></tr>{rows}</table>"
+
+
 def write_html(
     results: list[Result], out_dir: Path, *, backend: str, version: str = "", env: dict | None = None
 ) -> Path:
@@ -192,7 +209,9 @@ def write_html(
         for k, v in {"backend": backend, "version": version, **env}.items()
     )
     rows = []
-    for r in results:
+    # the failures first, then the passes; the skips are counted by reason below the table, not listed one by one
+    shown = [r for r in results if r.verdict in FAILED] + [r for r in results if r.verdict == "pass"]
+    for r in shown:
         worst, bound = _worst(r)
         link = f'<a href="#{esc(r.case_id)}">{esc(r.case_id)}</a>' if r.verdict in FAILED else esc(r.case_id)
         rows.append(
@@ -204,7 +223,9 @@ def write_html(
         if r.verdict not in FAILED:
             continue
         metrics = "".join(
-            f"<li>{esc(m.output)} {esc(m.name)} = {m.value:.4g} (bound {m.bound:.4g})</li>" for m in r.metrics
+            f"<li>{esc(m.output)} {esc(m.name)} = {m.value:.4g} (bound {m.bound:.4g})</li>"
+            for m in r.metrics
+            if math.isfinite(m.bound)  # a statistic no bound enforces is not shown as if one did
         )
         failures.append(
             f'<section id="{esc(r.case_id)}"><h3>{esc(r.case_id)}: {r.verdict.upper()}</h3>'
@@ -216,7 +237,7 @@ def write_html(
 <style>{CSS}</style></head><body><h1>mlaspec conformance report</h1><table>{head}</table>
 <h2>Summary: {counts["pass"]} passed, {counts["fail"]} failed, {counts["error"]} errors, {counts["skip"]} skipped</h2>
 <table><tr><th>op</th><th>case</th><th>worst error/bound</th><th>bound</th><th>verdict</th><th>reason</th></tr>
-{"".join(rows)}</table>{"".join(failures)}</body></html>"""
+{"".join(rows)}</table>{_skips(results)}{"".join(failures)}</body></html>"""
     path = Path(out_dir) / "report.html"
     path.write_text(page)
     return path

@@ -1,6 +1,7 @@
 """The harness itself: the spec and torch backends pass, wrong backends fail with a reproducer, results stream."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -222,3 +223,20 @@ def test_the_docs_op_table_is_the_registry():
     for name, op in OPS.items():
         f = op.spec_function
         assert rows[name] == f"{f.__module__.removeprefix('mlaspec.')}.{f.__name__}", name
+
+
+def test_report_lists_failures_first_and_counts_skips_by_reason(tmp_path):
+    from mlaspec.conformance.report import write_html
+    from mlaspec.conformance.verdict import Metric, Result
+
+    results = [
+        Result("attention[a-bfloat16]", "attention", "bfloat16", "pass", metrics=[Metric("out", "rel", 0.1, math.inf)]),
+        Result("attention[b-bfloat16]", "attention", "bfloat16", "skip", reason="no bf16 here"),
+        Result("attention[c-bfloat16]", "attention", "bfloat16", "fail", reason="lse off", repro="mlaspec check ..."),
+        Result("attention[d-bfloat16]", "attention", "bfloat16", "skip", reason="no bf16 here"),
+    ]
+    results[2].metrics = [Metric("out", "rel_frobenius", 0.5, math.inf), Metric("lse", "max_error/bound", 3.0, 1.0)]
+    page = write_html(results, tmp_path, backend="b").read_text()
+    assert page.index("attention[c-bfloat16]") < page.index("attention[a-bfloat16]")  # failures first
+    assert "<tr><td>2</td><td>no bf16 here</td>" in page and "attention[b-bfloat16]</td><td>" not in page
+    assert "rel_frobenius" not in page and "bound inf" not in page and "max_error/bound = 3" in page
