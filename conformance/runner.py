@@ -22,7 +22,7 @@ from .backend import Backend, skip_reason
 from .cases import Case
 from .ops import DTYPES, OPS, unit_roundoff
 from .verdict import Result, judge
-from .worker import Outcome, WorkerBackend, contract_breaches
+from .worker import Outcome, WorkerBackend, contract_breaches, error_message
 
 __all__ = ["run_case", "run_cases"]
 
@@ -60,13 +60,6 @@ def _error_map(name: str, ratio: torch.Tensor) -> torch.Tensor:
     return ratio.reshape(-1, ratio.shape[-1]) if ratio.dim() else ratio.reshape(1, 1)  # [rows, columns]
 
 
-def _error_message(exc: BaseException) -> str:
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if len(message) > 300:  # compiler errors run to pages: the report keeps the first line's start
-        message = message[:300] + " ..."
-    return f"{type(exc).__name__}: {message}"
-
-
 def _call(backend: Backend, case: Case, inputs: dict, writes: tuple[str, ...], timeout: float | None) -> Outcome:
     """Run ``case`` in this process: the backend gets clones of ``inputs`` (which stay untouched for the contract
     check); a Python-level timeout (SIGALRM: it cannot stop native code, a worker process can)."""
@@ -80,7 +73,7 @@ def _call(backend: Backend, case: Case, inputs: dict, writes: tuple[str, ...], t
     except CaseTimeout as exc:
         return Outcome("timeout", reason=str(exc), seconds=time.perf_counter() - start)
     except Exception as exc:  # any backend failure is a verdict, not a crash of the run
-        return Outcome("error", reason=_error_message(exc), seconds=time.perf_counter() - start)
+        return Outcome("error", reason=error_message(exc), seconds=time.perf_counter() - start)
     seconds = time.perf_counter() - start
     return Outcome("ok", outputs=got, seconds=seconds, breaches=tuple(contract_breaches(inputs, given, got, writes)))
 
@@ -105,7 +98,7 @@ def run_case(
     try:
         reason = skip_reason(backend, case)
     except Exception as exc:  # a backend's unsupported() that raises (or whose worker dies) is its error
-        result.verdict, result.reason = "error", f"unsupported(case) failed: {_error_message(exc)}"
+        result.verdict, result.reason = "error", f"unsupported(case) failed: {error_message(exc)}"
         return result
     if reason:
         result.reason = reason
@@ -121,7 +114,7 @@ def run_case(
     except Exception as exc:  # parameters the harness cannot build from: the case's error, the run goes on
         if isolated:
             backend.collect()  # the worker's answer to this case, so the next case reads its own
-        result.verdict, result.reason = "error", f"the harness could not build this case: {_error_message(exc)}"
+        result.verdict, result.reason = "error", f"the harness could not build this case: {error_message(exc)}"
         return result
     outcome = backend.collect() if isolated else _call(backend, case, inputs, op.writes, timeout)
     result.seconds = outcome.seconds
@@ -133,7 +126,7 @@ def run_case(
     try:
         verdict = judge(op.outputs, got, ref, bounds) if op.compare is None else op.compare(inputs, got, ref)
     except Exception as exc:  # an output the judge cannot read is the backend's error, never the run's end
-        verdict = ("error", f"the output cannot be judged: {_error_message(exc)}", [], {}, {})
+        verdict = ("error", f"the output cannot be judged: {error_message(exc)}", [], {}, {})
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict
     if outcome.breaches:
         result.verdict = "fail" if result.verdict == "pass" else result.verdict

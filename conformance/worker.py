@@ -44,7 +44,7 @@ import torch
 
 from .cases import Case
 
-__all__ = ["Outcome", "WorkerBackend", "contract_breaches"]
+__all__ = ["Outcome", "WorkerBackend", "contract_breaches", "error_message"]
 
 _START_TIMEOUT = 600.0  # importing a backend may compile kernels
 
@@ -122,6 +122,14 @@ def _to_cpu(x: object) -> object:
     return x
 
 
+def error_message(exc: BaseException) -> str:
+    """``Type: first line`` of an exception, cut at 300 characters (compiler errors run to pages)."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if len(message) > 300:
+        message = message[:300] + " ..."
+    return f"{type(exc).__name__}: {message}"
+
+
 def _cuda_broken() -> bool:
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return False
@@ -176,11 +184,8 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
             breaches = contract_breaches(inputs, given, got, msg[2])
             reply = ("ok", _pack(_to_cpu(got)), seconds, tuple(breaches))
         except Exception as exc:  # the op's failure is the case's verdict, not the worker's end
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            if len(message) > 300:
-                message = message[:300] + " ..."
             traceback.print_exc()
-            reply = ("error", f"{type(exc).__name__}: {message}")
+            reply = ("error", error_message(exc))
         # an illegal address breaks this process's CUDA context: every later launch would fail, so the worker
         # retires after this reply, and the parent starts a new one (a new context) for the next case
         retire = _cuda_broken()
@@ -212,7 +217,7 @@ def _status(code: int | None) -> str:
 class WorkerBackend:
     """A backend, by name, in a worker process; it quacks like a backend for what the harness asks before a call
     (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``, ``unsupported``) and runs ops
-    through :meth:`send` / :meth:`collect` (or :meth:`run`). Raises ``RuntimeError`` when the backend cannot be
+    through :meth:`send` / :meth:`collect`. Raises ``RuntimeError`` when the backend cannot be
     loaded (the message is the worker's)."""
 
     def __init__(self, backend_name: str, *, timeout: float | None = 120.0):
@@ -321,10 +326,6 @@ class WorkerBackend:
         _, packed, seconds, breaches, _ = reply
         outputs = pickle.loads(packed)  # our own worker's bytes
         return Outcome("ok", outputs=outputs, seconds=seconds, breaches=breaches)
-
-    def run(self, case: Case, writes: tuple[str, ...] = ()) -> Outcome:
-        self.send(case, writes)
-        return self.collect()
 
     def unsupported(self, case: Case) -> str | None:
         """The backend's own skip reason for ``case`` (its ``unsupported``), asked in the worker."""
