@@ -24,6 +24,7 @@ __all__ = [
     "load_results",
     "load_run",
     "read_jsonl",
+    "skips_by_reason",
     "summary_table",
     "write_html",
 ]
@@ -131,13 +132,17 @@ def compact_summary(results: list[Result]) -> str:
     """The verdict counts, then the skips counted by reason (most frequent first): what a run says at its end
     when the per-case table is not asked for (``mlaspec check --verbose``)."""
     lines = [verdict_counts(results)]
-    reasons: dict[str, int] = {}
+    lines += [f"  skipped {len(ids):>4}: {reason}" for reason, ids in skips_by_reason(results).items()]
+    return "\n".join(lines)
+
+
+def skips_by_reason(results: list[Result]) -> dict[str, list[str]]:
+    """``reason -> the ids of the cases skipped for it``, the most frequent reason first."""
+    by_reason: dict[str, list[str]] = {}
     for r in results:
         if r.verdict == "skip":
-            reasons[r.reason] = reasons.get(r.reason, 0) + 1
-    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
-        lines.append(f"  skipped {n:>4}: {reason}")
-    return "\n".join(lines)
+            by_reason.setdefault(r.reason, []).append(r.case_id)
+    return dict(sorted(by_reason.items(), key=lambda kv: -len(kv[1])))
 
 
 _COUNTED = {"pass": "passed", "fail": "failed", "error": "errors", "crash": "crashed", "timeout": "timed out"}
@@ -177,23 +182,20 @@ def _failure_markup(r: Result) -> str:
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}.pass{color:#17752a}
-.fail,.error{color:#b00020;font-weight:bold}.skip{color:#777}code{background:#f5f5f5;padding:2px 4px}
+.fail,.error,.crash,.timeout{color:#b00020;font-weight:bold}.skip{color:#777}code{background:#f5f5f5;padding:2px 4px}
 section{border-top:2px solid #b00020;margin-top:2em}img{max-width:100%}
 pre.failure{white-space:pre-wrap}"""
 
 
 def _skips(results: list[Result]) -> str:
     """The skipped cases as one row per reason: how many, the reason, and the first few case ids."""
-    by_reason: dict[str, list[str]] = {}
-    for r in results:
-        if r.verdict == "skip":
-            by_reason.setdefault(r.reason, []).append(r.case_id)
+    by_reason = skips_by_reason(results)
     if not by_reason:
         return ""
     rows = "".join(
         f"<tr><td>{len(ids)}</td><td>{html.escape(reason)}</td><td>{html.escape(', '.join(ids[:3]))}"
         f"{' ...' if len(ids) > 3 else ''}</td></tr>"
-        for reason, ids in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))
+        for reason, ids in by_reason.items()
     )
     return f"<h2>Skipped, by reason</h2><table><tr><th>cases</th><th>reason</th><th>e.g.</th></tr>{rows}</table>"
 
@@ -231,11 +233,9 @@ def write_html(
             f'<section id="{esc(r.case_id)}"><h3>{esc(r.case_id)}: {r.verdict.upper()}</h3>'
             f'<pre class="failure">{_failure_markup(r)}</pre><ul>{metrics}</ul>{_pictures(r)}</section>'
         )
-    counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
-    counts["error"] += sum(r.verdict in ("crash", "timeout") for r in results)  # the page counts them as errors
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mlaspec report: {esc(backend)}</title>
 <style>{CSS}</style></head><body><h1>mlaspec conformance report</h1><table>{head}</table>
-<h2>Summary: {counts["pass"]} passed, {counts["fail"]} failed, {counts["error"]} errors, {counts["skip"]} skipped</h2>
+<h2>Summary: {verdict_counts(results)}</h2>
 <table><tr><th>op</th><th>case</th><th>worst error/bound</th><th>bound</th><th>verdict</th><th>reason</th></tr>
 {"".join(rows)}</table>{_skips(results)}{"".join(failures)}</body></html>"""
     path = Path(out_dir) / "report.html"

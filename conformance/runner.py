@@ -22,7 +22,7 @@ from .backend import Backend, skip_reason
 from .cases import Case
 from .ops import DTYPES, OPS, unit_roundoff
 from .verdict import Result, judge
-from .worker import Outcome, WorkerBackend, contract_breaches, error_message
+from .worker import Outcome, WorkerBackend, error_message, invoke
 
 __all__ = ["run_case", "run_cases"]
 
@@ -61,21 +61,17 @@ def _error_map(name: str, ratio: torch.Tensor) -> torch.Tensor:
 
 
 def _call(backend: Backend, case: Case, inputs: dict, writes: tuple[str, ...], timeout: float | None) -> Outcome:
-    """Run ``case`` in this process: the backend gets clones of ``inputs`` (which stay untouched for the contract
-    check); a Python-level timeout (SIGALRM: it cannot stop native code, a worker process can)."""
-    given = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    """Run ``case`` in this process (:func:`~mlaspec.conformance.worker.invoke`), under a Python-level timeout
+    (SIGALRM: it cannot stop native code, a worker process can)."""
     start = time.perf_counter()
     try:
         with _time_limit(timeout):
-            got = getattr(backend, case.op)(**given)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            got, seconds, breaches = invoke(backend, case.op, inputs, writes)
     except CaseTimeout as exc:
         return Outcome("timeout", reason=str(exc), seconds=time.perf_counter() - start)
     except Exception as exc:  # any backend failure is a verdict, not a crash of the run
         return Outcome("error", reason=error_message(exc), seconds=time.perf_counter() - start)
-    seconds = time.perf_counter() - start
-    return Outcome("ok", outputs=got, seconds=seconds, breaches=tuple(contract_breaches(inputs, given, got, writes)))
+    return Outcome("ok", outputs=got, seconds=seconds, breaches=breaches)
 
 
 def run_case(

@@ -44,7 +44,7 @@ import torch
 
 from .cases import Case
 
-__all__ = ["Outcome", "WorkerBackend", "contract_breaches", "error_message"]
+__all__ = ["Outcome", "WorkerBackend", "contract_breaches", "error_message", "invoke"]
 
 _START_TIMEOUT = 600.0  # importing a backend may compile kernels
 
@@ -106,6 +106,19 @@ def contract_breaches(
             if o is not None and s is not None and o[0] == s[0] and o[1] < s[2] and s[1] < o[2]:
                 breaches.append(f"output {i} shares memory with the input {name!r}")
     return breaches
+
+
+def invoke(backend, op: str, inputs: Mapping[str, object], writes: tuple[str, ...]) -> tuple[object, float, tuple]:
+    """Call ``backend``'s ``op`` on clones of ``inputs`` and wait for the device: ``(outputs, seconds, breaches)``,
+    the breaches of the input contract (:func:`contract_breaches`) against the untouched ``inputs``. The one call
+    of an op, in a worker or in the harness's own process."""
+    given = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    start = time.perf_counter()
+    got = getattr(backend, op)(**given)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return got, seconds, tuple(contract_breaches(inputs, given, got, writes))
 
 
 def _to_cpu(x: object) -> object:
@@ -174,15 +187,8 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
             if msg[0] == "skip":
                 conn.send(("ok", backend.unsupported(case)))
                 continue
-            inputs = OPS[case.op].make_inputs(case)
-            given = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-            start = time.perf_counter()
-            got = getattr(backend, case.op)(**given)
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - start
-            breaches = contract_breaches(inputs, given, got, msg[2])
-            reply = ("ok", _pack(_to_cpu(got)), seconds, tuple(breaches))
+            got, seconds, breaches = invoke(backend, case.op, OPS[case.op].make_inputs(case), msg[2])
+            reply = ("ok", _pack(_to_cpu(got)), seconds, breaches)
         except Exception as exc:  # the op's failure is the case's verdict, not the worker's end
             traceback.print_exc()
             reply = ("error", error_message(exc))
