@@ -147,8 +147,7 @@ class TorchSparse:
             n = int(lens[r].max())
             if n == 0:
                 continue
-            x = torch.arange(n)
-            blocks, off = block_table[r, x // block].long(), x % block
+            blocks, off = self._key_slots(block_table[r], torch.arange(n), block)
             vals = flat[blocks[:, None], off[:, None] * d + torch.arange(d)].view(torch.float8_e4m3fn)
             scale_bytes = flat[blocks[:, None], block * d + 4 * off[:, None] + torch.arange(4)]
             scale = scale_bytes.contiguous().view(torch.float32).reshape(-1)
@@ -156,6 +155,11 @@ class TorchSparse:
             rows = slice(r * next_n, (r + 1) * next_n)
             out[rows, :n] = self.indexer_logits(q[r], vals, weights[rows], zeros, lens[r], scale)
         return out
+
+    @staticmethod
+    def _key_slots(table_row, positions, block):
+        """Physical block and offset of each key position of one request: ``table_row[n // P]``, ``n % P``."""
+        return table_row[positions // block].long(), positions % block
 
     # -- top-k -----------------------------------------------------------------------------------------------------
     def topk_indices(self, logits, k, *, row_starts=None, row_ends=None, relative=False):

@@ -115,6 +115,8 @@ def _indexer_inputs(c: Case) -> dict:
     tail = torch.arange(n) >= sum(slens)
     k_fp8 = k_fp8.view(torch.uint8).masked_fill(tail[:, None], FP8_NAN).view(torch.float8_e4m3fn)
     k_scale = k_scale.masked_fill(tail, math.nan)
+    if p.get("no_k_scale"):  # the optional scale omitted: the keys' fp8 values are the keys
+        k_scale = None
     return dict(q=q, k=k_fp8, weights=w, ks=ks.to(torch.int32), ke=ke.to(torch.int32), k_scale=k_scale)
 
 
@@ -154,7 +156,7 @@ def _paged_inputs(c: Case) -> dict:
         block_table=table.to(torch.int32),
         context_lens=context_lens.to(torch.int32),
         weights=w,
-        max_context_len=longest + p.get("extra_cols", 3),
+        max_context_len=None if p.get("no_width") else longest + p.get("extra_cols", 3),
     )
 
 
@@ -177,7 +179,7 @@ def _paged_bounds(kw, ref, u):
 def _topk_inputs(c: Case) -> dict:
     p, g = c.params, _gen(c)
     k = p["K"]
-    if p["mode"] == "prefill":  # ragged spans, relative indices as top_k_per_row_prefill writes them
+    if p["mode"] == "prefill":  # ragged spans; relative indices as top_k_per_row_prefill writes them, or absolute
         qlens, slens = p["query_lens"], p["seq_lens"]
         starts, ends = kv_spans_from_batches(torch.tensor([0, *qlens]).cumsum(0), torch.tensor(slens))
         m, n = starts.numel(), sum(slens) + 2
@@ -185,6 +187,8 @@ def _topk_inputs(c: Case) -> dict:
         m, n = p["M"], p["N"]
         starts, ends = None, torch.randint(1, n + 1, (m,), generator=g)
         ends[: m // 3] = torch.randint(1, k, (m // 3,), generator=g)  # short rows: fewer than K keys
+        if p.get("no_row_ends"):  # the optional row_ends omitted: every column is the row's
+            ends = torch.full((m,), n)
     logits = torch.round(torch.randn(m, n, generator=g, dtype=torch.float64) * 3.0) / 2.0  # a coarse grid: ties
     logits = logits.masked_fill(torch.rand(m, n, generator=g) < 0.05, -math.inf)  # masked keys inside a range
     lo = torch.zeros(m, dtype=torch.int64) if starts is None else starts
@@ -201,8 +205,8 @@ def _topk_inputs(c: Case) -> dict:
         logits=logits.to(torch.float32),
         k=k,
         row_starts=None if starts is None else starts.to(torch.int32),
-        row_ends=ends.to(torch.int32),
-        relative=p["mode"] == "prefill",
+        row_ends=None if p.get("no_row_ends") else ends.to(torch.int32),
+        relative=p["mode"] == "prefill" and p.get("relative", True),
     )
 
 
@@ -284,7 +288,8 @@ def _topk_picture(kw, got, ref, ratios, *, title=""):
     m, n = logits.shape
     lo = torch.zeros(m, dtype=torch.int64) if kw["row_starts"] is None else kw["row_starts"].long()
     cols = torch.arange(n)[None, :]
-    shown = torch.where((cols >= lo[:, None]) & (cols < kw["row_ends"].long()[:, None]), logits, -math.inf)
+    hi = torch.full((m,), n) if kw["row_ends"] is None else kw["row_ends"].long()
+    shown = torch.where((cols >= lo[:, None]) & (cols < hi[:, None]), logits, -math.inf)
     a = topk_agreement(
         g.detach().cpu(), logits, kw["k"], row_starts=kw["row_starts"], row_ends=kw["row_ends"], relative=kw["relative"]
     )
@@ -321,6 +326,14 @@ def _indexer_logits_cases(scale: Scale) -> list[tuple[str, dict]]:
             "one-request",
             dict(H=64 if full else 8, D=128, query_lens=[32 if full else 6], seq_lens=[ctx if full else 40]),
         ),
+        # Real kernels' code paths: 4 requests, spans of 40..700 keys (several 256-key DeepGEMM blocks) starting
+        # far past 0, 24 query rows
+        (
+            "long-ragged",
+            dict(H=64 if full else 16, D=128, query_lens=[8, 6, 7, 3], seq_lens=[500, 150, 700, 40], empty=True),
+        ),
+        # the optional k_scale omitted (the keys' fp8 values are the keys)
+        ("no-k-scale", dict(H=64 if full else 8, D=128, query_lens=[3, 2], seq_lens=[20, 30], no_k_scale=True)),
     ]
 
 
@@ -345,6 +358,26 @@ def _paged_indexer_logits_cases(scale: Scale) -> list[tuple[str, dict]]:
                 padded=True,
             ),
         ),
+        # Real kernels' code paths: 7 requests of up to 600 keys, MTP 3 (2-D context_lens), pages of 32 (DeepGEMM
+        # has kernels for 32 and 64), 21 query rows
+        (
+            "mtp3-long-p32",
+            dict(B=7, next_n=3, S_kv=ctx if full else 600, P=32, H=64 if full else 16, D=128, padded=True),
+        ),
+        # MTP 2 with 1-D context_lens (the last query sees the whole context) and max_context_len omitted
+        (
+            "mtp2-lens-1d-no-width",
+            dict(
+                B=11,
+                next_n=2,
+                S_kv=ctx if full else 150,
+                P=64,
+                H=64 if full else 8,
+                D=128,
+                lens_2d=False,
+                no_width=True,
+            ),
+        ),
     ]
 
 
@@ -365,6 +398,22 @@ def _topk_indices_cases(scale: Scale) -> list[tuple[str, dict]]:
             dict(mode="decode", M=8 if full else 9, N=ctx + 37 if full else 70, K=2048 if full else 16),
         ),
         ("short-rows", dict(mode="decode", M=5, N=10, K=2048 if full else 16)),
+        # Real kernels' code paths: prefill spans of 200..900 keys starting far past 0, absolute indices (row starts
+        # given, relative=False), 24 rows
+        (
+            "prefill-absolute-long",
+            dict(
+                mode="prefill",
+                K=2048 if full else 64,
+                query_lens=[10, 8, 6],
+                seq_lens=[4096, 700, 3000] if full else [600, 200, 900],
+                relative=False,
+            ),
+        ),
+        # decode rows of up to 1000 keys, 24 rows
+        ("decode-long-rows", dict(mode="decode", M=24, N=ctx if full else 1000, K=2048 if full else 256)),
+        # K wider than every row, row_ends omitted (-inf alone marks invalid keys)
+        ("k-exceeds-n-no-row-ends", dict(mode="decode", M=21, N=100, K=2048 if full else 256, no_row_ends=True)),
     ]
 
 

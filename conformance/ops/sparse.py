@@ -62,7 +62,8 @@ import torch
 from hypothesis import strategies as st
 
 from mlaspec.spec import cache_layouts as cl
-from mlaspec.spec.attention import attention, causal_mask
+from mlaspec.spec.attention import causal_mask
+from mlaspec.spec.config import MLAConfig
 from mlaspec.spec.sliding_window import (
     c128a_topk_indices,
     num_visible_compressed,
@@ -74,9 +75,20 @@ from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_dec
 
 from ..cases import Case
 from ..verdict import judge
-from .common import EPS32, LIMITS, Op, Scale, logit_error, randn, underflow_floor, unit_roundoff, worst_rows
+from .common import EPS32, LIMITS, Op, Scale, gamma, randn, underflow_floor, unit_roundoff, worst_rows
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+
+#: DeepSeek-V3.2's softmax scale, YaRN-corrected: ``mscale^2 / sqrt(192)`` with ``mscale = 0.1 ln(40) + 1``
+#: (:attr:`~mlaspec.spec.config.MLAConfig.softmax_scale`), the same for the 576-wide absorbed form the sparse
+#: kernels see; about 3.2 times FlashMLA's default ``576^-0.5``.
+YARN_SCALE = MLAConfig.deepseek_v3().softmax_scale
+
+
+def _scale(p: dict, d: int) -> float:
+    """The case's softmax scale: ``"yarn"`` (:data:`YARN_SCALE`), a number, or by default ``d^-0.5``."""
+    scale = p.get("scale", d**-0.5)
+    return YARN_SCALE if scale == "yarn" else scale
 
 
 # -- judging: the default judge, with error maps laid out [heads, positions] for the report's heat maps --------------
@@ -115,11 +127,16 @@ def sparse_bounds(q, keys, valid, *, scale, d_v, attn_sink, out, lse, max_logits
     ``out [R, H_q, d_v]`` and ``lse [R, H_q]`` (+inf where empty). ``eta_half`` is the case dtype's underflow floor
     ``η/2``, by default that of ``q``'s dtype. Returns ``(out_bound, lse_bound, ml_bound)``.
     """
-    g = q.shape[1] // keys.shape[2]
-    mask = valid.repeat_interleave(g, dim=1)[:, :, None, :]  # [R, H_q, 1, K]
-    qq = q.to(torch.float64)[:, None]  # [R, 1, H_q, D]
-    ds = logit_error(qq, keys, scale)[..., 0]  # [R, H_q]
-    m = attention(qq, keys, keys[..., :d_v].abs(), scale=scale, mask=mask).out[:, 0]  # [R, H_q, d_v]
+    r_, h_q, d = q.shape
+    h_kv = keys.shape[2]
+    g = h_q // h_kv
+    qg = q.to(torch.float64).reshape(r_, h_kv, g, d)  # query head h reads KV head h // g: grouped, never repeated
+    kg = keys.permute(0, 2, 1, 3)  # [R, H_kv, K, D]
+    absqk = torch.einsum("rcgd,rckd->rcgk", qg.abs(), kg.abs())
+    ds = (gamma(d) * scale * (absqk.amax(-1) if absqk.shape[-1] else absqk.sum(-1))).reshape(r_, h_q)  # δs
+    s = torch.einsum("rcgd,rckd->rcgk", qg, kg).mul(scale).masked_fill(~valid[:, :, None, :], -math.inf)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # the spec's weights; an empty row has none
+    m = torch.einsum("rcgk,rckd->rcgd", p, kg[..., :d_v].abs()).reshape(r_, h_q, d_v)  # M = Σ_j p_j |v_j|
     empty = ~torch.isfinite(lse)
     lse0 = torch.where(empty, 0.0, lse)
     f = torch.ones_like(lse0)
@@ -127,7 +144,7 @@ def sparse_bounds(q, keys, valid, *, scale, d_v, attn_sink, out, lse, max_logits
         f = torch.where(empty, 0.0, torch.sigmoid(lse0 - attn_sink.to(torch.float64)[None, :]))
     if eta_half is None:
         eta_half = underflow_floor(q.dtype) if q.dtype.is_floating_point and q.element_size() > 1 else 0.0
-    a = keys[..., :d_v].abs().sum(1).repeat_interleave(g, dim=1)  # [R, H_q, d_v]: Σ_j |v_j| over valid keys
+    a = kg[..., :d_v].abs().sum(2).repeat_interleave(g, dim=1)  # [R, H_q, d_v]: Σ_j |v_j| over valid keys
     rounded = (~empty & (f > 0)).to(torch.float64)[..., None]  # an exact 0 (no key, +inf sink) is not rounded
     ref = out.abs()
     out_b = 2 * (
@@ -168,7 +185,10 @@ def _prefill_inputs(c: Case) -> dict:
     g = torch.Generator().manual_seed(c.seed + 1)
     pool = torch.arange(1, s_kv - 1)  # rows 0 and S_kv - 1 are never named: a wrapped or zeroed -1 reads NaN
     pool = pool[torch.randperm(pool.numel(), generator=g)][: max(k, (3 * pool.numel()) // 4)]  # the rest: unused
-    idx = torch.stack([pool[torch.randperm(pool.numel(), generator=g)[:k]] for _ in range(s_q * h_kv)])
+    n = min(k, pool.numel())  # K above the usable keys (top-k of a short prefix): the tail is -1 padding
+    idx = torch.full((s_q * h_kv, k), -1, dtype=torch.int64)
+    for row in idx:
+        row[:n] = pool[torch.randperm(pool.numel(), generator=g)[:n]]
     idx = idx.reshape(s_q, h_kv, k)
     bad = torch.tensor([-1, s_kv, INT_MIN, INT_MAX])
     invalid = torch.rand(s_q, h_kv, k, generator=g) < p.get("invalid", 0.2)
@@ -191,7 +211,7 @@ def _prefill_inputs(c: Case) -> dict:
         q=r(s_q, h_q, d, scale=2.0),
         kv=kv,
         indices=idx.to(torch.int32),
-        scale=p.get("scale", d**-0.5),
+        scale=_scale(p, d),
         d_v=dv,
         attn_sink=_sink(c, h_q),
         topk_length=None if topk_length is None else topk_length.to(torch.int32),
@@ -293,7 +313,7 @@ def _decode_inputs(c: Case) -> dict:
             q=r(b_, s_q, h_q, d, scale=2.0),
             kv_cache=cache,
             indices=idx.to(torch.int32),
-            scale=p.get("scale", d**-0.5),
+            scale=_scale(p, d),
             d_v=dv,
             topk_length=lengths.to(torch.int32),
             attn_sink=_sink(c, h_q),
@@ -329,7 +349,7 @@ def _decode_inputs(c: Case) -> dict:
         q=r(t, 1, h_q, d, scale=2.0),
         kv_cache=cache,
         indices=swa.indices.to(torch.int32),
-        scale=p.get("scale", d**-0.5),
+        scale=_scale(p, d),
         d_v=dv,
         topk_length=swa.lens.to(torch.int32),
         attn_sink=_sink(c, h_q),
@@ -400,7 +420,7 @@ def _v4_inputs(c: Case) -> dict:
         q=r(s_q, h_q, d, scale=2.0),
         raw_kv=raw,
         window=window,
-        scale=p.get("scale", d**-0.5),
+        scale=_scale(p, d),
         compressed_kv=compressed,
         compress_ratio=ratio,
         topk_indices=topk,
@@ -614,6 +634,43 @@ def _sparse_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
                 sink="finite",
             ),
         ),
+        # Real kernels' code paths, cheap on CPU: 128 heads (two 64-head tiles), top-128 over 600 keys (two 64-key
+        # blocks), the model's YaRN scale, no sink.
+        (
+            "v32-h128-yarn",
+            dict(
+                S_q=2 if full else 1,
+                S_kv=ctx if full else 600,
+                H_q=128,
+                H_kv=1,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 128,
+                invalid=0.1,
+                topk_length=True,
+                scale="yarn",
+            ),
+        ),
+        # top-k wider than the keys (a prefix shorter than 2048): every row ends in -1 padding
+        (
+            "topk-exceeds-keys",
+            dict(S_q=6, S_kv=40, H_q=16, H_kv=1, D_qk=576, D_v=512, K=2048 if full else 64, sink="finite"),
+        ),
+        # more than 64 query tokens (prefill kernels tile queries by 64) with topk_length shorter than K
+        (
+            "s72-topk-length",
+            dict(
+                S_q=72,
+                S_kv=ctx if full else 300,
+                H_q=64 if full else 2,
+                H_kv=1,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 64,
+                topk_length=True,
+                scale="yarn",
+            ),
+        ),
     ]
 
 
@@ -727,6 +784,41 @@ def _sparse_decode_cases(scale: Scale) -> list[tuple[str, dict]]:
                 fp8_cache=True,
             ),
         ),
+        # Real kernels' code paths: 3 requests of different lengths (400..800 keys, several split-KV pieces each),
+        # 128 heads (two 64-head tiles), top-128 (two 64-key blocks), shorter topk_length per request, YaRN scale, sink.
+        (
+            "v32-h128-splits",
+            dict(
+                B=3,
+                S_q=1,
+                S_kv=ctx if full else 800,
+                H_q=128,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 128,
+                P=64,
+                topk_length=True,
+                scale="yarn",
+                sink="finite",
+                fp8_cache=True,
+            ),
+        ),
+        # top-k wider than every request's context (-1 padding), MTP 2, pages of 32 (global slots do not care)
+        (
+            "topk-exceeds-context-p32",
+            dict(
+                B=4,
+                S_q=2,
+                S_kv=1000 if full else 100,
+                H_q=64 if full else 8,
+                D_qk=576,
+                D_v=512,
+                K=2048 if full else 128,
+                P=32,
+                sink="finite",
+                scale="yarn",
+            ),
+        ),
     ]
 
 
@@ -777,6 +869,27 @@ def _v4_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
         (
             "prefill-shorter-than-window",
             dict(S_q=5, S_kv=5, H_q=8, D_qk=512, D_v=512, window=128 if full else 8, layer=1),
+        ),
+        # Real kernels' code paths: V4-Pro's 128 heads (two 64-head tiles) and the real window of 128 (two 64-key
+        # blocks) in a c128a layer over 1200 keys, no sink
+        (
+            "c128a-h128-w128",
+            dict(S_q=1, S_kv=8192 if full else 1200, H_q=128, D_qk=512, D_v=512, window=128, layer=128),
+        ),
+        # a c4a layer over 900 keys whose top-k (256) is wider than its 225 visible entries (-1 padding), MTP 3
+        (
+            "c4a-w128-topk-padded",
+            dict(
+                S_q=3,
+                S_kv=ctx + 37 if full else 900,
+                H_q=64 if full else 16,
+                D_qk=512,
+                D_v=512,
+                window=128,
+                layer=4,
+                K=512 if full else 256,
+                sink="finite",
+            ),
         ),
     ]
 
