@@ -335,9 +335,11 @@ class SplitsAveragedNotMerged(TorchBackend):
     split-KV sparse decode gone wrong, which worsens as contexts grow and splits multiply)."""
 
     source = "https://github.com/vllm-project/vllm/issues/47042"
-    shapes = "K > 64 (more than one split-KV piece)"
+    shapes = "K > 64 (more than one split-KV piece), one cache"
 
     def sparse_decode(self, q, kv_cache, indices, **kw):
+        if kw.get("extra_kv_cache") is not None:  # V4's two caches: one piece each, merged right
+            return super().sparse_decode(q, kv_cache, indices, **kw)
         first = torch.arange(indices.shape[-1]) < TILE
         out1, lse1 = super().sparse_decode(q, kv_cache, torch.where(first, indices, -1), **kw)
         out2, lse2 = super().sparse_decode(q, kv_cache, torch.where(first, -1, indices), **kw)
@@ -451,7 +453,7 @@ class TopkLongRowIgnoresRowStart(TorchBackend):
             span = row_ends.long() - row_starts.long()
             row_starts = torch.where(span > LONG_ROW, 0, row_starts.long()).to(torch.int32)
             row_ends = torch.where(span > LONG_ROW, span, row_ends.long()).to(torch.int32)
-        return super().topk_indices(logits, k, row_starts=row_starts, row_ends=row_ends, relative=False)
+        return super().topk_indices(logits, k, row_starts=row_starts, row_ends=row_ends, relative=relative)
 
 
 class TopkAbsoluteMadeRelative(TorchBackend):
