@@ -30,7 +30,9 @@ differ (a scale applied to the wrong key shows); some rows start at ``ks > 0`` (
 columns shifts them); one row has an empty span. Top-k logits sit on a coarse grid so ties are everywhere, and
 each row long enough has a tie straddling the ``K``-th position; some rows have fewer than ``K`` valid keys,
 ``-inf`` inside their range, and columns outside ``[row_starts, row_ends)`` hold garbage (``+inf``, ``1e30``),
-as DeepGEMM leaves them uninitialised.
+as DeepGEMM leaves them uninitialised. Every documented form of an argument has a case: ``k_scale``, ``row_ends``
+and ``max_context_len`` given and omitted, 1-D and 2-D ``context_lens`` with ``next_n > 1``, top-k indices relative
+to ``row_starts`` and absolute with ``row_starts`` given, ``K`` wider than every row, pages of 16, 32 and 64.
 """
 
 from __future__ import annotations

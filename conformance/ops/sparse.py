@@ -13,9 +13,10 @@
 **Budget derivation.** Sparse attention *is* dense attention over the gathered keys: row ``i`` (a query and a KV
 head) is a batch of one query attending to the ``K`` keys its slots name, under the mask "slot is valid"
 (``0 <= index < S_kv``, or ``!= -1`` for decode, and ``slot < topk_length``). That is how the spec computes it,
-and it is how the budget is derived: :func:`~mlaspec.conformance.ops.common.logit_error` and the magnitude
-``M = Σ_j p_j |v_j|`` are computed over the gathered keys (zero at invalid slots, so NaN in unused cache rows
-never enters a budget), which gives the dense bound of :mod:`mlaspec.conformance.ops`, with the sink factor
+and it is how the budget is derived: the logit error ``δs = γ_D scale max_j Σ_d |q_d k_jd|``
+(:func:`~mlaspec.conformance.ops.common.logit_error`) and the magnitude ``M = Σ_j p_j |v_j|`` are computed over
+the gathered keys (zero at invalid slots, so NaN in unused cache rows never enters a budget; query heads grouped
+by KV head, the keys never repeated per head), which gives the dense bound of :mod:`mlaspec.conformance.ops`, with the sink factor
 ``f`` and the underflow floor ``η/2`` added::
 
     |out - ref| <= 2 * (u |ref| + (u + 2 δs) f M + (δs + 4 ε32) |ref| + η/2 (1 + f A))
@@ -44,7 +45,8 @@ judge's ``+inf -> -inf`` allowance applies only where the *spec* says ``-inf``, 
 
 **Hostile inputs.** Every cache row no slot names is NaN, and so are row 0 and the last row (a ``-1`` read as
 index 0, or wrapped Python-style to the last key, shows up as NaN). Prefill rows mix FlashMLA's invalid sentinels
-(``-1``, ``S_kv``, ``INT_MIN``, ``INT_MAX``) at random slots, not only at the end. Slots past ``topk_length`` hold
+(``-1``, ``S_kv``, ``INT_MIN``, ``INT_MAX``) at random slots, not only at the end; a top-k wider than the keys
+ends every row in ``-1`` padding. Slots past ``topk_length`` hold
 *valid* indices of finite rows, so a kernel that ignores ``topk_length`` attends to the wrong keys but does not hit
 FlashMLA's documented NaN caveat ("a valid topk index between topk_length[i] ~ s_kv that points to a k token
 containing NaN", ``flash_mla/flash_mla_interface.py``). Indices within a row are unique (FlashMLA's tests and
