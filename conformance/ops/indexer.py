@@ -360,19 +360,19 @@ def _paged_indexer_logits_cases(scale: Scale) -> list[tuple[str, dict]]:
                 padded=True,
             ),
         ),
-        # Real kernels' code paths: 7 requests of up to 600 keys, MTP 3 (2-D context_lens), pages of 32 (DeepGEMM
-        # has kernels for 32 and 64), 21 query rows
+        # Real kernels' code paths: 4 requests of up to 400 keys, MTP 3 (2-D context_lens), pages of 32 (DeepGEMM
+        # has kernels for 32 and 64)
         (
             "mtp3-long-p32",
-            dict(B=7, next_n=3, S_kv=ctx if full else 600, P=32, H=64 if full else 16, D=128, padded=True),
+            dict(B=4, next_n=3, S_kv=ctx if full else 400, P=32, H=64 if full else 16, D=128, padded=True),
         ),
         # MTP 2 with 1-D context_lens (the last query sees the whole context) and max_context_len omitted
         (
             "mtp2-lens-1d-no-width",
             dict(
-                B=11,
+                B=4,
                 next_n=2,
-                S_kv=ctx if full else 150,
+                S_kv=ctx if full else 100,
                 P=64,
                 H=64 if full else 8,
                 D=128,

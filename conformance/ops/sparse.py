@@ -16,8 +16,8 @@ head) is a batch of one query attending to the ``K`` keys its slots name, under 
 and it is how the budget is derived: the logit error ``δs = γ_D scale max_j Σ_d |q_d k_jd|``
 (:func:`~mlaspec.conformance.ops.common.logit_error`) and the magnitude ``M = Σ_j p_j |v_j|`` are computed over
 the gathered keys (zero at invalid slots, so NaN in unused cache rows never enters a budget; query heads grouped
-by KV head, the keys never repeated per head), which gives the dense bound of :mod:`mlaspec.conformance.ops`, with the sink factor
-``f`` and the underflow floor ``η/2`` added::
+by KV head, the keys never repeated per head), which gives the dense bound of :mod:`mlaspec.conformance.ops`,
+with the sink factor ``f`` and the underflow floor ``η/2`` added::
 
     |out - ref| <= 2 * (u |ref| + (u + 2 δs) f M + (δs + 4 ε32) |ref| + η/2 (1 + f A))
     |lse - ref| <= 2 * (δs + ε32 |ref|),   |max_logits - ref| <= 2 * (δs + ε32 |ref|)
@@ -656,7 +656,7 @@ def _sparse_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
         # top-k wider than the keys (a prefix shorter than 2048): every row ends in -1 padding
         (
             "topk-exceeds-keys",
-            dict(S_q=6, S_kv=40, H_q=16, H_kv=1, D_qk=576, D_v=512, K=2048 if full else 64, sink="finite"),
+            dict(S_q=6, S_kv=40, H_q=8, H_kv=1, D_qk=576, D_v=512, K=2048 if full else 64, sink="finite"),
         ),
         # more than 64 query tokens (prefill kernels tile queries by 64) with topk_length shorter than K
         (
@@ -786,18 +786,18 @@ def _sparse_decode_cases(scale: Scale) -> list[tuple[str, dict]]:
                 fp8_cache=True,
             ),
         ),
-        # Real kernels' code paths: 3 requests of different lengths (400..800 keys, several split-KV pieces each),
-        # 128 heads (two 64-head tiles), top-128 (two 64-key blocks), shorter topk_length per request, YaRN scale, sink.
+        # Real kernels' code paths: 3 requests of different lengths (250..500 keys, several 64-key pages each),
+        # 128 heads (two 64-head tiles), shorter topk_length per request, YaRN scale, sink.
         (
             "v32-h128-splits",
             dict(
                 B=3,
                 S_q=1,
-                S_kv=ctx if full else 800,
+                S_kv=ctx if full else 500,
                 H_q=128,
                 D_qk=576,
                 D_v=512,
-                K=2048 if full else 128,
+                K=2048 if full else 64,
                 P=64,
                 topk_length=True,
                 scale="yarn",
@@ -873,10 +873,10 @@ def _v4_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
             dict(S_q=5, S_kv=5, H_q=8, D_qk=512, D_v=512, window=128 if full else 8, layer=1),
         ),
         # Real kernels' code paths: V4-Pro's 128 heads (two 64-head tiles) and the real window of 128 (two 64-key
-        # blocks) in a c128a layer over 1200 keys, no sink
+        # blocks) in a c128a layer over 600 keys, no sink
         (
             "c128a-h128-w128",
-            dict(S_q=1, S_kv=8192 if full else 1200, H_q=128, D_qk=512, D_v=512, window=128, layer=128),
+            dict(S_q=1, S_kv=8192 if full else 600, H_q=128, D_qk=512, D_v=512, window=128, layer=128),
         ),
         # a c4a layer over 900 keys whose top-k (256) is wider than its 225 visible entries (-1 padding), MTP 3
         (
