@@ -873,10 +873,10 @@ def _v4_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
             dict(S_q=5, S_kv=5, H_q=8, D_qk=512, D_v=512, window=128 if full else 8, layer=1),
         ),
         # Real kernels' code paths: V4-Pro's 128 heads (two 64-head tiles) and the real window of 128 (two 64-key
-        # blocks) in a c128a layer over 600 keys, no sink
+        # blocks) in a c128a layer over 300 keys, no sink
         (
             "c128a-h128-w128",
-            dict(S_q=1, S_kv=8192 if full else 600, H_q=128, D_qk=512, D_v=512, window=128, layer=128),
+            dict(S_q=1, S_kv=8192 if full else 300, H_q=128, D_qk=512, D_v=512, window=128, layer=128),
         ),
         # a c4a layer over 900 keys whose top-k (256) is wider than its 225 visible entries (-1 padding), MTP 3
         (
