@@ -636,13 +636,13 @@ def _sparse_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
                 sink="finite",
             ),
         ),
-        # Real kernels' code paths, cheap on CPU: 128 heads (two 64-head tiles), top-128 over 600 keys (two 64-key
+        # Real kernels' code paths, cheap on CPU: 128 heads (two 64-head tiles), top-128 over 300 keys (two 64-key
         # blocks), the model's YaRN scale, no sink.
         (
             "v32-h128-yarn",
             dict(
                 S_q=2 if full else 1,
-                S_kv=ctx if full else 600,
+                S_kv=ctx if full else 300,
                 H_q=128,
                 H_kv=1,
                 D_qk=576,
@@ -663,8 +663,8 @@ def _sparse_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
             "s72-topk-length",
             dict(
                 S_q=72,
-                S_kv=ctx if full else 300,
-                H_q=64 if full else 2,
+                S_kv=ctx if full else 150,
+                H_q=64 if full else 1,
                 H_kv=1,
                 D_qk=576,
                 D_v=512,
@@ -878,12 +878,12 @@ def _v4_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
             "c128a-h128-w128",
             dict(S_q=1, S_kv=8192 if full else 300, H_q=128, D_qk=512, D_v=512, window=128, layer=128),
         ),
-        # a c4a layer over 900 keys whose top-k (256) is wider than its 225 visible entries (-1 padding), MTP 3
+        # a c4a layer over 600 keys whose top-k (256) is wider than its 150 visible entries (-1 padding), MTP 3
         (
             "c4a-w128-topk-padded",
             dict(
                 S_q=3,
-                S_kv=ctx + 37 if full else 900,
+                S_kv=ctx + 37 if full else 600,
                 H_q=64 if full else 16,
                 D_qk=512,
                 D_v=512,
