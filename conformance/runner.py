@@ -103,10 +103,11 @@ def run_case(
     isolated = isinstance(backend, WorkerBackend)
     if isolated:
         backend.send(case, op.writes)  # the worker computes while the reference is computed here
+    u = unit_roundoff(DTYPES[case.dtype])
     try:
         inputs = op.make_inputs(case)
         ref = tuple(op.reference(**inputs))
-        bounds = None if op.bounds is None else op.bounds(inputs, ref, unit_roundoff(DTYPES[case.dtype]))
+        bounds = None if op.bounds is None else op.bounds(inputs, ref, u)
     except Exception as exc:  # parameters the harness cannot build from: the case's error, the run goes on
         if isolated:
             backend.collect()  # the worker's answer to this case, so the next case reads its own
@@ -120,7 +121,7 @@ def run_case(
         return result
     got = outcome.outputs
     try:
-        verdict = judge(op.outputs, got, ref, bounds) if op.compare is None else op.compare(inputs, got, ref)
+        verdict = judge(op.outputs, got, ref, bounds, u=u) if op.compare is None else op.compare(inputs, got, ref)
     except Exception as exc:  # an output the judge cannot read is the backend's error, never the run's end
         verdict = ("error", f"the output cannot be judged: {error_message(exc)}", [], {}, {})
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict
