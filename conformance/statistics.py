@@ -44,6 +44,8 @@ import math
 
 import torch
 
+from .numerics import bias_floor
+
 __all__ = ["ALPHA", "Statistics", "rounding_statistics", "sign_test_p"]
 
 ALPHA = 1e-6
@@ -122,7 +124,7 @@ def rounding_statistics(
         rows = den > 0
         beta_rows = num[rows] / den[rows]
         bias = (num.sum() / den.sum()).item() if den.sum() > 0 else 0.0
-        floor = max(u, 4 * RELATIVE_FLOOR_MIN) / 4
+        floor = bias_floor(max(u, 4 * RELATIVE_FLOOR_MIN) / 4)
     else:
         keep = finite.reshape(-1)
         beta_rows = e2[keep, 0]

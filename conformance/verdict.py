@@ -40,7 +40,8 @@ class Result:
 
     ``figure`` is the error heat map of a failing case; ``figures`` are its op's pictures (the mask, sparse pattern,
     chunk schedule, top-k or byte layout the case stands for, next to what the backend did). JSON lines written
-    before ``figures`` existed load with it empty."""
+    before ``figures`` existed load with it empty. ``numerics`` are the arithmetic departures the verdict assumed (the
+    backend's declaration for the op, :mod:`mlaspec.conformance.numerics`; empty: the exact spec's arithmetic)."""
 
     case_id: str
     op: str
@@ -53,6 +54,7 @@ class Result:
     repro: str = ""
     figure: str = ""
     figures: list[str] = field(default_factory=list)
+    numerics: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
