@@ -20,6 +20,11 @@ The vocabulary (:data:`DEPARTURES`):
   check's floor is ``2^-14`` relative: the check still fails a lean beyond what the accumulator's resolution explains.
   Seen on the H200 (``docs/backends.md``): DeepGEMM's ``fp8_mqa_logits`` and our Triton indexer (``tl.dot`` on e4m3,
   ``impl/indexer.py``) both lean by ``-4e-5`` relative on every row.
+* ``lse_in_query_dtype`` — the LSE is written into a buffer of the query dtype: vLLM 0.33's Triton MLA decode
+  allocates ``lse = torch.zeros(B, H, dtype=q.dtype)`` (``vllm/v1/attention/backends/mla/triton_mla.py``) and its
+  stage-2 kernel stores ``e_max + tl.log(e_sum)`` there (``vllm/v1/attention/ops/triton_decode_attention.py``). The
+  LSE's budget gains that one rounding, ``2 u |lse|`` (the factor 2 as everywhere); in bf16 that is ``0.07`` at an
+  LSE of 18, which is what a DCP merge of such partial results inherits.
 """
 
 from __future__ import annotations
@@ -29,7 +34,15 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-__all__ = ["DEPARTURES", "Departure", "accumulation_roundoff", "assuming", "bias_floor", "declared"]
+__all__ = [
+    "DEPARTURES",
+    "Departure",
+    "accumulation_roundoff",
+    "assuming",
+    "bias_floor",
+    "declared",
+    "lse_rounded",
+]
 
 
 @dataclass(frozen=True)
@@ -37,13 +50,14 @@ class Departure:
     """One arithmetic departure: its ``name`` (what an adapter declares), what it does (``doc``), the ``source`` that
     shows a real kernel makes it, and what it changes in the judgement: the accumulation unit roundoff of the
     budgets' ``γ_n`` (``accumulation``) and the bias check's relative floor (``bias_floor``), ``None`` where it
-    leaves that alone."""
+    leaves that alone; ``lse_rounded``: the LSE is stored in the case dtype, so its budget gains that rounding."""
 
     name: str
     doc: str
     source: str
     accumulation: float | None = None
     bias_floor: float | None = None
+    lse_rounded: bool = False
 
 
 DEPARTURES: dict[str, Departure] = {
@@ -55,6 +69,13 @@ DEPARTURES: dict[str, Departure] = {
             "DeepSeek-V3 Technical Report (arXiv:2412.19437) §3.3.2; deepseek-ai/DeepGEMM README",
             accumulation=2.0**-14,
             bias_floor=2.0**-14,
+        ),
+        Departure(
+            "lse_in_query_dtype",
+            "the LSE is stored in the query dtype (8 bits in bf16) instead of fp32",
+            "vllm/v1/attention/backends/mla/triton_mla.py (vLLM 0.33): lse = torch.zeros(B, H, dtype=q.dtype) for "
+            "decode_attention_fwd, whose stage 2 stores e_max + log(e_sum) into it",
+            lse_rounded=True,
         ),
     )
 }
@@ -98,3 +119,8 @@ def bias_floor(default: float) -> float:
     """The bias check's relative floor: ``default`` unless a departure in force raises it."""
     declared_floor = _largest("bias_floor")
     return default if declared_floor is None else max(default, declared_floor)
+
+
+def lse_rounded() -> bool:
+    """Whether a departure in force stores the LSE in the case dtype."""
+    return any(DEPARTURES[n].lse_rounded for n in _ACTIVE.get())

@@ -36,7 +36,7 @@ class LeaningTooFar(Leaning):
 
 def test_the_vocabulary_names_its_sources():
     for d in numerics.DEPARTURES.values():
-        assert d.doc and d.source and (d.accumulation or d.bias_floor)
+        assert d.doc and d.source and (d.accumulation or d.bias_floor or d.lse_rounded)
 
 
 def test_a_departure_changes_only_inside_its_block():
@@ -77,3 +77,31 @@ def test_the_bias_floor_follows_the_declaration():
     with numerics.assuming(("fp8_mma_accumulation",)):
         assert not rounding_statistics(err, ref, ref.abs(), relative=True, u=0.0).biased
     assert rounding_statistics(err, ref, ref.abs(), relative=True, u=0.0).biased
+
+
+class LseInBf16(TorchBackend):
+    """mla_decode's LSE returned in the query dtype, as vLLM 0.33's Triton MLA decode stores it."""
+
+    numerics = MappingProxyType({"mla_decode": ("lse_in_query_dtype",)})
+
+    def mla_decode(self, q, kv, **kw):
+        out, lse = super().mla_decode(q, kv, **kw)
+        return out, lse.to(q.dtype)
+
+
+DECODE = Case("mla_decode", "lse-18", "bfloat16", dict(B=3, S_q=1, S_kv=37, H_q=16, D_qk=576, D_v=512, causal=True))
+
+
+def test_a_declared_bf16_lse_passes_and_strict_numerics_fails_it():
+    assert run_case(LseInBf16(), DECODE, backend_name="bf16-lse").verdict == "pass"
+    strict = run_case(LseInBf16(), DECODE, backend_name="bf16-lse", strict_numerics=True)
+    assert strict.verdict == "fail" and strict.reason.startswith("lse: max |error|/bound")
+
+
+def test_a_declared_bf16_lse_still_fails_a_wrong_lse():
+    class LseInBf16Off(LseInBf16):
+        def mla_decode(self, q, kv, **kw):
+            out, lse = super().mla_decode(q, kv, **kw)
+            return out, (lse.float() + 0.25).to(q.dtype)  # two bf16 ulps at 18
+
+    assert run_case(LseInBf16Off(), DECODE, backend_name="off").verdict == "fail"
