@@ -19,7 +19,13 @@ Layouts (and the source each comes from):
   in ``csrc/cache_kernels.cu``) uses the raw fp32 scale ``max(amax / 448, FLT_MIN)``; FlashMLA's test quantizer
   (``tests/quant.py``, ``quantize_k_cache``) instead rounds the scale *up to a power of two* with a floor
   ``2^ceil(log2(max(amax / 448, 1e-4)))``. Pass ``pow2_scales=True`` to :func:`quantize` for the latter. The
-  format itself: FlashMLA ``README.md`` and ``flash_mla/flash_mla_interface.py``.
+  format itself: FlashMLA ``README.md`` and ``flash_mla/flash_mla_interface.py``. The RoPE part is stored in the
+  *input* dtype: vLLM's kernel copies ``k_pe`` as its ``scalar_t`` (it requires ``kv_c.itemsize() == 2``: bf16 or
+  fp16) and FlashMLA's quantizer views the RoPE bytes as ``input_k_cache.dtype``. So a bf16 model writes
+  :data:`FP8_DS_MLA_V32` (the default, and what FlashMLA's kernels read) and an fp16 model writes
+  :data:`FP8_DS_MLA_V32_FP16`, the same 656 bytes with fp16 RoPE values; nothing in the bytes tells them apart
+  (:func:`detect_layout` reports both), the reader must know the model's dtype.
+  :func:`mlaspec.spec.paged_cache.concat_and_cache_mla` picks the one that matches ``k_pe``'s dtype.
 * :data:`FP8_DS_MLA_V4` (584 B, DeepSeek V4, FlashMLA's ``MODEL1_FP8Sparse``): 448 e4m3 NoPE values, 64 bf16 RoPE
   values, then 7 e8m0 scales (one per 64 values) and 1 zero pad byte. *Not* token-interleaved: within a page block
   the 576-byte data rows of all ``P`` tokens come first, then the 8-byte scale rows, and the page is rounded up to a
@@ -78,7 +84,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT, Dims, finite_float, positive_int
+from .checks import FLOAT, Dims, positive_int, positive_scale
 
 __all__ = [
     "BF16",
@@ -87,8 +93,10 @@ __all__ = [
     "E8M0_RULES",
     "FP8_DS_MLA_V4",
     "FP8_DS_MLA_V32",
+    "FP8_DS_MLA_V32_FP16",
     "FP8_E5M2_PER_TENSOR",
     "FP8_PER_TENSOR",
+    "FP16",
     "FP32",
     "LAYOUTS",
     "MXFP8_DS_MLA_V41",
@@ -144,8 +152,9 @@ class FloatFormat:
 E4M3 = FloatFormat("e4m3", 1, 3, -6, 448.0, torch.float8_e4m3fn, True)
 E5M2 = FloatFormat("e5m2", 1, 2, -14, 57344.0, torch.float8_e5m2, True)
 BF16 = FloatFormat("bf16", 2, 7, -126, float(torch.finfo(torch.bfloat16).max), torch.bfloat16, False)
+FP16 = FloatFormat("fp16", 2, 10, -14, float(torch.finfo(torch.float16).max), torch.float16, False)
 FP32 = FloatFormat("fp32", 4, 23, -126, float(torch.finfo(torch.float32).max), torch.float32, False)
-_FORMATS = {f.name: f for f in (E4M3, E5M2, BF16, FP32)}
+_FORMATS = {f.name: f for f in (E4M3, E5M2, BF16, FP16, FP32)}
 _FLT_MIN = float(torch.finfo(torch.float32).tiny)
 
 
@@ -323,6 +332,21 @@ FP8_DS_MLA_V32 = CacheLayout(
     "concat_and_cache_ds_mla_kernel",
 )
 
+FP8_DS_MLA_V32_FP16 = CacheLayout(
+    name="fp8_ds_mla_v32_fp16",
+    kv_cache_dtype="fp8_ds_mla (fp16 model)",
+    entry_dim=576,
+    token_bytes=656,
+    fields=(
+        FP8_DS_MLA_V32.fields[0],
+        FP8_DS_MLA_V32.fields[1],
+        Field("rope", 528, 128, "fp16", 64, "k_pe after RoPE, fp16 (the model's dtype), not quantized", (512, 576)),
+    ),
+    scale_rule=ScaleRule("fp32"),
+    source="vllm csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel (RoPE copied as scalar_t, the input dtype; "
+    "kv_c.itemsize() == 2); FlashMLA tests/quant.py quantize_k_cache (rope viewed as input_k_cache.dtype)",
+)
+
 FP8_DS_MLA_V4 = CacheLayout(
     name="fp8_ds_mla_v4",
     kv_cache_dtype="fp8_ds_mla (DeepSeek V4)",
@@ -370,7 +394,15 @@ MXFP8_DS_MLA_V41 = CacheLayout(
 )
 
 LAYOUTS: dict[str, CacheLayout] = {
-    l.name: l for l in (FP8_PER_TENSOR, FP8_E5M2_PER_TENSOR, FP8_DS_MLA_V32, FP8_DS_MLA_V4, MXFP8_DS_MLA_V41)
+    l.name: l
+    for l in (
+        FP8_PER_TENSOR,
+        FP8_E5M2_PER_TENSOR,
+        FP8_DS_MLA_V32,
+        FP8_DS_MLA_V32_FP16,
+        FP8_DS_MLA_V4,
+        MXFP8_DS_MLA_V41,
+    )
 }
 
 
@@ -405,13 +437,7 @@ def _tensor_scale(layout: CacheLayout, scale: object) -> float | None:
     if layout.scale_rule.kind == "per_tensor":
         if scale is None:
             raise ValueError(f"scale is required for the per-tensor layout {layout.name}")
-        if isinstance(scale, torch.Tensor):
-            if scale.numel() != 1:
-                raise ValueError(f"scale must hold one value, got shape {list(scale.shape)}")
-            scale = float(scale.reshape(()))
-        s = finite_float("scale", scale)
-        if s <= 0:
-            raise ValueError(f"scale must be positive, got {s}")
+        s = positive_scale("scale", scale)
         return float(round_to_format(torch.tensor(s, dtype=torch.float64), FP32))  # vLLM keeps k_scale in fp32
     if scale is not None:
         raise ValueError(f"scale must be None for {layout.name}: its scales are per group and stored in the bytes")

@@ -30,6 +30,7 @@ __all__ = [
     "finite_float",
     "in_range",
     "positive_int",
+    "positive_scale",
 ]
 
 FLOAT = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -162,6 +163,21 @@ def finite_float(name: str, value: object) -> float:
     if not torch.isfinite(torch.tensor(float(value))):
         raise ValueError(f"{name} must be finite, got {value}")
     return float(value)
+
+
+def positive_scale(name: str, value: object) -> float:
+    """A finite scale ``> 0``: a number or a one-element floating tensor (vLLM's ``k_scale`` is ``[1]`` fp32)."""
+    name = _name(name)
+    if isinstance(value, torch.Tensor):
+        if not value.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got {str(value.dtype).removeprefix('torch.')}")
+        if value.numel() != 1:
+            raise ValueError(f"{name} must hold one value, got shape {list(value.shape)}")
+        value = float(value.reshape(()))
+    s = finite_float(name, value)
+    if s <= 0:
+        raise ValueError(f"{name} must be > 0, got {s}")
+    return s
 
 
 def cu_seqlens(name: str, x: object, batch: int | None = None) -> torch.Tensor:

@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT, FP8, INT, Dims, cu_seqlens, positive_int
+from .checks import FLOAT, FP8, INT, Dims, cu_seqlens, in_range, positive_int
 
 __all__ = [
     "FP8_E4M3_MAX",
@@ -602,9 +602,11 @@ def paged_indexer_logits(
 
     Args:
         q: ``[B, next_n, H, D]`` float or fp8 (its scale folded into ``weights``).
-        cache: ``[NB, P, D + 4]`` uint8 (:class:`IndexerCacheLayout`).
+        cache: ``[NB, P, D + 4]`` uint8 (:class:`IndexerCacheLayout`), or DeepGEMM's own view of the same bytes
+            ``[NB, P, 1, D + 4]`` (``tests/test_attention.py`` and vLLM's ``kv_cache.unsqueeze(-2)``).
         block_table: ``[B, max_blocks]`` int.
-        context_lens: ``[B]`` or ``[B, next_n]`` int, ``>= 0`` (a negative 1-D-derived length counts as 0).
+        context_lens: ``[B]`` or ``[B, next_n]`` int, ``>= 0`` (a 1-D length shorter than ``next_n`` leaves the
+            first queries' derived lengths at 0).
         weights: ``[B * next_n, H]`` float, folded (:func:`fold_indexer_weights`).
         max_context_len: number of output columns; default the largest length. DeepGEMM pads the row stride,
             vLLM passes ``max_model_len``.
@@ -615,22 +617,23 @@ def paged_indexer_logits(
     Source: DeepGEMM ``csrc/apis/attention.hpp`` (``fp8_fp4_paged_mqa_logits``), ``tests/test_attention.py``
     (``ref_paged_mqa_logits``); vLLM ``vllm/model_executor/layers/sparse_attn_indexer.py``.
     """
+    if isinstance(cache, torch.Tensor) and cache.dim() == 4:  # DeepGEMM's own view [NB, P, 1, D + 4]
+        if cache.shape[2] != 1:
+            raise ValueError(f"cache must have shape [NB, P, D + 4] or [NB, P, 1, D + 4], got {list(cache.shape)}")
+        cache = cache.squeeze(2)
     layout = _cache_layout("cache", cache)
     dims = Dims(D=layout.head_dim)
     dims.tensor("q", q, ("B", "next_n", "H", "D"), FLOAT + FP8)
     dims.tensor("block_table", block_table, ("B", None), INT)
     b_, next_n = dims["B"], dims["next_n"]
-    if not isinstance(context_lens, torch.Tensor) or context_lens.dim() not in (1, 2):
-        raise ValueError("context_lens must be a tensor of shape [B] or [B, next_n]")
+    if not isinstance(context_lens, torch.Tensor):
+        raise TypeError(f"context_lens must be a torch.Tensor, got {type(context_lens).__name__}")
+    dims.tensor("context_lens", context_lens, ("B",) if context_lens.dim() == 1 else ("B", "next_n"), INT)
+    in_range("context_lens", context_lens, 0)
     if context_lens.dim() == 1:
-        dims.tensor("context_lens", context_lens, ("B",), INT)
         lens = decode_context_lens_native(context_lens, next_n)  # clamped at 0 (a padding request)
     else:
-        dims.tensor("context_lens", context_lens, ("B", "next_n"), INT)
         lens = context_lens.to(torch.int64)
-    if context_lens.dim() == 2 and bool((lens < 0).any()):
-        raise ValueError(f"context_lens must be >= 0, got {context_lens.tolist()}")
-    lens = lens.clamp_min(0)  # [B, next_n]
     dims.tensor("weights", weights, (None, "H"), FLOAT)
     if weights.shape[0] != b_ * next_n:
         raise ValueError(
@@ -967,6 +970,6 @@ def decode_context_lens_native(seq_lens: torch.Tensor, next_n: int) -> torch.Ten
 
     Source: vLLM ``vllm/v1/attention/backends/mla/indexer.py`` ``_prepare_decode_tensors`` (native path).
     """
-    lens = _int_vector("seq_lens", seq_lens, Dims(), "B")
+    lens = in_range("seq_lens", _int_vector("seq_lens", seq_lens, Dims(), "B"), 0)
     positive_int("next_n", next_n)
     return (lens[:, None] - next_n + 1 + torch.arange(next_n)[None, :]).clamp_min(0)

@@ -18,7 +18,10 @@ Conventions and sources (vLLM 0.33):
   parallelism (DCP) is not modelled.
 * Writing: ``concat_and_cache_mla`` skips ``slot < 0``; ``kv_cache_dtype="fp8"/"fp8_e4m3"`` stores
   ``e4m3(x / scale)`` for all 576 values (see :mod:`mlaspec.spec.cache_layouts`); ``"fp8_ds_mla"`` the 656-byte
-  record.
+  record, its RoPE part in ``k_pe``'s dtype (fp16 input: fp16 RoPE bytes, ``FP8_DS_MLA_V32_FP16``; otherwise bf16,
+  ``FP8_DS_MLA_V32``), and it takes and ignores ``scale``: vLLM passes the layer's ``k_scale`` (``[1]`` fp32, 1.0
+  unless scales are calibrated) to every cache dtype, and ``concat_and_cache_ds_mla_kernel`` never reads it (its
+  scales are per 128 values, computed from the data).
 * Gathering for chunked-prefill context: vLLM 0.33's MLA (``vllm/model_executor/layers/attention/mla_attention.py``,
   ``_compute_prefill_context``) gathers each context chunk with ``ops.gather_and_maybe_dequant_cache`` (bf16 / fp8
   with per-tensor dequant), ``ops.cp_gather_cache`` (fp8 prefill: raw copy) or ``cp_gather_and_upconvert_fp8_kv_cache``
@@ -38,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 from . import cache_layouts
-from .checks import FLOAT, INT, Dims, cu_seqlens, positive_int
+from .checks import FLOAT, INT, Dims, boolean, choice, cu_seqlens, positive_int, positive_scale
 
 __all__ = [
     "GatheredCache",
@@ -203,13 +206,14 @@ def concat_and_cache_mla(
             ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``; uint8 ``[NB, P, 656]`` for ``"fp8_ds_mla"``.
         slot_mapping: ``[T]`` int; ``-1`` = padding (skipped); others in ``[0, NB * P)``, no repeats.
         kv_cache_dtype: vLLM's cache dtype string.
-        scale: the per-tensor fp32 scale (``k_scale``) for ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``.
+        scale: the per-tensor fp32 scale (``k_scale``): required for ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``;
+            accepted and ignored for ``"fp8_ds_mla"`` (as vLLM's kernel does); must be None for ``"auto"``. A
+            positive finite number or a one-element float tensor.
 
     Returns:
         the new cache, same shape and dtype as ``kv_cache``.
     """
-    if kv_cache_dtype != "auto" and kv_cache_dtype not in _QUANTIZED:
-        raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(_QUANTIZED)}, got {kv_cache_dtype!r}")
+    choice("kv_cache_dtype", kv_cache_dtype, ("auto", *sorted(_QUANTIZED)))
     dims = Dims()
     dims.tensor("kv_c", kv_c, ("T", "Lkv"), FLOAT)
     dims.tensor("k_pe", k_pe, ("T", "D_rope"), FLOAT)
@@ -219,6 +223,12 @@ def concat_and_cache_mla(
         dims.tensor("kv_cache", kv_cache, ("NB", "P", width), FLOAT)
     else:
         layout = _QUANTIZED[kv_cache_dtype]
+        if kv_cache_dtype == "fp8_ds_mla":
+            if k_pe.dtype == torch.float16:  # the RoPE bytes are the input's (concat_and_cache_ds_mla_kernel)
+                layout = cache_layouts.FP8_DS_MLA_V32_FP16
+            if scale is not None:
+                positive_scale("scale", scale)  # vLLM's k_scale: checked, then ignored like the kernel does
+                scale = None
         if width != layout.entry_dim:
             raise ValueError(
                 f"kv_c and k_pe must be {layout.entry_dim} wide together for {kv_cache_dtype}, got {width}"
@@ -240,7 +250,7 @@ def concat_and_cache_mla(
             raise ValueError("scale must be None for kv_cache_dtype='auto'")
         flat[s[keep]] = entries.to(kv_cache.dtype)
     else:
-        flat[s[keep]] = cache_layouts.quantize(entries, _QUANTIZED[kv_cache_dtype], scale=scale).raw
+        flat[s[keep]] = cache_layouts.quantize(entries, layout, scale=scale).raw
     return new
 
 
@@ -376,8 +386,7 @@ def page_entries(
         raise ValueError(f"kv must have shape [B, S_kv, *entry], got {list(kv.shape)}")
     p = positive_int("page_size", page_size)
     spare = positive_int("spare_pages", spare_pages, minimum=0)
-    if not isinstance(spare_column, bool):
-        raise TypeError(f"spare_column must be a bool, got {type(spare_column).__name__}")
+    boolean("spare_column", spare_column)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if isinstance(fill, bool) or not isinstance(fill, (int, float)):

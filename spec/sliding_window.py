@@ -79,9 +79,12 @@ SPARSE_PREFILL_TOPK_ALIGNMENT = 128
 
 
 def layer_kind(compress_ratio: int) -> str:
-    """``"swaonly"`` (ratio ``<= 1``), ``"c4a"`` (4) or ``"c128a"`` (128); any other ratio raises ``ValueError``."""
-    if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
-        raise TypeError(f"compress_ratio must be an int, got {type(compress_ratio).__name__}")
+    """``"swaonly"`` (ratio 0 or 1), ``"c4a"`` (4) or ``"c128a"`` (128); any other ratio raises ``ValueError``.
+
+    0 is DeepSeek V4's own mark of an SWA-only layer (its ``config.json`` ``compress_ratios`` starts ``[0, 0, 4, 128,
+    ...]``) and vLLM maps every ratio ``<= 1`` to ``swaonly``; a negative ratio is refused.
+    """
+    compress_ratio = positive_int("compress_ratio", compress_ratio, minimum=0)
     if compress_ratio <= 1:
         return "swaonly"
     if compress_ratio in LAYER_KINDS:
@@ -232,6 +235,10 @@ def swa_indices_and_lens(
     local = start[:, None] + k[None, :]
     used = k[None, :] < lens[:, None]
     blocks = block_table.long()[req[:, None], torch.where(used, local, 0) // p]
+    if bool((used & (blocks < 0)).any()):
+        raise ValueError(
+            f"block_table must hold page ids >= 0 for the pages a window reads, got {block_table.tolist()}"
+        )
     slots = torch.where(used, blocks * p + local % p, -1)
     return SWAIndices(slots[:, None, :].to(torch.int32), lens.to(torch.int32), pos)
 
@@ -260,18 +267,24 @@ def prefill_gather_lens(seq_lens: torch.Tensor, query_lens: torch.Tensor, window
     return (query_lens.long() + prefix.clamp(max=window - 1)).to(torch.int32)
 
 
-def c128a_topk_indices(positions: torch.Tensor, compress_ratio: int, width: int) -> torch.Tensor:
+def c128a_topk_indices(
+    positions: torch.Tensor, compress_ratio: int, width: int, *, is_valid_token: torch.Tensor | None = None
+) -> torch.Tensor:
     """c128a's "top-k": every visible compressed entry, ``[0, 1, ..., n - 1, -1, ...]``,
-    ``n = min((p+1)//r, width)``.
+    ``n = min((p+1)//r, width)``; ``n = 0`` (an all ``-1`` row) for a token that is not valid.
 
     ``_build_c128a_topk_metadata_kernel`` (``vllm/v1/attention/backends/mla/flashmla_sparse.py``): prefill uses
     these local indices; decode maps them through the compressed block table (:func:`mlaspec.spec.sparse.
-    global_slot_indices`) and passes ``n`` as ``extra_topk_length``.
+    global_slot_indices`) and passes ``n`` as ``extra_topk_length``. A decode token whose slot is ``-1`` (CUDA-graph
+    padding: ``is_valid_token = slot_mapping >= 0``) gets length 0 there (``tl.where(is_valid_token, count, 0)``);
+    the spec writes its row as all ``-1``, the same convention as :func:`swa_indices_and_lens` (vLLM leaves the
+    row's indices unread behind the length 0).
 
     Args:
-        positions: ``[T]`` int absolute positions.
+        positions: ``[T]`` int absolute positions, ``>= 0``.
         compress_ratio: the layer's ratio (128 in V4; any ratio > 1 works).
-        width: row width (vLLM: ``ceil(max_model_len / r)`` rounded up to 128, trimmed per step).
+        width: row width (vLLM: ``ceil(max_model_len / r)`` rounded up to 128, trimmed per step), ``>= 0``.
+        is_valid_token: optional ``[T]`` bool (vLLM: ``slot_mapping >= 0``); an invalid token's row is all ``-1``.
 
     Returns:
         ``[T, width]`` int32.
@@ -280,6 +293,9 @@ def c128a_topk_indices(positions: torch.Tensor, compress_ratio: int, width: int)
     if layer_kind(compress_ratio) == "swaonly":
         raise ValueError(f"compress_ratio must be > 1 for compressed indices, got {compress_ratio}")
     n = num_visible_compressed(positions, compress_ratio).clamp(max=width)
+    if is_valid_token is not None:
+        Dims(T=positions.numel()).tensor("is_valid_token", is_valid_token, ("T",), (torch.bool,))
+        n = torch.where(is_valid_token, n, 0)
     k = torch.arange(width)[None, :]
     return torch.where(k < n[:, None], k, -1).to(torch.int32)
 
@@ -607,6 +623,11 @@ def v4_attention(
     dims.tensor("raw_kv", raw_kv, ("S_kv", "D_qk"), FLOAT)
     window = positive_int("window", window)
     scale = finite_float("scale", scale)
+    d_v = positive_int("d_v", d_v)
+    if d_v > dims["D_qk"]:
+        raise ValueError(
+            f"d_v must be <= D_qk={dims['D_qk']} (the value is the first d_v columns of the key), got {d_v}"
+        )
     s_q, s_kv = dims["S_q"], dims["S_kv"]
     kind = layer_kind(compress_ratio)
     mask = window_mask(s_q, s_kv, window)  # [S_q, S_kv]
