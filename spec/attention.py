@@ -155,7 +155,7 @@ def attention_varlen(
     dims.tensor("k", k, ("T_kv", "H_kv", "D_qk"), FLOAT)
     dims.tensor("v", v, ("T_kv", "H_kv", "D_v"), FLOAT)
     cq = cu_seqlens("cu_seqlens_q", cu_seqlens_q)
-    ck = cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch=cq.numel() - 1)
+    ck = cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch=cq.numel() - 1, batch_from="cu_seqlens_q")
     if int(cq[-1]) != dims["T_q"]:
         raise ValueError(f"cu_seqlens_q must end at T_q={dims['T_q']} (from q), got {cq.tolist()}")
     if int(ck[-1]) != dims["T_kv"]:

@@ -41,7 +41,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from .checks import BOOL, INT, Dims, boolean, positive_int
+from .checks import BOOL, INT, Dims, boolean, choice, positive_int
 
 __all__ = [
     "REGION_NAMES",
@@ -289,6 +289,7 @@ def build_metadata(
         block_table = block_table.to(torch.int32).clone()
     if num_blocks is None:
         num_blocks = max(int(block_table.max()) + 1 if block_table.numel() else 1, 1)
+    positive_int("num_blocks", num_blocks, minimum=0)
     used = [block_table[i, : pages[i]] for i in range(b)]
     if any(bool(((u < 0) | (u >= num_blocks)).any()) for u in used):
         raise ValueError(
@@ -470,10 +471,9 @@ def request_region(request: Request, decode_threshold: int = 1, regions: Literal
         raise TypeError(f"request must be a Request, got {type(request).__name__}")
     positive_int("decode_threshold", decode_threshold)
     short = request.new_tokens <= decode_threshold
+    choice("regions", regions, (2, 4))
     if regions == 2:
         return 0 if short else 1
-    if regions != 4:
-        raise ValueError(f"regions must be 2 (seed) or 4 (vLLM 0.33), got {regions!r}")
     if request.context_len == 0:
         return 3
     if not short:
@@ -539,8 +539,7 @@ def reorder_batch_to_split_decodes_and_prefills(
     """
     if not isinstance(requests, Sequence) or not all(isinstance(r, Request) for r in requests):
         raise TypeError("requests must be a sequence of Request")
-    if regions not in (2, 4):
-        raise ValueError(f"regions must be 2 (seed) or 4 (vLLM 0.33), got {regions!r}")
+    choice("regions", regions, (2, 4))
     positive_int("decode_threshold", decode_threshold)
     batch = list(requests)
     order = list(range(len(batch)))

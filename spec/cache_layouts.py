@@ -84,7 +84,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT, Dims, positive_int, positive_scale
+from .checks import FLOAT, Dims, finite_float, positive_int, positive_scale
 
 __all__ = [
     "BF16",
@@ -163,8 +163,13 @@ def round_to_format(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
 
     ``quantum = 2^(max(floor(log2|x|), e_min) - mantissa_bits)``; ``x_hat = round_half_even(x / quantum) * quantum``.
     Overflow saturates to ``±max_finite`` for fp8 (``__NV_SATFINITE``) and becomes ``±inf`` for bf16 / fp32.
-    NaN stays NaN.
+    NaN stays NaN. ``x``: a float tensor of any shape.
     """
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        what = str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating-point tensor, got {what}")
+    if not isinstance(fmt, FloatFormat):
+        raise TypeError(f"fmt must be a FloatFormat (E4M3, E5M2, BF16, FP16, FP32), got {type(fmt).__name__}")
     x = x.to(torch.float64)
     _, e = torch.frexp(x.abs())  # |x| = m * 2^e, m in [0.5, 1): leading bit is 2^(e - 1)
     exponent = torch.clamp(e.to(torch.float64) - 1, min=fmt.e_min)
@@ -177,7 +182,10 @@ def round_to_format(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
 
 
 def decode_e8m0(raw: torch.Tensor) -> torch.Tensor:
-    """e8m0 scale bytes -> float64 ``2^(byte - 127)``; byte 255 is NaN (OCP MX)."""
+    """e8m0 scale bytes ``raw`` (uint8, any shape) -> float64 ``2^(byte - 127)``; byte 255 is NaN (OCP MX)."""
+    if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
+        what = str(raw.dtype).removeprefix("torch.") if isinstance(raw, torch.Tensor) else type(raw).__name__
+        raise TypeError(f"raw must be a uint8 tensor of e8m0 bytes, got {what}")
     code = raw.to(torch.float64)
     return torch.where(raw == 255, math.nan, torch.exp2(code - 127.0))
 
@@ -864,6 +872,18 @@ def validate_layout(
     layout = _layout(layout)
     if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or raw.dim() != 2:
         raise TypeError("raw must be a 2-D uint8 tensor")
+    for name, pair, kind in (("e8m0_range", e8m0_range, int), ("fp32_range", fp32_range, (int, float))):
+        if (
+            not isinstance(pair, tuple)
+            or len(pair) != 2
+            or not all(isinstance(v, kind) and not isinstance(v, bool) for v in pair)
+        ):
+            raise TypeError(f"{name} must be a (low, high) tuple of numbers, got {pair!r}")
+        if not pair[0] <= pair[1]:
+            raise ValueError(f"{name} must have low <= high, got {pair!r}")
+    min_plausible = finite_float("min_plausible", min_plausible)
+    if not 0.0 <= min_plausible <= 1.0:
+        raise ValueError(f"min_plausible must lie in [0, 1], got {min_plausible}")
     if raw.shape[1] != layout.token_bytes:
         return LayoutCheck(False, 0.0, (f"record width {raw.shape[1]} != {layout.token_bytes} bytes",))
     t = raw.shape[0]

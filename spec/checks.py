@@ -86,9 +86,9 @@ class Dims:
         return self.sizes[dim]
 
 
-def _name(name: object) -> str:
+def _name(name: object, label: str = "name") -> str:
     if not isinstance(name, str):
-        raise TypeError(f"name must be a str (the argument's name), got {type(name).__name__}")
+        raise TypeError(f"{label} must be a str (an argument's name), got {type(name).__name__}")
     return name
 
 
@@ -106,16 +106,19 @@ def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
 
 def boolean(name: str, value: object) -> bool:
     """A bool (not an int such as ``1``, not None)."""
+    name = _name(name)
     if not isinstance(value, bool):
-        raise TypeError(f"{_name(name)} must be a bool, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
 
 
 def choice(name: str, value: object, options: Sequence[object]) -> object:
     """One of ``options`` (compared with ``==``; a bool never matches an int option)."""
     name = _name(name)
-    if isinstance(value, bool) and not any(isinstance(o, bool) for o in options):
-        raise TypeError(f"{name} must be one of {list(options)}, got a bool")
+    if isinstance(options, (str, bytes)) or not isinstance(options, (Sequence, set, frozenset)):
+        raise TypeError(f"options must be a sequence or set of the allowed values, got {type(options).__name__}")
+    if not any(type(value) is type(o) for o in options):
+        raise TypeError(f"{name} must be one of {list(options)}, got a {type(value).__name__}")
     try:
         ok = value in options
     except TypeError:  # an unhashable value against a set or dict of options
@@ -139,8 +142,13 @@ def device(name: str, value: object) -> torch.device | None:
 
 
 def in_range(name: str, x: torch.Tensor, lo: int | None = None, hi: int | None = None) -> torch.Tensor:
-    """Every element of the (already shape-checked) tensor ``x`` in ``[lo, hi]`` (either end open when None)."""
+    """Every element of the tensor ``x`` (any shape) in ``[lo, hi]``, ints (either end open when None)."""
     name = _name(name)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    for end, v in (("lo", lo), ("hi", hi)):
+        if v is not None:
+            positive_int(end, v, minimum=-(2**63))
     if x.numel() == 0:
         return x
     bad = torch.zeros_like(x, dtype=torch.bool)
@@ -180,10 +188,14 @@ def positive_scale(name: str, value: object) -> float:
     return s
 
 
-def cu_seqlens(name: str, x: object, batch: int | None = None) -> torch.Tensor:
-    """Cumulative sequence lengths: int tensor [B + 1], starting at 0, non-decreasing."""
+def cu_seqlens(name: str, x: object, batch: int | None = None, *, batch_from: str = "the arguments") -> torch.Tensor:
+    """Cumulative sequence lengths: int tensor [B + 1], starting at 0, non-decreasing (``B = batch`` when given,
+    bound by the argument ``batch_from``, which a mismatch names)."""
     name = _name(name)
-    dims = Dims() if batch is None else Dims(B_plus_1=positive_int("batch", batch, minimum=0) + 1)
+    dims = Dims()
+    if batch is not None:
+        dims.sizes["B_plus_1"] = positive_int("batch", batch, minimum=0) + 1
+        dims.source["B_plus_1"] = _name(batch_from, "batch_from")
     x = dims.tensor(name, x, ("B_plus_1",), INT)
     if x.numel() == 0 or int(x[0]) != 0:
         raise ValueError(f"{name} must start at 0, got {x.tolist()}")

@@ -306,7 +306,7 @@ def chunked_prefill_attention(
     _check_packed(dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
     if not isinstance(plan, ChunkPlan):
         raise TypeError(f"plan must be a ChunkPlan, got {type(plan).__name__}")
-    cq = cu_seqlens("cu_seqlens_q", cu_seqlens_q, batch=plan.num_prefills).long()
+    cq = cu_seqlens("cu_seqlens_q", cu_seqlens_q, batch=plan.num_prefills, batch_from="plan").long()
     if int(cq[-1]) != dims["T"]:
         raise ValueError(f"cu_seqlens_q must end at T={dims['T']} (from q_nope), got {cq.tolist()}")
     scale = finite_float("scale", scale)

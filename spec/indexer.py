@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT, FP8, INT, Dims, cu_seqlens, in_range, positive_int
+from .checks import FLOAT, FP8, INT, Dims, choice, cu_seqlens, in_range, positive_int, positive_scale
 
 __all__ = [
     "FP8_E4M3_MAX",
@@ -273,10 +273,9 @@ def _to_e4m3(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def _quantize_vectors(name: str, x: torch.Tensor, scale_fmt: object, eps: object) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per vector along the last dim: ``s = _fp8_scale(amax |x|)``, then ``(e4m3(x / s), s)``."""
-    if scale_fmt not in _SCALE_FMTS:
-        raise ValueError(f"scale_fmt must be 'ue8m0' or None, got {scale_fmt!r}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise ValueError(f"eps must be a positive float, got {eps!r}")
+    if scale_fmt is not None:
+        choice("scale_fmt", scale_fmt, ("ue8m0",))
+    positive_scale("eps", eps)
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} must be finite")
     x32 = x.to(torch.float32)
@@ -379,8 +378,16 @@ def fp8_e4m3_error_bound(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[...]`` float64.
     """
-    if not isinstance(x, torch.Tensor) or not isinstance(scale, torch.Tensor):
-        raise TypeError("x and scale must be torch.Tensors")
+    for name, t in (("x", x), ("scale", scale)):
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            what = str(t.dtype).removeprefix("torch.") if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a floating-point tensor, got {what}")
+    try:
+        shape = torch.broadcast_shapes(x.shape, scale.shape)
+    except RuntimeError as e:
+        raise ValueError(f"scale {list(scale.shape)} must broadcast to x {list(x.shape)}") from e
+    if shape != x.shape:
+        raise ValueError(f"scale {list(scale.shape)} must broadcast to x's shape {list(x.shape)}, not widen it")
     x64, s64 = x.to(torch.float64), scale.to(torch.float64)
     return torch.maximum(x64.abs() * 2.0**-4, s64 * 2.0**-10)
 
@@ -898,7 +905,7 @@ def prefill_chunk_metadata(
     """
     qsl = cu_seqlens("query_start_loc", query_start_loc).to(torch.int64)
     dims = Dims(B=qsl.numel() - 1)
-    lens = _int_vector("seq_lens", seq_lens, dims, "B")
+    lens = in_range("seq_lens", _int_vector("seq_lens", seq_lens, dims, "B"), 0)
     if not isinstance(chunk, tuple) or len(chunk) != 2 or not all(isinstance(x, slice) for x in chunk):
         raise TypeError("chunk must be a (req_slice, query_slice) pair of slices")
     req, qs = chunk

@@ -137,7 +137,7 @@ def slot_mapping_from_block_table(
     p = positive_int("block_size", block_size)
     dims = Dims()
     dims.tensor("block_table", block_table, ("B", "max_blocks"), INT)
-    qsl = cu_seqlens("query_start_loc", query_start_loc, batch=dims["B"])
+    qsl = cu_seqlens("query_start_loc", query_start_loc, batch=dims["B"], batch_from="block_table")
     dims.tensor("positions", positions, ("T",), INT)
     t = dims["T"]
     if int(qsl[-1]) != t:
@@ -153,6 +153,8 @@ def slot_mapping_from_block_table(
             f"{dims['max_blocks']} (block_size={p})"
         )
     block_ids = block_table.to(torch.int64)[req, logical]
+    if num_blocks is not None:
+        positive_int("num_blocks", num_blocks, minimum=0)
     _check_pages("block_table", block_ids, num_blocks)
     total = t if pad_to is None else positive_int("pad_to", pad_to, minimum=t)
     pad = torch.full((total - t,), PAD_SLOT_ID, dtype=torch.int64, device=pos.device)
@@ -162,11 +164,11 @@ def slot_mapping_from_block_table(
     )
 
 
-def _check_pages(name: str, pages: torch.Tensor, num_blocks: int | None) -> None:
+def _check_pages(name: str, pages: torch.Tensor, num_blocks: int | None, bound: str = "num_blocks") -> None:
     if bool((pages < 0).any()):
         raise ValueError(f"{name} must hold page ids >= 0 where it is used, got {pages.tolist()}")
     if num_blocks is not None and bool((pages >= num_blocks).any()):
-        raise ValueError(f"{name} must hold page ids < num_blocks={num_blocks} where it is used, got {pages.tolist()}")
+        raise ValueError(f"{name} must hold page ids < {bound}={num_blocks} where it is used, got {pages.tolist()}")
 
 
 _QUANTIZED = {
@@ -300,7 +302,7 @@ def gather_cache(
     b = dims["B"]
     if batch_size is not None and positive_int("batch_size", batch_size, minimum=0) != b:
         raise ValueError(f"batch_size must equal block_table.shape[0]={b}, got {batch_size}")
-    cu = cu_seqlens("cu_seq_lens", cu_seq_lens, batch=b).to(torch.int64)
+    cu = cu_seqlens("cu_seq_lens", cu_seq_lens, batch=b, batch_from="block_table").to(torch.int64)
     p = dims["P"]
     lens = cu[1:] - cu[:-1]
     if seq_starts is None:
@@ -323,7 +325,7 @@ def gather_cache(
     req = torch.repeat_interleave(torch.arange(b, device=cu.device), lens)
     pos = starts[req] + torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][req]
     pages = block_table.to(torch.int64)[req, pos // p]
-    _check_pages("block_table", pages, dims["NB"])
+    _check_pages("block_table", pages, dims["NB"], "NB (pages of kv_cache)")
     slots = pages * p + pos % p
     entries = kv_cache.reshape(dims["NB"] * p, *kv_cache.shape[2:])[slots].clone()
     return GatheredCache(entries, slots)
@@ -399,7 +401,9 @@ def page_entries(
     if seq_lens is None:
         lens = torch.full((b,), s_kv, dtype=torch.int64)
     else:
-        lens = Dims(B=b).tensor("seq_lens", seq_lens, ("B",), INT).to("cpu", torch.int64)
+        dims = Dims()
+        dims.tensor("kv", kv, ("B", "S_kv") + (None,) * (kv.dim() - 2))
+        lens = dims.tensor("seq_lens", seq_lens, ("B",), INT).to("cpu", torch.int64)
         if bool(((lens < 0) | (lens > s_kv)).any()):
             raise ValueError(f"seq_lens must lie in [0, S_kv={s_kv}], got {lens.tolist()}")
     pages = max(1, -(-s_kv // p))

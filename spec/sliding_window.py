@@ -50,6 +50,7 @@ import torch
 
 from .attention import attention
 from .checks import FLOAT, INT, Dims, cu_seqlens, finite_float, positive_int
+from .checks import device as _device
 
 __all__ = [
     "LAYER_KINDS",
@@ -109,6 +110,7 @@ def window_mask(s_q: int, s_kv: int, window: int, *, device: torch.device | str 
     window = positive_int("window", window)
     if s_q > s_kv:
         raise ValueError(f"s_q must be <= s_kv (queries are the last s_q positions), got s_q={s_q}, s_kv={s_kv}")
+    device = _device("device", device)
     p = torch.arange(s_q, device=device)[:, None] + (s_kv - s_q)
     j = torch.arange(s_kv, device=device)[None, :]
     return (j <= p) & (j > p - window)
@@ -294,7 +296,9 @@ def c128a_topk_indices(
         raise ValueError(f"compress_ratio must be > 1 for compressed indices, got {compress_ratio}")
     n = num_visible_compressed(positions, compress_ratio).clamp(max=width)
     if is_valid_token is not None:
-        Dims(T=positions.numel()).tensor("is_valid_token", is_valid_token, ("T",), (torch.bool,))
+        dims = Dims()
+        dims.tensor("positions", positions, ("T",), INT)
+        dims.tensor("is_valid_token", is_valid_token, ("T",), (torch.bool,))
         n = torch.where(is_valid_token, n, 0)
     k = torch.arange(width)[None, :]
     return torch.where(k < n[:, None], k, -1).to(torch.int32)
@@ -357,8 +361,8 @@ def combine_topk_swa_indices(
     swa_only = layer_kind(compress_ratio) == "swaonly"
     if swa_only and topk:
         raise ValueError(f"topk must be 0 for a swaonly layer (compress_ratio={compress_ratio}), got {topk}")
-    qsl = query_start_loc - query_start_loc[0]
-    req, pos = _query_layout(qsl, seq_lens)
+    cu_seqlens("query_start_loc", query_start_loc)
+    req, pos = _query_layout(query_start_loc, seq_lens)
     dims = Dims(T=pos.numel(), B=seq_lens.numel())
     dims.tensor("topk_indices", topk_indices, ("T", "K"), INT)
     dims.tensor("gather_lens", gather_lens, ("B",), INT)
@@ -421,7 +425,11 @@ def prefill_workspace(
     dims.tensor("gather_lens", gather_lens, ("B",), INT)
     for b, x in enumerate(raw_kv):
         dims.tensor(f"raw_kv[{b}]", x, (None, "D"), FLOAT)
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)):
+        raise TypeError(f"fill must be a number, got {type(fill).__name__}")
     if compressed_kv is not None:
+        if not isinstance(compressed_kv, Sequence) or isinstance(compressed_kv, str):
+            raise TypeError(f"compressed_kv must be a sequence of tensors or None, got {type(compressed_kv).__name__}")
         if len(compressed_kv) != len(raw_kv):
             raise ValueError(f"compressed_kv must have {len(raw_kv)} entries, got {len(compressed_kv)}")
         for b, x in enumerate(compressed_kv):
