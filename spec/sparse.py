@@ -240,7 +240,8 @@ def sparse_attention(
 
     # max_logits: the largest scaled score of the row (FlashMLA returns it for the backward pass); -inf if empty.
     logits = torch.einsum("shd,skhd->shk", q.to(torch.float64), keys.repeat_interleave(g, dim=2)) * scale
-    max_logits = logits.masked_fill(~mask[:, :, 0], -math.inf).amax(dim=-1)
+    logits = torch.nn.functional.pad(logits.masked_fill(~mask[:, :, 0], -math.inf), (0, 1), value=-math.inf)
+    max_logits = logits.amax(dim=-1)  # the -inf column: a row with no slot at all (K = 0) has max -inf too
 
     empty = torch.isneginf(lse)
     if attn_sink is not None:
