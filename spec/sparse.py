@@ -34,9 +34,9 @@ of ``flash_mla/flash_mla_interface.py``):
   this is the definition, not a tested kernel behaviour.
 * **Empty row** (no valid slot): output 0, LSE ``+inf`` (FlashMLA's choice, "so that the merge gives it zero
   weight"; ``empty_lse="-inf"`` gives the dense convention), ``max_logits`` ``-inf``. An empty *key set* is the
-  same case for every row: ``S_kv = 0`` (``kv [0, H_kv, D_qk]``, or a decode cache of ``NB = 0`` pages) with every
-  index ``-1`` gives output 0 and LSE ``+inf`` everywhere, as ``tests/ref.py`` does for a row whose indices are all
-  invalid (``lonely_q_mask``), not an indexing error.
+  same case for every row: ``K = 0`` slots, or ``S_kv = 0`` (``kv [0, H_kv, D_qk]``, or a decode cache of ``NB = 0``
+  pages) with every index ``-1``, gives output 0 and LSE ``+inf`` everywhere, as ``tests/ref.py`` does for a row
+  whose indices are all invalid (``lonely_q_mask``), not an indexing error.
 * **Attention sink** ``[H_q]``: scales the output by ``sigmoid(lse - sink)``; ``-inf`` does nothing, ``+inf`` gives
   zeros; LSE and ``max_logits`` are unchanged.
 * **LSE layout.** Prefill ``[S_q, H_q]`` (``sparse_prefill_fwd``); decode ``[B, H_q, S_q]`` (the kernel writes
