@@ -84,7 +84,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT, Dims, finite_float, positive_int, positive_scale
+from .checks import FLOAT, Dims, boolean, choice, finite_float, positive_int, positive_scale
 
 __all__ = [
     "BF16",
@@ -498,12 +498,10 @@ def _group_scales(
 
 
 def _check_rules(layout: CacheLayout, pow2_scales: object, e8m0_rule: object) -> None:
-    if not isinstance(pow2_scales, bool):
-        raise TypeError(f"pow2_scales must be a bool, got {type(pow2_scales).__name__}")
+    boolean("pow2_scales", pow2_scales)
     if pow2_scales and layout.scale_rule.kind != "fp32":
         raise ValueError(f"pow2_scales applies only to fp32-scale layouts, not {layout.name}")
-    if e8m0_rule not in E8M0_RULES:
-        raise ValueError(f"e8m0_rule must be one of {E8M0_RULES}, got {e8m0_rule!r}")
+    choice("e8m0_rule", e8m0_rule, E8M0_RULES)
     if e8m0_rule != "exact" and layout.scale_rule.kind != "e8m0":
         raise ValueError(f"e8m0_rule={e8m0_rule!r} applies only to e8m0-scale layouts, not {layout.name}")
 

@@ -40,7 +40,7 @@ import torch
 
 from .attention import AttentionOutput
 from .batch import CommonAttentionMetadata, SplitCounts, split_decodes_and_prefills
-from .checks import FLOAT, INT, Dims, cu_seqlens, finite_float, positive_int
+from .checks import FLOAT, INT, Dims, boolean, choice, cu_seqlens, finite_float, positive_int
 from .forms import mla_absorbed, mla_mha
 from .merge import merge_attn_states
 
@@ -94,17 +94,16 @@ def chunked_prefill_workspace_size(
     positive_int("block_size", block_size)
     target = max(8 * max_model_len, 4 * max_num_seqs * block_size)
     floor = max_num_seqs * block_size
+    choice("version", version, ("0.33", "seed"))
     if version == "0.33":
         return max(min(target, 64 * 1024), floor)
-    if version == "seed":
-        size = min(target, 128 * 1024)
-        if size < floor:
-            raise ValueError(
-                f"max_num_seqs * block_size = {floor} must not exceed the seed's workspace {size} "
-                f"(vLLM asserts context_chunk_workspace_size >= max_num_seqs * block_size)"
-            )
-        return size
-    raise ValueError(f"version must be '0.33' or 'seed', got {version!r}")
+    size = min(target, 128 * 1024)  # the seed version
+    if size < floor:
+        raise ValueError(
+            f"max_num_seqs * block_size = {floor} must not exceed the seed's workspace {size} "
+            f"(vLLM asserts context_chunk_workspace_size >= max_num_seqs * block_size)"
+        )
+    return size
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,8 +195,7 @@ def plan_context_chunks(
         raise ValueError(f"context_lens must be >= 0, got {ctx.tolist()}")
     positive_int("workspace_size", workspace_size)
     positive_int("block_size", block_size)
-    if not isinstance(align_to_block, bool):
-        raise TypeError(f"align_to_block must be a bool, got {type(align_to_block).__name__}")
+    boolean("align_to_block", align_to_block)
     b = ctx.numel()
     with_context = int((ctx > 0).sum())
     empty = torch.zeros(0, b, dtype=torch.int64)

@@ -291,8 +291,7 @@ def gather_cache(
     Returns:
         ``entries [T, *entry]`` (a copy, same dtype as the cache) and ``slots [T]`` int64.
     """
-    if kernel not in ("cp_gather_cache", "gather_and_maybe_dequant_cache"):
-        raise ValueError(f"kernel must be 'cp_gather_cache' or 'gather_and_maybe_dequant_cache', got {kernel!r}")
+    choice("kernel", kernel, ("cp_gather_cache", "gather_and_maybe_dequant_cache"))
     if not isinstance(kv_cache, torch.Tensor):
         raise TypeError(f"kv_cache must be a torch.Tensor, got {type(kv_cache).__name__}")
     if kv_cache.dim() < 3:

@@ -36,7 +36,7 @@ from typing import Literal
 
 import torch
 
-from .checks import FLOAT, INT, Dims
+from .checks import FLOAT, INT, Dims, choice
 from .config import MLAConfig, yarn_get_mscale
 
 __all__ = ["apply_rope", "inv_freq", "rope_cos_sin"]
@@ -112,8 +112,7 @@ def apply_rope(
     lead = (None,) * (x.dim() - 2) if isinstance(x, torch.Tensor) and x.dim() >= 2 else ()
     dims.tensor("x", x, ("T",) + lead + ("D_rope",), FLOAT)
     dims.tensor("positions", positions, ("T",), INT)
-    if style not in ("gptj", "neox"):
-        raise ValueError(f"style must be 'gptj' or 'neox', got {style!r}")
+    choice("style", style, ("gptj", "neox"))
     cos, sin = rope_cos_sin(config, positions)  # [T, D_rope/2]
     cos = cos.reshape(cos.shape[:1] + (1,) * (x.dim() - 2) + cos.shape[1:])
     sin = sin.reshape(cos.shape)
