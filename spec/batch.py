@@ -146,7 +146,7 @@ class CommonAttentionMetadata:
         if self.num_actual_tokens is None:
             object.__setattr__(self, "num_actual_tokens", int(qsl[-1]))
         positive_int("num_actual_tokens", self.num_actual_tokens, minimum=max(int(qsl[-1]), 0))
-        dims = Dims(B=b)
+        dims = Dims().bind("query_start_loc", B=b)
         seq_lens = _as_int_tensor("seq_lens", self.seq_lens, ("B",), dims)
         computed = _as_int_tensor("num_computed_tokens", self.num_computed_tokens, ("B",), dims)
         table = _as_int_tensor("block_table", self.block_table, ("B", "max_blocks"), dims)
@@ -285,7 +285,7 @@ def build_metadata(
             block_table[i, :n] = torch.arange(nxt, nxt + n, dtype=torch.int32)
             nxt += n
     else:
-        Dims(B=b).tensor("block_table", block_table, ("B", "max_blocks"), INT)
+        Dims().bind("requests", B=b).tensor("block_table", block_table, ("B", "max_blocks"), INT)
         block_table = block_table.to(torch.int32).clone()
     if num_blocks is None:
         num_blocks = max(int(block_table.max()) + 1 if block_table.numel() else 1, 1)

@@ -82,6 +82,12 @@ class Dims:
             self.source.setdefault(dim, name)
         return x
 
+    def bind(self, source: str, **sizes: int) -> Dims:
+        """Bind dimensions computed from the argument ``source`` (a later mismatch names it)."""
+        for dim, size in sizes.items():
+            self.sizes[dim], self.source[dim] = size, source
+        return self
+
     def __getitem__(self, dim: str) -> int:
         return self.sizes[dim]
 
@@ -194,8 +200,7 @@ def cu_seqlens(name: str, x: object, batch: int | None = None, *, batch_from: st
     name = _name(name)
     dims = Dims()
     if batch is not None:
-        dims.sizes["B_plus_1"] = positive_int("batch", batch, minimum=0) + 1
-        dims.source["B_plus_1"] = _name(batch_from, "batch_from")
+        dims.bind(_name(batch_from, "batch_from"), B_plus_1=positive_int("batch", batch, minimum=0) + 1)
     x = dims.tensor(name, x, ("B_plus_1",), INT)
     if x.numel() == 0 or int(x[0]) != 0:
         raise ValueError(f"{name} must start at 0, got {x.tolist()}")

@@ -413,7 +413,7 @@ def mla_mixed_batch(
     """
     if not isinstance(metadata, CommonAttentionMetadata):
         raise TypeError(f"metadata must be a CommonAttentionMetadata, got {type(metadata).__name__}")
-    dims = Dims(T=metadata.num_tokens)
+    dims = Dims().bind("metadata", T=metadata.num_tokens)
     _check_packed(dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
     if W_O is not None:
         dims.tensor("W_O", W_O, (None, "D_hidden"), FLOAT)

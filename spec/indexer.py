@@ -778,7 +778,7 @@ def kv_spans_from_batches(start_seq_loc: torch.Tensor, seq_len_per_batch: torch.
     Source: vLLM ``vllm/v1/attention/backends/mla/indexer.py`` ``kv_spans_from_batches``.
     """
     q = cu_seqlens("start_seq_loc", start_seq_loc).to(torch.int64)
-    dims = Dims(B=q.numel() - 1)
+    dims = Dims().bind("start_seq_loc", B=q.numel() - 1)
     lens = _int_vector("seq_len_per_batch", seq_len_per_batch, dims, "B")
     counts = q[1:] - q[:-1]
     if bool((counts > lens).any()):
@@ -904,7 +904,7 @@ def prefill_chunk_metadata(
     Source: vLLM ``vllm/v1/attention/backends/mla/indexer.py`` ``build_one_prefill_chunk`` (seed version).
     """
     qsl = cu_seqlens("query_start_loc", query_start_loc).to(torch.int64)
-    dims = Dims(B=qsl.numel() - 1)
+    dims = Dims().bind("query_start_loc", B=qsl.numel() - 1)
     lens = in_range("seq_lens", _int_vector("seq_lens", seq_lens, dims, "B"), 0)
     if not isinstance(chunk, tuple) or len(chunk) != 2 or not all(isinstance(x, slice) for x in chunk):
         raise TypeError("chunk must be a (req_slice, query_slice) pair of slices")

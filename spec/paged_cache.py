@@ -93,7 +93,7 @@ def token_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> To
     """
     qsl = cu_seqlens("query_start_loc", query_start_loc)
     b = qsl.numel() - 1
-    Dims(B=b).tensor("seq_lens", seq_lens, ("B",), INT)
+    Dims().bind("query_start_loc", B=b).tensor("seq_lens", seq_lens, ("B",), INT)
     q_lens = (qsl[1:] - qsl[:-1]).to(torch.int64)
     s = seq_lens.to(torch.int64)
     if bool((s < q_lens).any()):

@@ -168,7 +168,7 @@ def compressed_mask(s_q: int, seq_len: int, compress_ratio: int) -> torch.Tensor
 def _query_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token: its request and its absolute position ``prefix_len + (t - query_start)``."""
     qsl = cu_seqlens("query_start_loc", query_start_loc)
-    Dims(B=qsl.numel() - 1).tensor("seq_lens", seq_lens, ("B",), INT)
+    Dims().bind("query_start_loc", B=qsl.numel() - 1).tensor("seq_lens", seq_lens, ("B",), INT)
     query_lens = (qsl[1:] - qsl[:-1]).long()
     if bool((seq_lens.long() < query_lens).any()):
         raise ValueError(f"seq_lens must be >= query lengths {query_lens.tolist()}, got {seq_lens.tolist()}")
@@ -223,7 +223,7 @@ def swa_indices_and_lens(
     window = positive_int("window", window)
     p = positive_int("block_size", block_size)
     req, pos = _query_layout(query_start_loc, seq_lens)
-    dims = Dims(T=pos.numel(), B=seq_lens.numel())
+    dims = Dims().bind("query_start_loc and seq_lens", T=pos.numel(), B=seq_lens.numel())
     dims.tensor("block_table", block_table, ("B", "max_blocks"), INT)
     if pos.numel() and int(seq_lens.max()) > dims["max_blocks"] * p:
         raise ValueError(f"block_table must cover seq_lens {seq_lens.tolist()} with block_size={p}")
@@ -361,9 +361,11 @@ def combine_topk_swa_indices(
     swa_only = layer_kind(compress_ratio) == "swaonly"
     if swa_only and topk:
         raise ValueError(f"topk must be 0 for a swaonly layer (compress_ratio={compress_ratio}), got {topk}")
-    cu_seqlens("query_start_loc", query_start_loc)
-    req, pos = _query_layout(query_start_loc, seq_lens)
-    dims = Dims(T=pos.numel(), B=seq_lens.numel())
+    qsl = Dims().tensor("query_start_loc", query_start_loc, ("B_plus_1",), INT)
+    if qsl.numel():
+        qsl = qsl - qsl[0]  # a chunk of a larger batch: rebased
+    req, pos = _query_layout(qsl, seq_lens)
+    dims = Dims().bind("query_start_loc and seq_lens", T=pos.numel(), B=seq_lens.numel())
     dims.tensor("topk_indices", topk_indices, ("T", "K"), INT)
     dims.tensor("gather_lens", gather_lens, ("B",), INT)
     if topk > dims["K"]:
@@ -421,7 +423,7 @@ def prefill_workspace(
     if not isinstance(raw_kv, Sequence) or not raw_kv:
         raise TypeError("raw_kv must be a non-empty sequence of tensors")
     m, n_c = positive_int("M", M), positive_int("N", N, minimum=0)
-    dims = Dims(B=len(raw_kv))
+    dims = Dims().bind("raw_kv", B=len(raw_kv))
     dims.tensor("gather_lens", gather_lens, ("B",), INT)
     for b, x in enumerate(raw_kv):
         dims.tensor(f"raw_kv[{b}]", x, (None, "D"), FLOAT)
