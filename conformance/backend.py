@@ -11,6 +11,9 @@ An adapter is any object with
   ``mlaspec backends``; every case then skips with it;
 * optionally ``not_implemented: Mapping[str, str]``: op name -> why the backend leaves that op out on purpose (e.g.
   host-side metadata that has no kernel); the skip of its cases says so after "does not implement";
+* optionally ``numerics: Mapping[str, tuple[str, ...]]``: op name -> the arithmetic departures its kernel makes by
+  design (:data:`mlaspec.conformance.numerics.DEPARTURES`, e.g. ``("fp8_mma_accumulation",)``): the op is judged under
+  exactly that arithmetic and the verdict records it; ``--strict-numerics`` ignores the declaration;
 * one method per op, named after it, taking the op's keyword arguments (the spec function's) and returning the
   spec's outputs (e.g. ``(out, lse)``) in the backend's own dtype and on any device.
 

@@ -135,6 +135,7 @@ def _check(args: argparse.Namespace) -> int:
             before=announce,
             stop=context_lost,
             header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
+            strict_numerics=args.strict_numerics,
         )
     finally:
         if hasattr(backend, "close"):
@@ -324,6 +325,11 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--name", default="custom", help="with --params: the case name (it seeds the inputs)")
     check.add_argument(
         "--generated", type=int, default=0, metavar="N", help="add N hypothesis-drawn cases per generated op"
+    )
+    check.add_argument(
+        "--strict-numerics",
+        action="store_true",
+        help="judge against the exact spec's arithmetic, ignoring the numerics the backend declares per op",
     )
     check.add_argument("--seed", type=int, default=0, help="hypothesis seed of the --generated cases (default: 0)")
     check.add_argument(

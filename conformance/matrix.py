@@ -125,6 +125,7 @@ def run_matrix(
                 worst=_worst(r),
                 seconds=round(r.seconds, 4),
                 repro=r.repro,
+                numerics=list(r.numerics),
             )
             for r in results
         ]
@@ -135,9 +136,10 @@ def _cell(res: dict | None, usable: bool) -> str:
     if not usable or res is None:
         return MARK["unavailable"]
     v, w = res["verdict"], res["worst"]
+    declared = "†" if res.get("numerics") else ""  # judged under the backend's declared numerics
     if v in ("pass", "fail") and w is not None:
-        return f"{MARK[v]} {'nonfinite' if w == float('inf') else f'{w:.2g}'}"
-    return MARK[v]
+        return f"{MARK[v]} {'nonfinite' if w == float('inf') else f'{w:.2g}'}{declared}"
+    return MARK[v] + declared
 
 
 def matrix_markdown(data: dict) -> str:
@@ -152,7 +154,9 @@ def matrix_markdown(data: dict) -> str:
         "`nonfinite` = a NaN/±inf position differs from the spec). "
         f"{MARK['pass']} pass, {MARK['fail']} fail, {MARK['error']} error (raised, wrong shape), "
         f"{MARK['skip']} skipped (the backend declares the case unsupported: reason below), "
-        f"{MARK['unavailable']} backend not usable here.",
+        f"{MARK['unavailable']} backend not usable here. "
+        "† judged under the arithmetic the backend declares for the op (`mlaspec.conformance.numerics`: the "
+        "budget term it changes, no other; `mlaspec check --strict-numerics` judges against the exact spec).",
         "",
         "Regenerate: `mlaspec matrix --backends " + ",".join(names) + f" --scale {data['scale']} "
         f"--dtypes {','.join(data['dtypes'])} --out <dir>`",
@@ -176,6 +180,13 @@ def matrix_markdown(data: dict) -> str:
         c = {v: sum(r["verdict"] == v for r in e["results"]) for v in ("pass", "fail", "error", "skip")}
         c["error"] += sum(r["verdict"] in ("crash", "timeout") for r in e["results"])
         lines.append(f"| `{n}` | {e['version']} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} |")
+    for n in names:
+        declared: dict[tuple[str, ...], list[str]] = {}
+        for r in data["backends"][n]["results"]:
+            if r.get("numerics") and r["op"] not in declared.get(tuple(r["numerics"]), []):
+                declared.setdefault(tuple(r["numerics"]), []).append(r["op"])
+        for numerics, ops in declared.items():
+            lines.append(f"\n† `{n}` declares {', '.join(numerics)} for {', '.join(ops)}.")
     lines += [
         "",
         "## Matrix",

@@ -91,6 +91,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "an exit or a hang fails only its case; none: in the test process",
     )
     group.addoption(
+        "--mla-strict-numerics",
+        action="store_true",
+        help="judge against the exact spec's arithmetic, ignoring the numerics the backend declares "
+        "(mlaspec.conformance.numerics)",
+    )
+    group.addoption(
         "--mla-seed",
         metavar="S",
         type=int,
@@ -117,6 +123,7 @@ class _State:
     seed: int
     worker: str | None  # pytest-xdist worker id ("gw0"), None in the controller or without xdist
     isolation: str = "process"
+    strict_numerics: bool = False
     planned: list[str] = field(default_factory=list)
     markers_registered: bool = False
     _backend: Any = None
@@ -144,6 +151,7 @@ class _State:
             opt("mla_seed"),
             worker,
             opt("mla_isolation"),
+            opt("mla_strict_numerics"),
         )
 
     @property
@@ -407,6 +415,7 @@ def mla_check(request: pytest.FixtureRequest, mla_backend):
             scale=state.scale,
             timeout=state.timeout,
             figure_dir=state.figure_dir,
+            strict_numerics=state.strict_numerics,
         )
         state.record(result)
         _properties(request.node, result)
@@ -445,7 +454,12 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
 
         def run(case, figure_dir=None):
             return run_case(
-                backend, case, backend_name=state.backend_name, timeout=state.timeout, figure_dir=figure_dir
+                backend,
+                case,
+                backend_name=state.backend_name,
+                timeout=state.timeout,
+                figure_dir=figure_dir,
+                strict_numerics=state.strict_numerics,
             )
 
         @seed(state.seed)

@@ -115,6 +115,11 @@ def _worst(r: Result) -> tuple[str, str]:
     return f"{m.output} {m.value:.3g}", "1" if m.name == "max_error/bound" else "exact"
 
 
+def _assumed(r: Result) -> str:
+    """The declared numerics a verdict assumed, as a prefix of its reason (empty under the exact spec)."""
+    return f"[numerics: {', '.join(r.numerics)}] " if r.numerics else ""
+
+
 def summary_table(results: list[Result]) -> str:
     """Plain-text table: op, case, worst error/bound, bound, verdict; then the counts."""
     rows = [("op", "case", "worst error/bound", "bound", "verdict")]
@@ -218,7 +223,7 @@ def write_html(
         link = f'<a href="#{esc(r.case_id)}">{esc(r.case_id)}</a>' if r.verdict in FAILED else esc(r.case_id)
         rows.append(
             f"<tr><td>{esc(r.op)}</td><td>{link}</td><td>{esc(worst)}</td><td>{bound}</td>"
-            f'<td class="{r.verdict}">{r.verdict.upper()}</td><td>{esc(r.reason)}</td></tr>'
+            f'<td class="{r.verdict}">{r.verdict.upper()}</td><td>{esc(_assumed(r) + r.reason)}</td></tr>'
         )
     failures = []
     for r in results:

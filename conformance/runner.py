@@ -20,6 +20,7 @@ import torch
 
 from .backend import Backend, skip_reason
 from .cases import Case
+from .numerics import assuming, declared
 from .ops import DTYPES, OPS, unit_roundoff
 from .verdict import Result, judge
 from .worker import Outcome, WorkerBackend, error_message, invoke
@@ -82,6 +83,7 @@ def run_case(
     scale: str = "tiny",
     timeout: float | None = 60.0,
     figure_dir: Path | None = None,
+    strict_numerics: bool = False,
 ) -> Result:
     """Judge ``backend`` on ``case``; the result's ``repro`` is :meth:`Case.repro` of ``backend_name``.
 
@@ -89,6 +91,10 @@ def run_case(
     (run in its worker process, while this process computes the reference). Whatever the backend does, the case
     gets exactly one verdict: ``pass``, ``fail`` (numbers, non-finite pattern, or the input contract broken),
     ``error`` (it raised, or returned what cannot be judged), ``crash`` (its worker died), ``timeout`` or ``skip``.
+
+    The budgets and the bias check follow the arithmetic the backend declares for the op
+    (:mod:`mlaspec.conformance.numerics`; recorded in ``result.numerics``), or the exact spec's with
+    ``strict_numerics``.
     """
     result = Result(case.id, case.op, case.dtype, "skip", repro=case.repro(backend_name, scale))
     try:
@@ -100,13 +106,20 @@ def run_case(
         result.reason = reason
         return result
     op = OPS[case.op]
+    try:
+        result.numerics = [] if strict_numerics else list(declared(backend, case.op))
+    except ValueError as exc:
+        result.verdict, result.reason = "error", str(exc)
+        return result
     isolated = isinstance(backend, WorkerBackend)
     if isolated:
         backend.send(case, op.writes)  # the worker computes while the reference is computed here
+    u = unit_roundoff(DTYPES[case.dtype])
     try:
         inputs = op.make_inputs(case)
         ref = tuple(op.reference(**inputs))
-        bounds = None if op.bounds is None else op.bounds(inputs, ref, unit_roundoff(DTYPES[case.dtype]))
+        with assuming(tuple(result.numerics)):
+            bounds = None if op.bounds is None else op.bounds(inputs, ref, u)
     except Exception as exc:  # parameters the harness cannot build from: the case's error, the run goes on
         if isolated:
             backend.collect()  # the worker's answer to this case, so the next case reads its own
@@ -120,7 +133,8 @@ def run_case(
         return result
     got = outcome.outputs
     try:
-        verdict = judge(op.outputs, got, ref, bounds) if op.compare is None else op.compare(inputs, got, ref)
+        with assuming(tuple(result.numerics)):
+            verdict = judge(op.outputs, got, ref, bounds, u=u) if op.compare is None else op.compare(inputs, got, ref)
     except Exception as exc:  # an output the judge cannot read is the backend's error, never the run's end
         verdict = ("error", f"the output cannot be judged: {error_message(exc)}", [], {}, {})
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict
@@ -180,6 +194,7 @@ def run_cases(
     before: Callable[[int, Case], None] | None = None,
     stop: Callable[[int, Result], bool] | None = None,
     header: str | None = None,
+    strict_numerics: bool = False,
 ) -> list[Result]:
     """Run every case; stream each verdict to ``out_dir/results.jsonl`` as it comes.
 
@@ -207,6 +222,7 @@ def run_cases(
                 scale=scale,
                 timeout=timeout,
                 figure_dir=None if out_dir is None else out_dir / "figures",
+                strict_numerics=strict_numerics,
             )
             results.append(r)
             if sink is not None:

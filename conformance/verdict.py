@@ -1,5 +1,7 @@
 """Judging one backend output against the spec: ±inf/NaN positions exactly first, then every finite element
-against its own derived bound (:mod:`mlaspec.conformance.ops`).
+against its own derived bound (:mod:`mlaspec.conformance.ops`), then the error as a whole against what random
+rounding gives: no systematic lean (bias) and no more noise than the budget allows (norm) —
+:mod:`mlaspec.conformance.statistics`.
 
 A verdict is a plain record that serialises to one JSON line, so a crashed run keeps what it judged;
 :func:`format_failure` is how a failing one reads wherever it is shown (``mlaspec check``, the pytest plugin, the
@@ -12,6 +14,9 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from .numerics import lse_rounded
+from .statistics import ALPHA, rounding_statistics
 
 __all__ = ["Metric", "Result", "format_failure", "judge", "judge_exact"]
 
@@ -36,7 +41,8 @@ class Result:
 
     ``figure`` is the error heat map of a failing case; ``figures`` are its op's pictures (the mask, sparse pattern,
     chunk schedule, top-k or byte layout the case stands for, next to what the backend did). JSON lines written
-    before ``figures`` existed load with it empty."""
+    before ``figures`` existed load with it empty. ``numerics`` are the arithmetic departures the verdict assumed (the
+    backend's declaration for the op, :mod:`mlaspec.conformance.numerics`; empty: the exact spec's arithmetic)."""
 
     case_id: str
     op: str
@@ -49,6 +55,7 @@ class Result:
     repro: str = ""
     figure: str = ""
     figures: list[str] = field(default_factory=list)
+    numerics: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -57,6 +64,9 @@ class Result:
     def from_json(cls, d: dict) -> Result:
         return cls(**{**d, "metrics": [Metric(**m) for m in d.get("metrics", [])]})
 
+
+ADDITIVE = ("lse", "max_logits")
+"""Outputs whose errors are offsets, not scales (log-domain values): judged per element by the bias check."""
 
 FAILED = ("fail", "error", "crash", "timeout")
 """The verdicts that fail a run: wrong numbers or a broken input contract, an output that cannot be judged or a
@@ -83,11 +93,21 @@ def _nonfinite_mismatch(name: str, got: torch.Tensor, ref: torch.Tensor) -> str:
     return ""
 
 
-def judge(names: tuple[str, ...], got: object, ref: tuple, bounds: tuple) -> tuple[str, str, list[Metric], dict, dict]:
+def judge(
+    names: tuple[str, ...], got: object, ref: tuple, bounds: tuple, *, u: float = 0.0
+) -> tuple[str, str, list[Metric], dict, dict]:
     """Compare a backend's outputs with the spec's.
 
     Returns ``(verdict, reason, metrics, worst, ratios)``; ``ratios[name]`` is the error / bound tensor (for pictures).
     LSE rows the spec reports empty (``-inf``) may come back as ``+inf``: vLLM's merge reads both as empty.
+
+    Each output within its per-element budget is then judged as a whole
+    (:func:`~mlaspec.conformance.statistics.rounding_statistics`): ``bias/floor`` (the systematic error over the
+    floor, 0 where the rows do not lean one way beyond chance) and ``rms/budget`` (the RMS error over the RMS budget,
+    against what random rounding reaches). ``u`` is the case dtype's unit roundoff, the precision the kernel is
+    entitled to: the bias floor is a quarter of the larger of it and the output dtype's. The outputs in
+    :data:`ADDITIVE` and any 1-D output are judged as additive offsets, every other output as a relative scale per row
+    (its last dimension).
     """
     if not isinstance(got, (tuple, list)) or len(got) != len(names):
         return "error", f"expected {len(names)} outputs ({', '.join(names)}), got {type(got).__name__}", [], {}, {}
@@ -107,6 +127,7 @@ def judge(names: tuple[str, ...], got: object, ref: tuple, bounds: tuple) -> tup
             return "error", f"{name}: shape {list(g.shape)}, spec {list(r.shape)}", [], {}, {}
         if not (g.dtype.is_floating_point or g.dtype.is_complex):
             return "error", f"{name}: dtype {g.dtype} is not floating point", [], {}, {}
+        u_out = max(u, torch.finfo(g.dtype).eps / 2 if g.dtype.is_floating_point else 0.0)
         g = g.detach().to("cpu", torch.float64)
         if name == "lse":
             g = torch.where(torch.isposinf(g) & torch.isneginf(r), -math.inf, g)
@@ -118,13 +139,12 @@ def judge(names: tuple[str, ...], got: object, ref: tuple, bounds: tuple) -> tup
         finite = torch.isfinite(r)
         err = torch.where(finite, (g - r).abs(), 0.0)
         b = torch.broadcast_to(b, r.shape).to(torch.float64)
+        if name == "lse" and lse_rounded():  # a declared LSE in the query dtype: its one rounding
+            b = b + 2 * u * r.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
         ratio = torch.where(err > 0, err / b.clamp_min(1e-300), 0.0)
         ratios[name] = ratio
-        ref_norm = r[finite].norm().item()
-        rel = (err.norm().item() / ref_norm) if ref_norm > 0 else float(err.norm().item() > 0)
         worst_ratio = ratio.max().item() if ratio.numel() else 0.0
         metrics.append(Metric(name, "max_error/bound", worst_ratio, 1.0))
-        metrics.append(Metric(name, "rel_frobenius", rel, float("inf")))
         if ratio.numel() and worst_ratio > 0:
             idx = tuple(int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape))
             worst[name] = dict(index=list(idx), got=g[idx].item(), spec=r[idx].item(), bound=b[idx].item())
@@ -134,6 +154,15 @@ def judge(names: tuple[str, ...], got: object, ref: tuple, bounds: tuple) -> tup
                 f"{name}: max |error|/bound = {worst_ratio:.3g} at {w['index']}: got {w['got']:.6g}, "
                 f"spec {w['spec']:.6g}, bound {w['bound']:.3g}"
             )
+            continue
+        relative = name not in ADDITIVE and r.dim() >= 2
+        stats = rounding_statistics(torch.where(finite, g - r, 0.0), r, b, relative=relative, u=u_out)
+        metrics.append(Metric(name, "bias/floor", abs(stats.bias) / stats.floor if stats.p <= ALPHA else 0.0, 1.0))
+        metrics.append(Metric(name, "rms/budget", stats.rho, stats.rho_bound))
+        if stats.biased:
+            reasons.append(stats.bias_reason(name, relative))
+        if stats.noisy:
+            reasons.append(stats.norm_reason(name))
     return ("fail" if reasons else "pass"), "; ".join(reasons), metrics, worst, ratios
 
 

@@ -176,6 +176,7 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
         not_implemented=dict(getattr(backend, "not_implemented", None) or {}),
         has_unsupported=callable(getattr(backend, "unsupported", None)),
         unavailable=getattr(backend, "unavailable", None),
+        numerics={op: tuple(v) for op, v in (getattr(backend, "numerics", None) or {}).items()},
     )
     conn.send(("ready", meta))
     while True:
@@ -222,9 +223,9 @@ def _status(code: int | None) -> str:
 
 class WorkerBackend:
     """A backend, by name, in a worker process; it quacks like a backend for what the harness asks before a call
-    (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``, ``unsupported``) and runs ops
-    through :meth:`send` / :meth:`collect`. Raises ``RuntimeError`` when the backend cannot be
-    loaded (the message is the worker's)."""
+    (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``, ``numerics``,
+    ``unsupported``) and runs ops through :meth:`send` / :meth:`collect`. Raises ``RuntimeError`` when the backend
+    cannot be loaded (the message is the worker's)."""
 
     def __init__(self, backend_name: str, *, timeout: float | None = 120.0):
         self.backend_name = backend_name
@@ -238,6 +239,7 @@ class WorkerBackend:
         self.not_implemented = meta["not_implemented"]
         self._has_unsupported = meta["has_unsupported"]
         self.unavailable = meta["unavailable"]
+        self.numerics = meta["numerics"]
         self.starts = 1
 
     def _start(self) -> dict:

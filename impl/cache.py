@@ -12,7 +12,8 @@ turns the layout's :class:`~mlaspec.spec.cache_layouts.Field` records into a han
   (``SCALES=0``), under an fp32 scale per ``GROUP`` values (``SCALES=1``) or an e8m0 scale per ``GROUP`` values
   (``SCALES=2``), the ``G`` scales at byte ``S_OFF``;
 * ``B``: the rest of the entry, ``[D_A, D_A + D_B)`` at byte ``B_OFF``: fp8 under the same per-tensor scale
-  (``B_KIND=1``), bf16 stored verbatim (``B_KIND=2``) or absent (``B_KIND=0``);
+  (``B_KIND=1``), bf16 stored verbatim (``B_KIND=2``), fp16 stored verbatim (``B_KIND=3``: the 656-byte record
+  of an fp16 model, :data:`mlaspec.spec.cache_layouts.FP8_DS_MLA_V32_FP16`) or absent (``B_KIND=0``);
 * a zero pad field (``PAD`` bytes at ``PAD_OFF``), and where a record lives in its page: token-interleaved
   (``SPLIT=0``, record ``off`` at ``off * TOKEN_BYTES``) or split (bytes ``[0, SPLIT)`` of the record at
   ``off * SPLIT``, the rest at ``P * SPLIT + off * (TOKEN_BYTES - SPLIT)``).
@@ -68,7 +69,7 @@ import triton
 import triton.language as tl
 
 from mlaspec.spec import cache_layouts as cl
-from mlaspec.spec.checks import Dims, finite_float, positive_int
+from mlaspec.spec.checks import Dims, finite_float, positive_int, positive_scale
 
 __all__ = [
     "CACHE_DTYPES",
@@ -148,6 +149,12 @@ def _bf16_bits(x):
     r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
     r = tl.where(x != x, 0x7FC0 | ((b >> 16) & 0x8000), r)
     return r.to(tl.int32)
+
+
+@triton.jit
+def _fp16_bits(x):
+    """fp32 -> fp16 bits (int32 in [0, 2^16)), rounded to nearest even (the cast's rounding)."""
+    return x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
 
 
 @triton.jit
@@ -283,17 +290,18 @@ def _write_records_kernel(
                 )
             q = _fp8_code(y, MBITS, EMIN, BIAS, MAXQ).to(tl.uint8)
             tl.store(CACHE + _record_at(slot, A_OFF + a, page_bytes, P, TOKEN_BYTES, SPLIT), q, mask=a_ok)
-            # -- the B field: fp8 under the per-tensor scale, or bf16 verbatim -----------------------------------------
+            # -- the B field: fp8 under the per-tensor scale, or bf16 / fp16 verbatim ---------------------------------
             if B_KIND == 1:
                 xb = tl.load(X_B + t * stride_b + b, mask=b_ok, other=0.0).to(tl.float32)
                 qb = _fp8_code(tl.math.div_rn(xb, scale), MBITS, EMIN, BIAS, MAXQ).to(tl.uint8)
                 tl.store(CACHE + _record_at(slot, B_OFF + b, page_bytes, P, TOKEN_BYTES, SPLIT), qb, mask=b_ok)
-            elif B_KIND == 2:
+            elif B_KIND >= 2:
                 xb = tl.load(X_B + t * stride_b + b, mask=b_ok, other=0.0).to(tl.float32)
+                bits = _bf16_bits(xb) if B_KIND == 2 else _fp16_bits(xb)
                 k = tl.arange(0, 2 * BLOCK_B)
                 tl.store(
                     CACHE + _record_at(slot, B_OFF + k, page_bytes, P, TOKEN_BYTES, SPLIT),
-                    _le_bytes(_bf16_bits(xb), BLOCK_B, 2),
+                    _le_bytes(bits, BLOCK_B, 2),
                     mask=k < 2 * D_B,
                 )
             if PAD > 0:  # zero padding bytes
@@ -358,6 +366,9 @@ def _dequantize_kernel(
         tl.store(out + D_A + b, vb, mask=b_ok)
     elif B_KIND == 2:  # bf16 widened exactly
         tl.store(out + D_A + b, (_le_load(rec + B_OFF, BLOCK_B, 2, b_ok) << 16).to(tl.float32, bitcast=True), mask=b_ok)
+    elif B_KIND == 3:  # fp16 widened exactly
+        vb = _le_load(rec + B_OFF, BLOCK_B, 2, b_ok).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        tl.store(out + D_A + b, vb, mask=b_ok)
 
 
 @triton.jit
@@ -517,8 +528,8 @@ def _plan(lay: cl.CacheLayout) -> dict:
         if fb.dtype == fa.dtype and fb.group is None and scales == 0:
             b_kind = 1
         else:
-            need(fb.dtype == "bf16" and fb.group is None, f"field {fb.name} must be bf16 or per-tensor fp8")
-            b_kind = 2
+            need(fb.dtype in ("bf16", "fp16") and fb.group is None, f"field {fb.name} must be bf16, fp16 or fp8")
+            b_kind = 2 if fb.dtype == "bf16" else 3
         d_b = fb.elements[1] - fb.elements[0]
         consts.update(D_B=d_b, BLOCK_B=_pow2(d_b), B_OFF=fb.offset, B_KIND=b_kind)
         used.add(fb.name)
@@ -653,6 +664,12 @@ def concat_and_cache_mla(
         )
     else:
         layout = CACHE_DTYPES[kv_cache_dtype]
+        if kv_cache_dtype == "fp8_ds_mla":  # as the spec: the RoPE in the input dtype, vLLM's k_scale not read
+            if k_pe.dtype == torch.float16:
+                layout = cl.FP8_DS_MLA_V32_FP16
+            if scale is not None:
+                positive_scale("scale", scale)
+                scale = None
         consts, s, mode = plan(layout), _scale(layout, scale), 1
         if (d_v, d_r) != (consts["D_A"], consts["D_B"]):
             raise ValueError(

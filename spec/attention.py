@@ -20,7 +20,11 @@ Conventions (and where they come from):
   decode treats ``q_len > 1`` (MTP).
 * Keys that no query may attend are never read: NaN in unused pages or slots cannot reach the output.
 * A row with no allowed key has output 0 and LSE ``-inf``; :func:`mlaspec.spec.merge.merge_attn_states` then
-  gives it zero weight. (FlashMLA's *sparse* kernels report such a row as ``+inf``; see the sparse spec.)
+  gives it zero weight. FlashMLA reports such a row as ``+inf`` in *all* its kernels: the sparse ones (see the
+  sparse spec, ``tests/ref.py``) and the dense decode ``flash_mla_with_kvcache`` too (a request with
+  ``cache_seqlens = 0``: its reference ``ref_mla`` in ``tests/test_flash_mla_dense_decoding.py`` sets
+  ``lse[lonely_q_mask] = +inf``, and the ``flashmla`` conformance backend reads ``+inf`` back from the kernel),
+  as FlashAttention-2 does. Both mean "no key"; vLLM's merge treats them alike.
 * The default scale is ``1 / sqrt(D_qk)``. MLA passes its own scale: ``1/sqrt(192)`` (times the YaRN mscale²)
   in *both* forms, although the absorbed form's dot product is 576 wide.
 
@@ -34,7 +38,8 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import BOOL, FLOAT, Dims, cu_seqlens, finite_float
+from .checks import BOOL, FLOAT, Dims, boolean, cu_seqlens, finite_float, positive_int
+from .checks import device as _device
 
 __all__ = ["AttentionOutput", "attention", "attention_varlen", "causal_mask"]
 
@@ -53,7 +58,12 @@ def causal_mask(s_q: int, s_kv: int, *, device: torch.device | str | None = None
 
         [[1, 1, 1, 0],
          [1, 1, 1, 1]]
+
+    ``s_q`` and ``s_kv`` are ints ``>= 0`` (``S_q > S_kv`` leaves the first ``S_q - S_kv`` rows empty).
     """
+    s_q = positive_int("s_q", s_q, minimum=0)
+    s_kv = positive_int("s_kv", s_kv, minimum=0)
+    device = _device("device", device)
     i = torch.arange(s_q, device=device)[:, None]
     j = torch.arange(s_kv, device=device)[None, :]
     return j <= i + (s_kv - s_q)
@@ -89,8 +99,7 @@ def attention(
     h_q, h_kv = dims["H_q"], dims["H_kv"]
     if h_kv == 0 or h_q % h_kv:
         raise ValueError(f"k must have a head count H_kv that divides H_q={h_q}, got H_kv={h_kv}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    boolean("causal", causal)
     scale = 1.0 / math.sqrt(dims["D_qk"]) if scale is None else finite_float("scale", scale)
 
     allowed = torch.ones(1, 1, dims["S_q"], dims["S_kv"], dtype=torch.bool, device=q.device)
@@ -146,11 +155,14 @@ def attention_varlen(
     dims.tensor("k", k, ("T_kv", "H_kv", "D_qk"), FLOAT)
     dims.tensor("v", v, ("T_kv", "H_kv", "D_v"), FLOAT)
     cq = cu_seqlens("cu_seqlens_q", cu_seqlens_q)
-    ck = cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch=cq.numel() - 1)
+    ck = cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch=cq.numel() - 1, batch_from="cu_seqlens_q")
     if int(cq[-1]) != dims["T_q"]:
         raise ValueError(f"cu_seqlens_q must end at T_q={dims['T_q']} (from q), got {cq.tolist()}")
     if int(ck[-1]) != dims["T_kv"]:
         raise ValueError(f"cu_seqlens_k must end at T_kv={dims['T_kv']} (from k), got {ck.tolist()}")
+    boolean("causal", causal)
+    if scale is not None:
+        finite_float("scale", scale)
 
     out = torch.zeros(dims["T_q"], dims["H_q"], dims["D_v"], dtype=torch.float64, device=q.device)
     lse = torch.full((dims["H_q"], dims["T_q"]), -math.inf, dtype=torch.float64, device=q.device)

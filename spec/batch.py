@@ -41,7 +41,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from .checks import BOOL, INT, Dims, positive_int
+from .checks import BOOL, INT, Dims, boolean, choice, positive_int
 
 __all__ = [
     "REGION_NAMES",
@@ -113,7 +113,12 @@ class CommonAttentionMetadata:
       ``block_table[b, pos // block_size] * block_size + pos % block_size``.
     * ``is_prefilling``: ``[B]`` bool, still consuming the prompt (vLLM 0.33; used by the four-region split).
     * ``block_size`` (``P``), ``num_blocks`` (pages in the cache; slots live in ``[0, num_blocks * P)``).
-    * Derived scalars as in vLLM: ``num_reqs``, ``num_actual_tokens``, ``max_query_len``, ``max_seq_len``.
+    * ``num_actual_tokens``: optional int ``>= T``, the token count vLLM's kernels run over. Default (None) ``T =
+      query_start_loc[-1]``; larger under CUDA-graph padding, where the batch is padded to a captured size: the
+      padded tokens belong to no request (vLLM gives them ``slot_mapping = -1``, ``PAD_SLOT_ID``; the spec's
+      ``slot_mapping`` lists only the ``T`` real tokens). :func:`split_decodes_and_prefills` counts them with the
+      last side, as vLLM does.
+    * Derived scalars as in vLLM: ``num_reqs``, ``max_query_len``, ``max_seq_len``, and ``num_tokens`` (``T``).
 
     Construction checks every invariant and raises ``ValueError`` naming the field that disagrees
     (non-monotonic ``query_start_loc``, ``seq_lens`` that disagree with the other lengths, a slot past the
@@ -128,6 +133,7 @@ class CommonAttentionMetadata:
     is_prefilling: torch.Tensor
     block_size: int
     num_blocks: int
+    num_actual_tokens: int | None = None
 
     def __post_init__(self):
         positive_int("block_size", self.block_size)
@@ -137,7 +143,10 @@ class CommonAttentionMetadata:
         b = qsl.numel() - 1
         if b < 0:
             raise ValueError("query_start_loc must have B + 1 >= 1 entries, got an empty tensor")
-        dims = Dims(B=b)
+        if self.num_actual_tokens is None:
+            object.__setattr__(self, "num_actual_tokens", int(qsl[-1]))
+        positive_int("num_actual_tokens", self.num_actual_tokens, minimum=max(int(qsl[-1]), 0))
+        dims = Dims().bind("query_start_loc", B=b)
         seq_lens = _as_int_tensor("seq_lens", self.seq_lens, ("B",), dims)
         computed = _as_int_tensor("num_computed_tokens", self.num_computed_tokens, ("B",), dims)
         table = _as_int_tensor("block_table", self.block_table, ("B", "max_blocks"), dims)
@@ -191,8 +200,8 @@ class CommonAttentionMetadata:
         return self.query_start_loc.numel() - 1
 
     @property
-    def num_actual_tokens(self) -> int:
-        """``T``, the new tokens of the whole batch."""
+    def num_tokens(self) -> int:
+        """``T = query_start_loc[-1]``, the real new tokens of the whole batch (``<= num_actual_tokens``)."""
         return int(self.query_start_loc[-1])
 
     @property
@@ -218,7 +227,7 @@ class CommonAttentionMetadata:
         """``[T]`` int64: each new token's position in its sequence (``context_len + i``)."""
         req = self.token_request()
         start = self.query_start_loc[:-1].long()
-        return self.num_computed_tokens.long()[req] + torch.arange(self.num_actual_tokens) - start[req]
+        return self.num_computed_tokens.long()[req] + torch.arange(self.num_tokens) - start[req]
 
 
 def _slots_from_table(table: torch.Tensor, computed: torch.Tensor, query_lens: torch.Tensor, p: int) -> torch.Tensor:
@@ -235,6 +244,7 @@ def build_metadata(
     block_size: int,
     block_table: torch.Tensor | None = None,
     num_blocks: int | None = None,
+    num_actual_tokens: int | None = None,
 ) -> CommonAttentionMetadata:
     """Build :class:`CommonAttentionMetadata` for ``requests`` in the given order.
 
@@ -244,6 +254,7 @@ def build_metadata(
         block_table: optional ``[B, max_blocks]`` int page ids. Default: an identity-like allocation, request ``b``
             gets the next ``ceil(seq_len_b / P)`` pages after request ``b - 1``'s, unused columns ``-1``.
         num_blocks: pages in the cache; default ``max page id + 1`` (at least 1).
+        num_actual_tokens: the padded token count (CUDA graphs), ``>= T``; default ``T``.
 
     Returns:
         The validated metadata; ``slot_mapping`` is computed from ``block_table``.
@@ -274,10 +285,11 @@ def build_metadata(
             block_table[i, :n] = torch.arange(nxt, nxt + n, dtype=torch.int32)
             nxt += n
     else:
-        Dims(B=b).tensor("block_table", block_table, ("B", "max_blocks"), INT)
+        Dims().bind("requests", B=b).tensor("block_table", block_table, ("B", "max_blocks"), INT)
         block_table = block_table.to(torch.int32).clone()
     if num_blocks is None:
         num_blocks = max(int(block_table.max()) + 1 if block_table.numel() else 1, 1)
+    positive_int("num_blocks", num_blocks, minimum=0)
     used = [block_table[i, : pages[i]] for i in range(b)]
     if any(bool(((u < 0) | (u >= num_blocks)).any()) for u in used):
         raise ValueError(
@@ -296,6 +308,7 @@ def build_metadata(
         is_prefilling=torch.tensor([r.is_prefilling for r in requests], dtype=torch.bool),
         block_size=block_size,
         num_blocks=num_blocks,
+        num_actual_tokens=num_actual_tokens,
     )
 
 
@@ -347,12 +360,20 @@ def split_decodes_and_prefills(
         treat_short_extends_as_decodes: 0.33 only; ``False`` sends short chunked-prefill pieces
             (``q <= threshold`` but still prefilling) to the prefill side.
 
+    **Padded batch** (CUDA graphs): the token counts add up to ``metadata.num_actual_tokens``, not ``T``, as
+    vLLM's do (it reads ``num_tokens = num_actual_tokens``): the padding tokens go to the prefill side when there
+    is a prefill (``num_prefill_tokens = num_actual_tokens - query_start_loc[num_decodes]``) and to the decode side
+    when every request is a decode (``num_decode_tokens = num_actual_tokens``). Example: query lengths ``[1, 1]``
+    padded to 4 tokens give ``(2, 0, 4, 0)``; ``[1, 3]`` padded to 8 give ``(1, 1, 1, 7)``.
+
     Returns:
-        :class:`SplitCounts`. ``num_decodes + num_prefills == B`` and the token counts add up to ``T``.
+        :class:`SplitCounts`. ``num_decodes + num_prefills == B`` and the token counts add up to
+        ``num_actual_tokens`` (``T`` unless padded).
 
     Raises:
         ValueError: ``metadata`` is not reordered: a short query *with* context (a decode) after the first
-            prefill (not checked with ``require_uniform``, where vLLM sends such rows to the prefill side).
+            prefill, the first request included (not checked with ``require_uniform``, where vLLM sends such rows
+            to the prefill side).
 
     Source: vLLM ``vllm/v1/attention/backends/utils.py`` (``split_decodes_and_prefills``, 0.33 signature;
     ``require_uniform`` and ``treat_short_extends_as_decodes`` are absent in the seed version, whose behaviour
@@ -361,13 +382,11 @@ def split_decodes_and_prefills(
     if not isinstance(metadata, CommonAttentionMetadata):
         raise TypeError(f"metadata must be a CommonAttentionMetadata, got {type(metadata).__name__}")
     positive_int("decode_threshold", decode_threshold)
-    flags = {"require_uniform": require_uniform, "treat_short_extends_as_decodes": treat_short_extends_as_decodes}
-    for name, flag in flags.items():
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    boolean("require_uniform", require_uniform)
+    boolean("treat_short_extends_as_decodes", treat_short_extends_as_decodes)
     b, t = metadata.num_reqs, metadata.num_actual_tokens
     if b == 0:
-        return SplitCounts(0, 0, 0, 0)
+        return SplitCounts(0, 0, t, 0)  # vLLM: max_query_len 0 <= threshold, all (padding) tokens to the decodes
     q = metadata.query_lens
     if (
         metadata.max_query_len <= decode_threshold
@@ -375,32 +394,57 @@ def split_decodes_and_prefills(
         and treat_short_extends_as_decodes
     ):
         return SplitCounts(b, 0, t, 0)
-    if int(q[0]) > decode_threshold:
+    if int(q[0]) > decode_threshold:  # no decodes; what follows must be prefills too
+        _check_reordered(
+            metadata,
+            _long_or_prefilling(metadata, decode_threshold, treat_short_extends_as_decodes),
+            0,
+            require_uniform,
+        )
         return SplitCounts(0, b, 0, t)
     if require_uniform:
         if treat_short_extends_as_decodes and bool(((q == q[0]) | (q == 0)).all()):
             return SplitCounts(b, 0, t, 0)
         is_prefill = (q != q[0]) & (q != 0)  # a padding row (q = 0) is never the first prefill
+        if not treat_short_extends_as_decodes:
+            is_prefill = is_prefill | metadata.is_prefilling
     else:
-        is_prefill = q > decode_threshold
-    if not treat_short_extends_as_decodes:
-        is_prefill = is_prefill | metadata.is_prefilling
+        is_prefill = _long_or_prefilling(metadata, decode_threshold, treat_short_extends_as_decodes)
     if not bool(is_prefill.any()):
         return SplitCounts(b, 0, t, 0)
     first = int(is_prefill.int().argmax())
-    # After the first prefill only prefills may follow. A short query *without* context is a 1-token first chunk,
-    # which 0.33's four-region order puts in the prefill region, so it counts as a prefill (as in vLLM); a short
-    # query *with* context is a decode (or short extend) out of place: the batch was not reordered.
+    _check_reordered(metadata, is_prefill, first, require_uniform)
+    d_tok = int(metadata.query_start_loc[first])
+    return SplitCounts(first, b - first, d_tok, t - d_tok)
+
+
+def _long_or_prefilling(metadata: CommonAttentionMetadata, decode_threshold: int, short_extends_decode: bool):
+    """``[B]`` bool: ``q > decode_threshold``, or still prefilling when short extends count as prefills."""
+    is_prefill = metadata.query_lens > decode_threshold
+    return is_prefill if short_extends_decode else is_prefill | metadata.is_prefilling
+
+
+def _check_reordered(
+    metadata: CommonAttentionMetadata, is_prefill: torch.Tensor, first: int, require_uniform: bool
+) -> None:
+    """After the first prefill (request ``first``) only prefills may follow: the split's documented ``Raises``.
+
+    A short query *without* context is a 1-token first chunk, which 0.33's four-region order puts in the prefill
+    region, so it counts as a prefill (as in vLLM); a short query *with* context is a decode (or short extend) out
+    of place: the batch was not reordered. With ``require_uniform`` vLLM sends such rows to the prefill side, so
+    they are not checked.
+    """
+    if require_uniform:
+        return
+    q = metadata.query_lens
     misplaced = ~is_prefill[first:] & (metadata.num_computed_tokens[first:] > 0)
-    if not require_uniform and bool(misplaced.any()):
+    if bool(misplaced.any()):
         late = first + int(misplaced.nonzero()[0])
         raise ValueError(
             f"metadata must be reordered decodes first (reorder_batch_to_split_decodes_and_prefills): request {late} "
             f"(query_len {int(q[late])}, context {int(metadata.num_computed_tokens[late])}) is a decode after the "
             f"first prefill, request {first}"
         )
-    d_tok = int(metadata.query_start_loc[first])
-    return SplitCounts(first, b - first, d_tok, t - d_tok)
 
 
 # -- reorder ----------------------------------------------------------------------------------------------------
@@ -427,10 +471,9 @@ def request_region(request: Request, decode_threshold: int = 1, regions: Literal
         raise TypeError(f"request must be a Request, got {type(request).__name__}")
     positive_int("decode_threshold", decode_threshold)
     short = request.new_tokens <= decode_threshold
+    choice("regions", regions, (2, 4))
     if regions == 2:
         return 0 if short else 1
-    if regions != 4:
-        raise ValueError(f"regions must be 2 (seed) or 4 (vLLM 0.33), got {regions!r}")
     if request.context_len == 0:
         return 3
     if not short:
@@ -496,8 +539,7 @@ def reorder_batch_to_split_decodes_and_prefills(
     """
     if not isinstance(requests, Sequence) or not all(isinstance(r, Request) for r in requests):
         raise TypeError("requests must be a sequence of Request")
-    if regions not in (2, 4):
-        raise ValueError(f"regions must be 2 (seed) or 4 (vLLM 0.33), got {regions!r}")
+    choice("regions", regions, (2, 4))
     positive_int("decode_threshold", decode_threshold)
     batch = list(requests)
     order = list(range(len(batch)))
@@ -640,6 +682,7 @@ def make_local_attention_virtual_batches(
         is_prefilling=torch.tensor(prefilling, dtype=torch.bool),
         block_size=p,
         num_blocks=metadata.num_blocks,
+        num_actual_tokens=metadata.num_actual_tokens,
     )
     return LocalVirtualBatches(
         local, seqlens_q, cu, seqlens_k, table_local, torch.tensor(starts, **i32), torch.tensor(req, dtype=torch.int64)

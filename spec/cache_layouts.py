@@ -19,7 +19,13 @@ Layouts (and the source each comes from):
   in ``csrc/cache_kernels.cu``) uses the raw fp32 scale ``max(amax / 448, FLT_MIN)``; FlashMLA's test quantizer
   (``tests/quant.py``, ``quantize_k_cache``) instead rounds the scale *up to a power of two* with a floor
   ``2^ceil(log2(max(amax / 448, 1e-4)))``. Pass ``pow2_scales=True`` to :func:`quantize` for the latter. The
-  format itself: FlashMLA ``README.md`` and ``flash_mla/flash_mla_interface.py``.
+  format itself: FlashMLA ``README.md`` and ``flash_mla/flash_mla_interface.py``. The RoPE part is stored in the
+  *input* dtype: vLLM's kernel copies ``k_pe`` as its ``scalar_t`` (it requires ``kv_c.itemsize() == 2``: bf16 or
+  fp16) and FlashMLA's quantizer views the RoPE bytes as ``input_k_cache.dtype``. So a bf16 model writes
+  :data:`FP8_DS_MLA_V32` (the default, and what FlashMLA's kernels read) and an fp16 model writes
+  :data:`FP8_DS_MLA_V32_FP16`, the same 656 bytes with fp16 RoPE values; nothing in the bytes tells them apart
+  (:func:`detect_layout` reports both), the reader must know the model's dtype.
+  :func:`mlaspec.spec.paged_cache.concat_and_cache_mla` picks the one that matches ``k_pe``'s dtype.
 * :data:`FP8_DS_MLA_V4` (584 B, DeepSeek V4, FlashMLA's ``MODEL1_FP8Sparse``): 448 e4m3 NoPE values, 64 bf16 RoPE
   values, then 7 e8m0 scales (one per 64 values) and 1 zero pad byte. *Not* token-interleaved: within a page block
   the 576-byte data rows of all ``P`` tokens come first, then the 8-byte scale rows, and the page is rounded up to a
@@ -78,7 +84,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT, Dims, finite_float, positive_int
+from .checks import FLOAT, Dims, boolean, choice, finite_float, positive_int, positive_scale
 
 __all__ = [
     "BF16",
@@ -87,8 +93,10 @@ __all__ = [
     "E8M0_RULES",
     "FP8_DS_MLA_V4",
     "FP8_DS_MLA_V32",
+    "FP8_DS_MLA_V32_FP16",
     "FP8_E5M2_PER_TENSOR",
     "FP8_PER_TENSOR",
+    "FP16",
     "FP32",
     "LAYOUTS",
     "MXFP8_DS_MLA_V41",
@@ -144,8 +152,9 @@ class FloatFormat:
 E4M3 = FloatFormat("e4m3", 1, 3, -6, 448.0, torch.float8_e4m3fn, True)
 E5M2 = FloatFormat("e5m2", 1, 2, -14, 57344.0, torch.float8_e5m2, True)
 BF16 = FloatFormat("bf16", 2, 7, -126, float(torch.finfo(torch.bfloat16).max), torch.bfloat16, False)
+FP16 = FloatFormat("fp16", 2, 10, -14, float(torch.finfo(torch.float16).max), torch.float16, False)
 FP32 = FloatFormat("fp32", 4, 23, -126, float(torch.finfo(torch.float32).max), torch.float32, False)
-_FORMATS = {f.name: f for f in (E4M3, E5M2, BF16, FP32)}
+_FORMATS = {f.name: f for f in (E4M3, E5M2, BF16, FP16, FP32)}
 _FLT_MIN = float(torch.finfo(torch.float32).tiny)
 
 
@@ -154,8 +163,13 @@ def round_to_format(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
 
     ``quantum = 2^(max(floor(log2|x|), e_min) - mantissa_bits)``; ``x_hat = round_half_even(x / quantum) * quantum``.
     Overflow saturates to ``±max_finite`` for fp8 (``__NV_SATFINITE``) and becomes ``±inf`` for bf16 / fp32.
-    NaN stays NaN.
+    NaN stays NaN. ``x``: a float tensor of any shape.
     """
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        what = str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating-point tensor, got {what}")
+    if not isinstance(fmt, FloatFormat):
+        raise TypeError(f"fmt must be a FloatFormat (E4M3, E5M2, BF16, FP16, FP32), got {type(fmt).__name__}")
     x = x.to(torch.float64)
     _, e = torch.frexp(x.abs())  # |x| = m * 2^e, m in [0.5, 1): leading bit is 2^(e - 1)
     exponent = torch.clamp(e.to(torch.float64) - 1, min=fmt.e_min)
@@ -168,7 +182,10 @@ def round_to_format(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
 
 
 def decode_e8m0(raw: torch.Tensor) -> torch.Tensor:
-    """e8m0 scale bytes -> float64 ``2^(byte - 127)``; byte 255 is NaN (OCP MX)."""
+    """e8m0 scale bytes ``raw`` (uint8, any shape) -> float64 ``2^(byte - 127)``; byte 255 is NaN (OCP MX)."""
+    if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
+        what = str(raw.dtype).removeprefix("torch.") if isinstance(raw, torch.Tensor) else type(raw).__name__
+        raise TypeError(f"raw must be a uint8 tensor of e8m0 bytes, got {what}")
     code = raw.to(torch.float64)
     return torch.where(raw == 255, math.nan, torch.exp2(code - 127.0))
 
@@ -323,6 +340,21 @@ FP8_DS_MLA_V32 = CacheLayout(
     "concat_and_cache_ds_mla_kernel",
 )
 
+FP8_DS_MLA_V32_FP16 = CacheLayout(
+    name="fp8_ds_mla_v32_fp16",
+    kv_cache_dtype="fp8_ds_mla (fp16 model)",
+    entry_dim=576,
+    token_bytes=656,
+    fields=(
+        FP8_DS_MLA_V32.fields[0],
+        FP8_DS_MLA_V32.fields[1],
+        Field("rope", 528, 128, "fp16", 64, "k_pe after RoPE, fp16 (the model's dtype), not quantized", (512, 576)),
+    ),
+    scale_rule=ScaleRule("fp32"),
+    source="vllm csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel (RoPE copied as scalar_t, the input dtype; "
+    "kv_c.itemsize() == 2); FlashMLA tests/quant.py quantize_k_cache (rope viewed as input_k_cache.dtype)",
+)
+
 FP8_DS_MLA_V4 = CacheLayout(
     name="fp8_ds_mla_v4",
     kv_cache_dtype="fp8_ds_mla (DeepSeek V4)",
@@ -370,7 +402,15 @@ MXFP8_DS_MLA_V41 = CacheLayout(
 )
 
 LAYOUTS: dict[str, CacheLayout] = {
-    l.name: l for l in (FP8_PER_TENSOR, FP8_E5M2_PER_TENSOR, FP8_DS_MLA_V32, FP8_DS_MLA_V4, MXFP8_DS_MLA_V41)
+    l.name: l
+    for l in (
+        FP8_PER_TENSOR,
+        FP8_E5M2_PER_TENSOR,
+        FP8_DS_MLA_V32,
+        FP8_DS_MLA_V32_FP16,
+        FP8_DS_MLA_V4,
+        MXFP8_DS_MLA_V41,
+    )
 }
 
 
@@ -405,13 +445,7 @@ def _tensor_scale(layout: CacheLayout, scale: object) -> float | None:
     if layout.scale_rule.kind == "per_tensor":
         if scale is None:
             raise ValueError(f"scale is required for the per-tensor layout {layout.name}")
-        if isinstance(scale, torch.Tensor):
-            if scale.numel() != 1:
-                raise ValueError(f"scale must hold one value, got shape {list(scale.shape)}")
-            scale = float(scale.reshape(()))
-        s = finite_float("scale", scale)
-        if s <= 0:
-            raise ValueError(f"scale must be positive, got {s}")
+        s = positive_scale("scale", scale)
         return float(round_to_format(torch.tensor(s, dtype=torch.float64), FP32))  # vLLM keeps k_scale in fp32
     if scale is not None:
         raise ValueError(f"scale must be None for {layout.name}: its scales are per group and stored in the bytes")
@@ -464,12 +498,10 @@ def _group_scales(
 
 
 def _check_rules(layout: CacheLayout, pow2_scales: object, e8m0_rule: object) -> None:
-    if not isinstance(pow2_scales, bool):
-        raise TypeError(f"pow2_scales must be a bool, got {type(pow2_scales).__name__}")
+    boolean("pow2_scales", pow2_scales)
     if pow2_scales and layout.scale_rule.kind != "fp32":
         raise ValueError(f"pow2_scales applies only to fp32-scale layouts, not {layout.name}")
-    if e8m0_rule not in E8M0_RULES:
-        raise ValueError(f"e8m0_rule must be one of {E8M0_RULES}, got {e8m0_rule!r}")
+    choice("e8m0_rule", e8m0_rule, E8M0_RULES)
     if e8m0_rule != "exact" and layout.scale_rule.kind != "e8m0":
         raise ValueError(f"e8m0_rule={e8m0_rule!r} applies only to e8m0-scale layouts, not {layout.name}")
 
@@ -838,6 +870,18 @@ def validate_layout(
     layout = _layout(layout)
     if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or raw.dim() != 2:
         raise TypeError("raw must be a 2-D uint8 tensor")
+    for name, pair, kind in (("e8m0_range", e8m0_range, int), ("fp32_range", fp32_range, (int, float))):
+        if (
+            not isinstance(pair, tuple)
+            or len(pair) != 2
+            or not all(isinstance(v, kind) and not isinstance(v, bool) for v in pair)
+        ):
+            raise TypeError(f"{name} must be a (low, high) tuple of numbers, got {pair!r}")
+        if not pair[0] <= pair[1]:
+            raise ValueError(f"{name} must have low <= high, got {pair!r}")
+    min_plausible = finite_float("min_plausible", min_plausible)
+    if not 0.0 <= min_plausible <= 1.0:
+        raise ValueError(f"min_plausible must lie in [0, 1], got {min_plausible}")
     if raw.shape[1] != layout.token_bytes:
         return LayoutCheck(False, 0.0, (f"record width {raw.shape[1]} != {layout.token_bytes} bytes",))
     t = raw.shape[0]

@@ -40,7 +40,7 @@ import torch
 
 from .attention import AttentionOutput
 from .batch import CommonAttentionMetadata, SplitCounts, split_decodes_and_prefills
-from .checks import FLOAT, INT, Dims, cu_seqlens, finite_float, positive_int
+from .checks import FLOAT, INT, Dims, boolean, choice, cu_seqlens, finite_float, positive_int
 from .forms import mla_absorbed, mla_mha
 from .merge import merge_attn_states
 
@@ -94,17 +94,16 @@ def chunked_prefill_workspace_size(
     positive_int("block_size", block_size)
     target = max(8 * max_model_len, 4 * max_num_seqs * block_size)
     floor = max_num_seqs * block_size
+    choice("version", version, ("0.33", "seed"))
     if version == "0.33":
         return max(min(target, 64 * 1024), floor)
-    if version == "seed":
-        size = min(target, 128 * 1024)
-        if size < floor:
-            raise ValueError(
-                f"max_num_seqs * block_size = {floor} must not exceed the seed's workspace {size} "
-                f"(vLLM asserts context_chunk_workspace_size >= max_num_seqs * block_size)"
-            )
-        return size
-    raise ValueError(f"version must be '0.33' or 'seed', got {version!r}")
+    size = min(target, 128 * 1024)  # the seed version
+    if size < floor:
+        raise ValueError(
+            f"max_num_seqs * block_size = {floor} must not exceed the seed's workspace {size} "
+            f"(vLLM asserts context_chunk_workspace_size >= max_num_seqs * block_size)"
+        )
+    return size
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,8 +195,7 @@ def plan_context_chunks(
         raise ValueError(f"context_lens must be >= 0, got {ctx.tolist()}")
     positive_int("workspace_size", workspace_size)
     positive_int("block_size", block_size)
-    if not isinstance(align_to_block, bool):
-        raise TypeError(f"align_to_block must be a bool, got {type(align_to_block).__name__}")
+    boolean("align_to_block", align_to_block)
     b = ctx.numel()
     with_context = int((ctx > 0).sum())
     empty = torch.zeros(0, b, dtype=torch.int64)
@@ -306,7 +304,7 @@ def chunked_prefill_attention(
     _check_packed(dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
     if not isinstance(plan, ChunkPlan):
         raise TypeError(f"plan must be a ChunkPlan, got {type(plan).__name__}")
-    cq = cu_seqlens("cu_seqlens_q", cu_seqlens_q, batch=plan.num_prefills).long()
+    cq = cu_seqlens("cu_seqlens_q", cu_seqlens_q, batch=plan.num_prefills, batch_from="plan").long()
     if int(cq[-1]) != dims["T"]:
         raise ValueError(f"cu_seqlens_q must end at T={dims['T']} (from q_nope), got {cq.tolist()}")
     scale = finite_float("scale", scale)
@@ -415,7 +413,7 @@ def mla_mixed_batch(
     """
     if not isinstance(metadata, CommonAttentionMetadata):
         raise TypeError(f"metadata must be a CommonAttentionMetadata, got {type(metadata).__name__}")
-    dims = Dims(T=metadata.num_actual_tokens)
+    dims = Dims().bind("metadata", T=metadata.num_tokens)
     _check_packed(dims, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV)
     if W_O is not None:
         dims.tensor("W_O", W_O, (None, "D_hidden"), FLOAT)

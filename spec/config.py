@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import positive_int
+from .checks import finite_float, positive_int, positive_scale
 
 __all__ = ["MLAConfig", "MLAWeights", "YarnScaling", "make_weights", "yarn_get_mscale"]
 
@@ -42,8 +42,10 @@ __all__ = ["MLAConfig", "MLAWeights", "YarnScaling", "make_weights", "yarn_get_m
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
     """YaRN's attention magnitude correction ``0.1 * mscale * ln(scale) + 1`` (1 when ``scale <= 1``).
 
-    Source: ``vllm/model_executor/layers/rotary_embedding/common.py`` (``yarn_get_mscale``).
+    Source: ``vllm/model_executor/layers/rotary_embedding/common.py`` (``yarn_get_mscale``). Both finite numbers,
+    ``scale > 0``.
     """
+    scale, mscale = positive_scale("scale", scale), finite_float("mscale", mscale)
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 

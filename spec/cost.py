@@ -63,7 +63,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 import torch
 
-from .checks import positive_int
+from .checks import boolean, choice, positive_int
 from .config import MLAConfig
 
 __all__ = [
@@ -195,8 +195,7 @@ def attention_pairs(s_q: int, s_kv: int, *, causal: bool = False) -> int:
     s_q, s_kv = positive_int("s_q", s_q), positive_int("s_kv", s_kv)
     if s_q > s_kv:
         raise ValueError(f"s_q must be <= s_kv={s_kv} (the keys include the new tokens), got {s_q}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    boolean("causal", causal)
     return s_q * s_kv - s_q * (s_q - 1) // 2 if causal else s_q * s_kv
 
 
@@ -260,8 +259,7 @@ def mla_cost(
 
         mla_cost("absorbed", 1, 1, 4096).cache_bytes   # 4096 * 576 * 2 = 4_718_592
     """
-    if form not in FORMS:
-        raise ValueError(f"form must be 'mha' or 'absorbed', got {form!r}")
+    choice("form", form, FORMS)
     c = _config(config)
     b = positive_int("batch", batch)
     pairs = attention_pairs(s_q, s_kv, causal=causal)  # validates s_q, s_kv, causal

@@ -205,8 +205,10 @@ def absorb_query(q_nope: torch.Tensor, q_pe: torch.Tensor, W_UK: torch.Tensor) -
     """
     dims = Dims()
     dims.tensor("W_UK", W_UK, ("Lkv", "H_q", "D_nope"), FLOAT)
-    lead = (None,) * (q_nope.dim() - 2) if isinstance(q_nope, torch.Tensor) else ()
+    lead = (None,) * (q_nope.dim() - 2) if isinstance(q_nope, torch.Tensor) and q_nope.dim() >= 2 else ()
     dims.tensor("q_nope", q_nope, lead + ("H_q", "D_nope"), FLOAT)
+    if isinstance(q_pe, torch.Tensor) and q_pe.dim() != q_nope.dim():
+        raise ValueError(f"q_pe must have the rank of q_nope {list(q_nope.shape)}, got shape {list(q_pe.shape)}")
     dims.tensor("q_pe", q_pe, lead + ("H_q", "D_rope"), FLOAT)
     if q_pe.shape[:-2] != q_nope.shape[:-2]:
         raise ValueError(

@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT, FP8, INT, Dims, cu_seqlens, positive_int
+from .checks import FLOAT, FP8, INT, Dims, choice, cu_seqlens, in_range, positive_int, positive_scale
 
 __all__ = [
     "FP8_E4M3_MAX",
@@ -273,10 +273,9 @@ def _to_e4m3(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def _quantize_vectors(name: str, x: torch.Tensor, scale_fmt: object, eps: object) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per vector along the last dim: ``s = _fp8_scale(amax |x|)``, then ``(e4m3(x / s), s)``."""
-    if scale_fmt not in _SCALE_FMTS:
-        raise ValueError(f"scale_fmt must be 'ue8m0' or None, got {scale_fmt!r}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise ValueError(f"eps must be a positive float, got {eps!r}")
+    if scale_fmt is not None:
+        choice("scale_fmt", scale_fmt, ("ue8m0",))
+    positive_scale("eps", eps)
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} must be finite")
     x32 = x.to(torch.float32)
@@ -379,8 +378,16 @@ def fp8_e4m3_error_bound(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[...]`` float64.
     """
-    if not isinstance(x, torch.Tensor) or not isinstance(scale, torch.Tensor):
-        raise TypeError("x and scale must be torch.Tensors")
+    for name, t in (("x", x), ("scale", scale)):
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            what = str(t.dtype).removeprefix("torch.") if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a floating-point tensor, got {what}")
+    try:
+        shape = torch.broadcast_shapes(x.shape, scale.shape)
+    except RuntimeError as e:
+        raise ValueError(f"scale {list(scale.shape)} must broadcast to x {list(x.shape)}") from e
+    if shape != x.shape:
+        raise ValueError(f"scale {list(scale.shape)} must broadcast to x's shape {list(x.shape)}, not widen it")
     x64, s64 = x.to(torch.float64), scale.to(torch.float64)
     return torch.maximum(x64.abs() * 2.0**-4, s64 * 2.0**-10)
 
@@ -602,9 +609,11 @@ def paged_indexer_logits(
 
     Args:
         q: ``[B, next_n, H, D]`` float or fp8 (its scale folded into ``weights``).
-        cache: ``[NB, P, D + 4]`` uint8 (:class:`IndexerCacheLayout`).
+        cache: ``[NB, P, D + 4]`` uint8 (:class:`IndexerCacheLayout`), or DeepGEMM's own view of the same bytes
+            ``[NB, P, 1, D + 4]`` (``tests/test_attention.py`` and vLLM's ``kv_cache.unsqueeze(-2)``).
         block_table: ``[B, max_blocks]`` int.
-        context_lens: ``[B]`` or ``[B, next_n]`` int, ``>= 0`` (a negative 1-D-derived length counts as 0).
+        context_lens: ``[B]`` or ``[B, next_n]`` int, ``>= 0`` (a 1-D length shorter than ``next_n`` leaves the
+            first queries' derived lengths at 0).
         weights: ``[B * next_n, H]`` float, folded (:func:`fold_indexer_weights`).
         max_context_len: number of output columns; default the largest length. DeepGEMM pads the row stride,
             vLLM passes ``max_model_len``.
@@ -615,22 +624,23 @@ def paged_indexer_logits(
     Source: DeepGEMM ``csrc/apis/attention.hpp`` (``fp8_fp4_paged_mqa_logits``), ``tests/test_attention.py``
     (``ref_paged_mqa_logits``); vLLM ``vllm/model_executor/layers/sparse_attn_indexer.py``.
     """
+    if isinstance(cache, torch.Tensor) and cache.dim() == 4:  # DeepGEMM's own view [NB, P, 1, D + 4]
+        if cache.shape[2] != 1:
+            raise ValueError(f"cache must have shape [NB, P, D + 4] or [NB, P, 1, D + 4], got {list(cache.shape)}")
+        cache = cache.squeeze(2)
     layout = _cache_layout("cache", cache)
     dims = Dims(D=layout.head_dim)
     dims.tensor("q", q, ("B", "next_n", "H", "D"), FLOAT + FP8)
     dims.tensor("block_table", block_table, ("B", None), INT)
     b_, next_n = dims["B"], dims["next_n"]
-    if not isinstance(context_lens, torch.Tensor) or context_lens.dim() not in (1, 2):
-        raise ValueError("context_lens must be a tensor of shape [B] or [B, next_n]")
+    if not isinstance(context_lens, torch.Tensor):
+        raise TypeError(f"context_lens must be a torch.Tensor, got {type(context_lens).__name__}")
+    dims.tensor("context_lens", context_lens, ("B",) if context_lens.dim() == 1 else ("B", "next_n"), INT)
+    in_range("context_lens", context_lens, 0)
     if context_lens.dim() == 1:
-        dims.tensor("context_lens", context_lens, ("B",), INT)
         lens = decode_context_lens_native(context_lens, next_n)  # clamped at 0 (a padding request)
     else:
-        dims.tensor("context_lens", context_lens, ("B", "next_n"), INT)
         lens = context_lens.to(torch.int64)
-    if context_lens.dim() == 2 and bool((lens < 0).any()):
-        raise ValueError(f"context_lens must be >= 0, got {context_lens.tolist()}")
-    lens = lens.clamp_min(0)  # [B, next_n]
     dims.tensor("weights", weights, (None, "H"), FLOAT)
     if weights.shape[0] != b_ * next_n:
         raise ValueError(
@@ -768,7 +778,7 @@ def kv_spans_from_batches(start_seq_loc: torch.Tensor, seq_len_per_batch: torch.
     Source: vLLM ``vllm/v1/attention/backends/mla/indexer.py`` ``kv_spans_from_batches``.
     """
     q = cu_seqlens("start_seq_loc", start_seq_loc).to(torch.int64)
-    dims = Dims(B=q.numel() - 1)
+    dims = Dims().bind("start_seq_loc", B=q.numel() - 1)
     lens = _int_vector("seq_len_per_batch", seq_len_per_batch, dims, "B")
     counts = q[1:] - q[:-1]
     if bool((counts > lens).any()):
@@ -894,8 +904,8 @@ def prefill_chunk_metadata(
     Source: vLLM ``vllm/v1/attention/backends/mla/indexer.py`` ``build_one_prefill_chunk`` (seed version).
     """
     qsl = cu_seqlens("query_start_loc", query_start_loc).to(torch.int64)
-    dims = Dims(B=qsl.numel() - 1)
-    lens = _int_vector("seq_lens", seq_lens, dims, "B")
+    dims = Dims().bind("query_start_loc", B=qsl.numel() - 1)
+    lens = in_range("seq_lens", _int_vector("seq_lens", seq_lens, dims, "B"), 0)
     if not isinstance(chunk, tuple) or len(chunk) != 2 or not all(isinstance(x, slice) for x in chunk):
         raise TypeError("chunk must be a (req_slice, query_slice) pair of slices")
     req, qs = chunk
@@ -967,6 +977,6 @@ def decode_context_lens_native(seq_lens: torch.Tensor, next_n: int) -> torch.Ten
 
     Source: vLLM ``vllm/v1/attention/backends/mla/indexer.py`` ``_prepare_decode_tensors`` (native path).
     """
-    lens = _int_vector("seq_lens", seq_lens, Dims(), "B")
+    lens = in_range("seq_lens", _int_vector("seq_lens", seq_lens, Dims(), "B"), 0)
     positive_int("next_n", next_n)
     return (lens[:, None] - next_n + 1 + torch.arange(next_n)[None, :]).clamp_min(0)

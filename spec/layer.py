@@ -13,6 +13,7 @@ from typing import Literal
 
 import torch
 
+from .checks import choice
 from .config import MLAConfig, MLAWeights
 from .forms import mla_absorbed, mla_mha
 from .projections import output_projection, project
@@ -40,8 +41,7 @@ def mla_layer(
         ``[T, D_hidden]`` float64, the layer's output (before the residual add).
     """
     forms = {"mha": mla_mha, "absorbed": mla_absorbed}
-    if form not in forms:
-        raise ValueError(f"form must be 'mha' or 'absorbed', got {form!r}")
+    choice("form", form, tuple(forms))
     p = project(hidden, positions, weights, config)
     out, _ = forms[form](
         p.q_nope[None],

@@ -18,7 +18,10 @@ Conventions and sources (vLLM 0.33):
   parallelism (DCP) is not modelled.
 * Writing: ``concat_and_cache_mla`` skips ``slot < 0``; ``kv_cache_dtype="fp8"/"fp8_e4m3"`` stores
   ``e4m3(x / scale)`` for all 576 values (see :mod:`mlaspec.spec.cache_layouts`); ``"fp8_ds_mla"`` the 656-byte
-  record.
+  record, its RoPE part in ``k_pe``'s dtype (fp16 input: fp16 RoPE bytes, ``FP8_DS_MLA_V32_FP16``; otherwise bf16,
+  ``FP8_DS_MLA_V32``), and it takes and ignores ``scale``: vLLM passes the layer's ``k_scale`` (``[1]`` fp32, 1.0
+  unless scales are calibrated) to every cache dtype, and ``concat_and_cache_ds_mla_kernel`` never reads it (its
+  scales are per 128 values, computed from the data).
 * Gathering for chunked-prefill context: vLLM 0.33's MLA (``vllm/model_executor/layers/attention/mla_attention.py``,
   ``_compute_prefill_context``) gathers each context chunk with ``ops.gather_and_maybe_dequant_cache`` (bf16 / fp8
   with per-tensor dequant), ``ops.cp_gather_cache`` (fp8 prefill: raw copy) or ``cp_gather_and_upconvert_fp8_kv_cache``
@@ -38,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 from . import cache_layouts
-from .checks import FLOAT, INT, Dims, cu_seqlens, positive_int
+from .checks import FLOAT, INT, Dims, boolean, choice, cu_seqlens, positive_int, positive_scale
 
 __all__ = [
     "GatheredCache",
@@ -90,7 +93,7 @@ def token_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> To
     """
     qsl = cu_seqlens("query_start_loc", query_start_loc)
     b = qsl.numel() - 1
-    Dims(B=b).tensor("seq_lens", seq_lens, ("B",), INT)
+    Dims().bind("query_start_loc", B=b).tensor("seq_lens", seq_lens, ("B",), INT)
     q_lens = (qsl[1:] - qsl[:-1]).to(torch.int64)
     s = seq_lens.to(torch.int64)
     if bool((s < q_lens).any()):
@@ -134,7 +137,7 @@ def slot_mapping_from_block_table(
     p = positive_int("block_size", block_size)
     dims = Dims()
     dims.tensor("block_table", block_table, ("B", "max_blocks"), INT)
-    qsl = cu_seqlens("query_start_loc", query_start_loc, batch=dims["B"])
+    qsl = cu_seqlens("query_start_loc", query_start_loc, batch=dims["B"], batch_from="block_table")
     dims.tensor("positions", positions, ("T",), INT)
     t = dims["T"]
     if int(qsl[-1]) != t:
@@ -150,6 +153,8 @@ def slot_mapping_from_block_table(
             f"{dims['max_blocks']} (block_size={p})"
         )
     block_ids = block_table.to(torch.int64)[req, logical]
+    if num_blocks is not None:
+        positive_int("num_blocks", num_blocks, minimum=0)
     _check_pages("block_table", block_ids, num_blocks)
     total = t if pad_to is None else positive_int("pad_to", pad_to, minimum=t)
     pad = torch.full((total - t,), PAD_SLOT_ID, dtype=torch.int64, device=pos.device)
@@ -159,11 +164,11 @@ def slot_mapping_from_block_table(
     )
 
 
-def _check_pages(name: str, pages: torch.Tensor, num_blocks: int | None) -> None:
+def _check_pages(name: str, pages: torch.Tensor, num_blocks: int | None, bound: str = "num_blocks") -> None:
     if bool((pages < 0).any()):
         raise ValueError(f"{name} must hold page ids >= 0 where it is used, got {pages.tolist()}")
     if num_blocks is not None and bool((pages >= num_blocks).any()):
-        raise ValueError(f"{name} must hold page ids < num_blocks={num_blocks} where it is used, got {pages.tolist()}")
+        raise ValueError(f"{name} must hold page ids < {bound}={num_blocks} where it is used, got {pages.tolist()}")
 
 
 _QUANTIZED = {
@@ -203,13 +208,14 @@ def concat_and_cache_mla(
             ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``; uint8 ``[NB, P, 656]`` for ``"fp8_ds_mla"``.
         slot_mapping: ``[T]`` int; ``-1`` = padding (skipped); others in ``[0, NB * P)``, no repeats.
         kv_cache_dtype: vLLM's cache dtype string.
-        scale: the per-tensor fp32 scale (``k_scale``) for ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``.
+        scale: the per-tensor fp32 scale (``k_scale``): required for ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``;
+            accepted and ignored for ``"fp8_ds_mla"`` (as vLLM's kernel does); must be None for ``"auto"``. A
+            positive finite number or a one-element float tensor.
 
     Returns:
         the new cache, same shape and dtype as ``kv_cache``.
     """
-    if kv_cache_dtype != "auto" and kv_cache_dtype not in _QUANTIZED:
-        raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(_QUANTIZED)}, got {kv_cache_dtype!r}")
+    choice("kv_cache_dtype", kv_cache_dtype, ("auto", *sorted(_QUANTIZED)))
     dims = Dims()
     dims.tensor("kv_c", kv_c, ("T", "Lkv"), FLOAT)
     dims.tensor("k_pe", k_pe, ("T", "D_rope"), FLOAT)
@@ -219,6 +225,12 @@ def concat_and_cache_mla(
         dims.tensor("kv_cache", kv_cache, ("NB", "P", width), FLOAT)
     else:
         layout = _QUANTIZED[kv_cache_dtype]
+        if kv_cache_dtype == "fp8_ds_mla":
+            if k_pe.dtype == torch.float16:  # the RoPE bytes are the input's (concat_and_cache_ds_mla_kernel)
+                layout = cache_layouts.FP8_DS_MLA_V32_FP16
+            if scale is not None:
+                positive_scale("scale", scale)  # vLLM's k_scale: checked, then ignored like the kernel does
+                scale = None
         if width != layout.entry_dim:
             raise ValueError(
                 f"kv_c and k_pe must be {layout.entry_dim} wide together for {kv_cache_dtype}, got {width}"
@@ -240,7 +252,7 @@ def concat_and_cache_mla(
             raise ValueError("scale must be None for kv_cache_dtype='auto'")
         flat[s[keep]] = entries.to(kv_cache.dtype)
     else:
-        flat[s[keep]] = cache_layouts.quantize(entries, _QUANTIZED[kv_cache_dtype], scale=scale).raw
+        flat[s[keep]] = cache_layouts.quantize(entries, layout, scale=scale).raw
     return new
 
 
@@ -279,8 +291,7 @@ def gather_cache(
     Returns:
         ``entries [T, *entry]`` (a copy, same dtype as the cache) and ``slots [T]`` int64.
     """
-    if kernel not in ("cp_gather_cache", "gather_and_maybe_dequant_cache"):
-        raise ValueError(f"kernel must be 'cp_gather_cache' or 'gather_and_maybe_dequant_cache', got {kernel!r}")
+    choice("kernel", kernel, ("cp_gather_cache", "gather_and_maybe_dequant_cache"))
     if not isinstance(kv_cache, torch.Tensor):
         raise TypeError(f"kv_cache must be a torch.Tensor, got {type(kv_cache).__name__}")
     if kv_cache.dim() < 3:
@@ -290,7 +301,7 @@ def gather_cache(
     b = dims["B"]
     if batch_size is not None and positive_int("batch_size", batch_size, minimum=0) != b:
         raise ValueError(f"batch_size must equal block_table.shape[0]={b}, got {batch_size}")
-    cu = cu_seqlens("cu_seq_lens", cu_seq_lens, batch=b).to(torch.int64)
+    cu = cu_seqlens("cu_seq_lens", cu_seq_lens, batch=b, batch_from="block_table").to(torch.int64)
     p = dims["P"]
     lens = cu[1:] - cu[:-1]
     if seq_starts is None:
@@ -313,7 +324,7 @@ def gather_cache(
     req = torch.repeat_interleave(torch.arange(b, device=cu.device), lens)
     pos = starts[req] + torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][req]
     pages = block_table.to(torch.int64)[req, pos // p]
-    _check_pages("block_table", pages, dims["NB"])
+    _check_pages("block_table", pages, dims["NB"], "NB (pages of kv_cache)")
     slots = pages * p + pos % p
     entries = kv_cache.reshape(dims["NB"] * p, *kv_cache.shape[2:])[slots].clone()
     return GatheredCache(entries, slots)
@@ -376,8 +387,7 @@ def page_entries(
         raise ValueError(f"kv must have shape [B, S_kv, *entry], got {list(kv.shape)}")
     p = positive_int("page_size", page_size)
     spare = positive_int("spare_pages", spare_pages, minimum=0)
-    if not isinstance(spare_column, bool):
-        raise TypeError(f"spare_column must be a bool, got {type(spare_column).__name__}")
+    boolean("spare_column", spare_column)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if isinstance(fill, bool) or not isinstance(fill, (int, float)):
@@ -390,7 +400,9 @@ def page_entries(
     if seq_lens is None:
         lens = torch.full((b,), s_kv, dtype=torch.int64)
     else:
-        lens = Dims(B=b).tensor("seq_lens", seq_lens, ("B",), INT).to("cpu", torch.int64)
+        dims = Dims()
+        dims.tensor("kv", kv, ("B", "S_kv") + (None,) * (kv.dim() - 2))
+        lens = dims.tensor("seq_lens", seq_lens, ("B",), INT).to("cpu", torch.int64)
         if bool(((lens < 0) | (lens > s_kv)).any()):
             raise ValueError(f"seq_lens must lie in [0, S_kv={s_kv}], got {lens.tolist()}")
     pages = max(1, -(-s_kv // p))

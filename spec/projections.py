@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT, INT, Dims
+from .checks import FLOAT, INT, Dims, finite_float
 from .config import MLAConfig, MLAWeights
 from .rope import apply_rope
 
@@ -37,7 +37,13 @@ class Projections(NamedTuple):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x**2, -1) + eps) * weight`` in float64; ``x [..., D]``, ``weight [D]``."""
+    """``x / sqrt(mean(x**2, -1) + eps) * weight`` in float64; ``x [..., D]``, ``weight [D]`` float, ``eps >= 0``."""
+    dims = Dims()
+    lead = (None,) * (x.dim() - 1) if isinstance(x, torch.Tensor) and x.dim() else ()
+    dims.tensor("x", x, lead + ("D",), FLOAT)
+    dims.tensor("weight", weight, ("D",), FLOAT)
+    if finite_float("eps", eps) < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
     x = x.to(torch.float64)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(torch.float64)
 
@@ -91,6 +97,8 @@ def project(hidden: torch.Tensor, positions: torch.Tensor, weights: MLAWeights, 
 
 def output_projection(o: torch.Tensor, weights: MLAWeights) -> torch.Tensor:
     """``o [T, H_q, D_v]`` float -> ``o.reshape(T, H_q * D_v) @ W_O`` ``[T, D_hidden]`` float64."""
+    if not isinstance(weights, MLAWeights):
+        raise TypeError(f"weights must be an MLAWeights, got {type(weights).__name__}")
     n_v, h = weights.W_O.shape
     dims = Dims()
     dims.tensor("o", o, ("T", "H_q", "D_v"), FLOAT)

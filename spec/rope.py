@@ -36,7 +36,7 @@ from typing import Literal
 
 import torch
 
-from .checks import FLOAT, INT, Dims
+from .checks import FLOAT, INT, Dims, choice
 from .config import MLAConfig, yarn_get_mscale
 
 __all__ = ["apply_rope", "inv_freq", "rope_cos_sin"]
@@ -46,9 +46,16 @@ def _correction_dim(num_rotations: float, dim: int, base: float, max_position: i
     return (dim * math.log(max_position / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
 
+def _config(config: object) -> MLAConfig:
+    if not isinstance(config, MLAConfig):
+        raise TypeError(f"config must be an MLAConfig, got {type(config).__name__}")
+    return config
+
+
 def inv_freq(config: MLAConfig) -> torch.Tensor:
     """Inverse frequencies ``[D_rope / 2]`` float64 of the rope part, YaRN-blended when ``config.rope_scaling`` is
     set."""
+    _config(config)
     r, base = config.qk_rope_head_dim, config.rope_theta
     pos_freqs = base ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
     extrap = 1.0 / pos_freqs
@@ -67,6 +74,7 @@ def inv_freq(config: MLAConfig) -> torch.Tensor:
 
 def rope_cos_sin(config: MLAConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos, sin`` ``[T, D_rope / 2]`` float64 at integer ``positions [T]`` (magnitude ``m`` included)."""
+    _config(config)
     Dims().tensor("positions", positions, ("T",), INT)
     if bool((positions < 0).any()):
         raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
@@ -98,13 +106,13 @@ def apply_rope(
     Returns:
         Rotated ``x`` of the same shape, float64.
     """
-    if x.dim() < 2:
+    if isinstance(x, torch.Tensor) and x.dim() < 2:
         raise ValueError(f"x must have shape [T, ..., D_rope], got {list(x.shape)}")
-    dims = Dims(D_rope=config.qk_rope_head_dim)
-    dims.tensor("x", x, ("T",) + (None,) * (x.dim() - 2) + ("D_rope",), FLOAT)
+    dims = Dims(D_rope=_config(config).qk_rope_head_dim)
+    lead = (None,) * (x.dim() - 2) if isinstance(x, torch.Tensor) and x.dim() >= 2 else ()
+    dims.tensor("x", x, ("T",) + lead + ("D_rope",), FLOAT)
     dims.tensor("positions", positions, ("T",), INT)
-    if style not in ("gptj", "neox"):
-        raise ValueError(f"style must be 'gptj' or 'neox', got {style!r}")
+    choice("style", style, ("gptj", "neox"))
     cos, sin = rope_cos_sin(config, positions)  # [T, D_rope/2]
     cos = cos.reshape(cos.shape[:1] + (1,) * (x.dim() - 2) + cos.shape[1:])
     sin = sin.reshape(cos.shape)

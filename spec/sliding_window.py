@@ -50,6 +50,7 @@ import torch
 
 from .attention import attention
 from .checks import FLOAT, INT, Dims, cu_seqlens, finite_float, positive_int
+from .checks import device as _device
 
 __all__ = [
     "LAYER_KINDS",
@@ -79,9 +80,12 @@ SPARSE_PREFILL_TOPK_ALIGNMENT = 128
 
 
 def layer_kind(compress_ratio: int) -> str:
-    """``"swaonly"`` (ratio ``<= 1``), ``"c4a"`` (4) or ``"c128a"`` (128); any other ratio raises ``ValueError``."""
-    if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
-        raise TypeError(f"compress_ratio must be an int, got {type(compress_ratio).__name__}")
+    """``"swaonly"`` (ratio 0 or 1), ``"c4a"`` (4) or ``"c128a"`` (128); any other ratio raises ``ValueError``.
+
+    0 is DeepSeek V4's own mark of an SWA-only layer (its ``config.json`` ``compress_ratios`` starts ``[0, 0, 4, 128,
+    ...]``) and vLLM maps every ratio ``<= 1`` to ``swaonly``; a negative ratio is refused.
+    """
+    compress_ratio = positive_int("compress_ratio", compress_ratio, minimum=0)
     if compress_ratio <= 1:
         return "swaonly"
     if compress_ratio in LAYER_KINDS:
@@ -106,6 +110,7 @@ def window_mask(s_q: int, s_kv: int, window: int, *, device: torch.device | str 
     window = positive_int("window", window)
     if s_q > s_kv:
         raise ValueError(f"s_q must be <= s_kv (queries are the last s_q positions), got s_q={s_q}, s_kv={s_kv}")
+    device = _device("device", device)
     p = torch.arange(s_q, device=device)[:, None] + (s_kv - s_q)
     j = torch.arange(s_kv, device=device)[None, :]
     return (j <= p) & (j > p - window)
@@ -163,7 +168,7 @@ def compressed_mask(s_q: int, seq_len: int, compress_ratio: int) -> torch.Tensor
 def _query_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token: its request and its absolute position ``prefix_len + (t - query_start)``."""
     qsl = cu_seqlens("query_start_loc", query_start_loc)
-    Dims(B=qsl.numel() - 1).tensor("seq_lens", seq_lens, ("B",), INT)
+    Dims().bind("query_start_loc", B=qsl.numel() - 1).tensor("seq_lens", seq_lens, ("B",), INT)
     query_lens = (qsl[1:] - qsl[:-1]).long()
     if bool((seq_lens.long() < query_lens).any()):
         raise ValueError(f"seq_lens must be >= query lengths {query_lens.tolist()}, got {seq_lens.tolist()}")
@@ -218,7 +223,7 @@ def swa_indices_and_lens(
     window = positive_int("window", window)
     p = positive_int("block_size", block_size)
     req, pos = _query_layout(query_start_loc, seq_lens)
-    dims = Dims(T=pos.numel(), B=seq_lens.numel())
+    dims = Dims().bind("query_start_loc and seq_lens", T=pos.numel(), B=seq_lens.numel())
     dims.tensor("block_table", block_table, ("B", "max_blocks"), INT)
     if pos.numel() and int(seq_lens.max()) > dims["max_blocks"] * p:
         raise ValueError(f"block_table must cover seq_lens {seq_lens.tolist()} with block_size={p}")
@@ -232,6 +237,10 @@ def swa_indices_and_lens(
     local = start[:, None] + k[None, :]
     used = k[None, :] < lens[:, None]
     blocks = block_table.long()[req[:, None], torch.where(used, local, 0) // p]
+    if bool((used & (blocks < 0)).any()):
+        raise ValueError(
+            f"block_table must hold page ids >= 0 for the pages a window reads, got {block_table.tolist()}"
+        )
     slots = torch.where(used, blocks * p + local % p, -1)
     return SWAIndices(slots[:, None, :].to(torch.int32), lens.to(torch.int32), pos)
 
@@ -260,18 +269,24 @@ def prefill_gather_lens(seq_lens: torch.Tensor, query_lens: torch.Tensor, window
     return (query_lens.long() + prefix.clamp(max=window - 1)).to(torch.int32)
 
 
-def c128a_topk_indices(positions: torch.Tensor, compress_ratio: int, width: int) -> torch.Tensor:
+def c128a_topk_indices(
+    positions: torch.Tensor, compress_ratio: int, width: int, *, is_valid_token: torch.Tensor | None = None
+) -> torch.Tensor:
     """c128a's "top-k": every visible compressed entry, ``[0, 1, ..., n - 1, -1, ...]``,
-    ``n = min((p+1)//r, width)``.
+    ``n = min((p+1)//r, width)``; ``n = 0`` (an all ``-1`` row) for a token that is not valid.
 
     ``_build_c128a_topk_metadata_kernel`` (``vllm/v1/attention/backends/mla/flashmla_sparse.py``): prefill uses
     these local indices; decode maps them through the compressed block table (:func:`mlaspec.spec.sparse.
-    global_slot_indices`) and passes ``n`` as ``extra_topk_length``.
+    global_slot_indices`) and passes ``n`` as ``extra_topk_length``. A decode token whose slot is ``-1`` (CUDA-graph
+    padding: ``is_valid_token = slot_mapping >= 0``) gets length 0 there (``tl.where(is_valid_token, count, 0)``);
+    the spec writes its row as all ``-1``, the same convention as :func:`swa_indices_and_lens` (vLLM leaves the
+    row's indices unread behind the length 0).
 
     Args:
-        positions: ``[T]`` int absolute positions.
+        positions: ``[T]`` int absolute positions, ``>= 0``.
         compress_ratio: the layer's ratio (128 in V4; any ratio > 1 works).
-        width: row width (vLLM: ``ceil(max_model_len / r)`` rounded up to 128, trimmed per step).
+        width: row width (vLLM: ``ceil(max_model_len / r)`` rounded up to 128, trimmed per step), ``>= 0``.
+        is_valid_token: optional ``[T]`` bool (vLLM: ``slot_mapping >= 0``); an invalid token's row is all ``-1``.
 
     Returns:
         ``[T, width]`` int32.
@@ -280,6 +295,11 @@ def c128a_topk_indices(positions: torch.Tensor, compress_ratio: int, width: int)
     if layer_kind(compress_ratio) == "swaonly":
         raise ValueError(f"compress_ratio must be > 1 for compressed indices, got {compress_ratio}")
     n = num_visible_compressed(positions, compress_ratio).clamp(max=width)
+    if is_valid_token is not None:
+        dims = Dims()
+        dims.tensor("positions", positions, ("T",), INT)
+        dims.tensor("is_valid_token", is_valid_token, ("T",), (torch.bool,))
+        n = torch.where(is_valid_token, n, 0)
     k = torch.arange(width)[None, :]
     return torch.where(k < n[:, None], k, -1).to(torch.int32)
 
@@ -341,9 +361,11 @@ def combine_topk_swa_indices(
     swa_only = layer_kind(compress_ratio) == "swaonly"
     if swa_only and topk:
         raise ValueError(f"topk must be 0 for a swaonly layer (compress_ratio={compress_ratio}), got {topk}")
-    qsl = query_start_loc - query_start_loc[0]
+    qsl = Dims().tensor("query_start_loc", query_start_loc, ("B_plus_1",), INT)
+    if qsl.numel():
+        qsl = qsl - qsl[0]  # a chunk of a larger batch: rebased
     req, pos = _query_layout(qsl, seq_lens)
-    dims = Dims(T=pos.numel(), B=seq_lens.numel())
+    dims = Dims().bind("query_start_loc and seq_lens", T=pos.numel(), B=seq_lens.numel())
     dims.tensor("topk_indices", topk_indices, ("T", "K"), INT)
     dims.tensor("gather_lens", gather_lens, ("B",), INT)
     if topk > dims["K"]:
@@ -401,11 +423,15 @@ def prefill_workspace(
     if not isinstance(raw_kv, Sequence) or not raw_kv:
         raise TypeError("raw_kv must be a non-empty sequence of tensors")
     m, n_c = positive_int("M", M), positive_int("N", N, minimum=0)
-    dims = Dims(B=len(raw_kv))
+    dims = Dims().bind("raw_kv", B=len(raw_kv))
     dims.tensor("gather_lens", gather_lens, ("B",), INT)
     for b, x in enumerate(raw_kv):
         dims.tensor(f"raw_kv[{b}]", x, (None, "D"), FLOAT)
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)):
+        raise TypeError(f"fill must be a number, got {type(fill).__name__}")
     if compressed_kv is not None:
+        if not isinstance(compressed_kv, Sequence) or isinstance(compressed_kv, str):
+            raise TypeError(f"compressed_kv must be a sequence of tensors or None, got {type(compressed_kv).__name__}")
         if len(compressed_kv) != len(raw_kv):
             raise ValueError(f"compressed_kv must have {len(raw_kv)} entries, got {len(compressed_kv)}")
         for b, x in enumerate(compressed_kv):
@@ -607,6 +633,11 @@ def v4_attention(
     dims.tensor("raw_kv", raw_kv, ("S_kv", "D_qk"), FLOAT)
     window = positive_int("window", window)
     scale = finite_float("scale", scale)
+    d_v = positive_int("d_v", d_v)
+    if d_v > dims["D_qk"]:
+        raise ValueError(
+            f"d_v must be <= D_qk={dims['D_qk']} (the value is the first d_v columns of the key), got {d_v}"
+        )
     s_q, s_kv = dims["S_q"], dims["S_kv"]
     kind = layer_kind(compress_ratio)
     mask = window_mask(s_q, s_kv, window)  # [S_q, S_kv]

@@ -33,7 +33,10 @@ of ``flash_mla/flash_mla_interface.py``):
   FlashMLA's tests only generate unique indices (``_randperm_batch``) and vLLM's indexer emits unique top-k, so
   this is the definition, not a tested kernel behaviour.
 * **Empty row** (no valid slot): output 0, LSE ``+inf`` (FlashMLA's choice, "so that the merge gives it zero
-  weight"; ``empty_lse="-inf"`` gives the dense convention), ``max_logits`` ``-inf``.
+  weight"; ``empty_lse="-inf"`` gives the dense convention), ``max_logits`` ``-inf``. An empty *key set* is the
+  same case for every row: ``K = 0`` slots, or ``S_kv = 0`` (``kv [0, H_kv, D_qk]``, or a decode cache of ``NB = 0``
+  pages) with every index ``-1``, gives output 0 and LSE ``+inf`` everywhere, as ``tests/ref.py`` does for a row
+  whose indices are all invalid (``lonely_q_mask``), not an indexing error.
 * **Attention sink** ``[H_q]``: scales the output by ``sigmoid(lse - sink)``; ``-inf`` does nothing, ``+inf`` gives
   zeros; LSE and ``max_logits`` are unchanged.
 * **LSE layout.** Prefill ``[S_q, H_q]`` (``sparse_prefill_fwd``); decode ``[B, H_q, S_q]`` (the kernel writes
@@ -58,7 +61,7 @@ from typing import NamedTuple
 import torch
 
 from .attention import attention
-from .checks import FLOAT, INT, Dims, finite_float, positive_int
+from .checks import FLOAT, INT, Dims, choice, finite_float, in_range, positive_int
 
 __all__ = [
     "SparseDecodeOutput",
@@ -101,12 +104,20 @@ def valid_slots(indices: torch.Tensor, s_kv: int, topk_length: torch.Tensor | No
 
     Args:
         indices: ``[S_q, H_kv, K]`` int.
-        s_kv: number of keys.
-        topk_length: optional ``[S_q]`` int.
+        s_kv: number of keys, ``>= 0`` (0: every slot is invalid).
+        topk_length: optional ``[S_q]`` int in ``[0, K]``.
 
     Returns:
         ``[S_q, H_kv, K]`` bool.
     """
+    dims = Dims()
+    dims.tensor("indices", indices, ("S_q", "H_kv", "K"), INT)
+    s_kv = positive_int("s_kv", s_kv, minimum=0)
+    _check_lengths("topk_length", topk_length, dims, "K")
+    return _valid_slots(indices, s_kv, topk_length)
+
+
+def _valid_slots(indices: torch.Tensor, s_kv: int, topk_length: torch.Tensor | None) -> torch.Tensor:
     valid = (indices >= 0) & (indices < s_kv)
     if topk_length is not None:
         slot = torch.arange(indices.shape[-1], device=indices.device)
@@ -131,9 +142,8 @@ def indices_to_mask(indices: torch.Tensor, s_kv: int, topk_length: torch.Tensor 
     dims = Dims()
     dims.tensor("indices", indices, ("S_q", "H_kv", "K"), INT)
     s_kv = positive_int("s_kv", s_kv, minimum=0)
-    if topk_length is not None:
-        dims.tensor("topk_length", topk_length, ("S_q",), INT)
-    valid = valid_slots(indices, s_kv, topk_length)
+    _check_lengths("topk_length", topk_length, dims, "K")
+    valid = _valid_slots(indices, s_kv, topk_length)
     mask = torch.zeros(*indices.shape[:2], s_kv + 1, dtype=torch.bool, device=indices.device)
     target = torch.where(valid, indices.long(), s_kv)  # invalid slots land in a spill column
     mask.scatter_(2, target, True)
@@ -143,6 +153,10 @@ def indices_to_mask(indices: torch.Tensor, s_kv: int, topk_length: torch.Tensor 
 def _gather(kv: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``kv[indices[i, h, t], h]`` as ``[S_q, K, H_kv, D]`` float64, zero at invalid slots (never reads them)."""
     h_kv = kv.shape[1]
+    if kv.shape[0] == 0:  # S_kv = 0: no slot is valid, there is nothing to read
+        return torch.zeros(
+            *indices.shape[:1], indices.shape[2], h_kv, kv.shape[2], dtype=torch.float64, device=kv.device
+        )
     safe = torch.where(valid, indices.long(), 0)  # [S_q, H_kv, K]
     heads = torch.arange(h_kv, device=kv.device)[None, :, None]
     g = kv.to(torch.float64)[safe, heads]  # [S_q, H_kv, K, D]
@@ -196,8 +210,7 @@ def sparse_attention(
     d_v = positive_int("d_v", d_v)
     if d_v > d_qk:
         raise ValueError(f"d_v must be <= D_qk={d_qk} (the value is the first d_v columns of kv), got {d_v}")
-    if empty_lse not in ("+inf", "-inf"):
-        raise ValueError(f"empty_lse must be '+inf' or '-inf', got {empty_lse!r}")
+    choice("empty_lse", empty_lse, ("+inf", "-inf"))
     _check_lengths("topk_length", topk_length, dims, "K")
     if attn_sink is not None:
         dims.tensor("attn_sink", attn_sink, ("H_q",), FLOAT)
@@ -213,10 +226,10 @@ def sparse_attention(
         dims.tensor("extra_indices", extra_indices, ("S_q", "H_kv", "K_extra"), INT)
         _check_lengths("extra_topk_length", extra_topk_length, dims, "K_extra")
 
-    valid = valid_slots(indices, dims["S_kv"], topk_length)  # [S_q, H_kv, K]
+    valid = _valid_slots(indices, dims["S_kv"], topk_length)  # [S_q, H_kv, K]
     keys = _gather(kv, indices, valid)  # [S_q, K, H_kv, D_qk]
     if extra_kv is not None:
-        extra_valid = valid_slots(extra_indices, dims["S_extra"], extra_topk_length)
+        extra_valid = _valid_slots(extra_indices, dims["S_extra"], extra_topk_length)
         keys = torch.cat([keys, _gather(extra_kv, extra_indices, extra_valid)], dim=1)
         valid = torch.cat([valid, extra_valid], dim=-1)
 
@@ -227,7 +240,8 @@ def sparse_attention(
 
     # max_logits: the largest scaled score of the row (FlashMLA returns it for the backward pass); -inf if empty.
     logits = torch.einsum("shd,skhd->shk", q.to(torch.float64), keys.repeat_interleave(g, dim=2)) * scale
-    max_logits = logits.masked_fill(~mask[:, :, 0], -math.inf).amax(dim=-1)
+    logits = torch.nn.functional.pad(logits.masked_fill(~mask[:, :, 0], -math.inf), (0, 1), value=-math.inf)
+    max_logits = logits.amax(dim=-1)  # the -inf column: a row with no slot at all (K = 0) has max -inf too
 
     empty = torch.isneginf(lse)
     if attn_sink is not None:
@@ -243,8 +257,7 @@ def _check_lengths(name: str, lengths: torch.Tensor | None, dims: Dims, width: s
     if lengths is None:
         return
     dims.tensor(name, lengths, ("S_q",), INT)
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > dims[width]):
-        raise ValueError(f"{name} must lie in [0, {width}={dims[width]}], got {lengths.tolist()}")
+    in_range(name, lengths, 0, dims[width])
 
 
 def sparse_prefill(
@@ -393,7 +406,8 @@ def global_slot_indices(
     Args:
         local_indices: ``[T, K]`` int, positions within each token's request (``< 0`` = padding).
         token_to_req: ``[T]`` int, the request of each token.
-        block_table: ``[B, max_blocks]`` int, physical block of each logical block.
+        block_table: ``[B, max_blocks]`` int, physical block of each logical block; ``>= 0`` wherever a valid
+            local index reads it (``-1`` columns past a request's pages are fine while nothing reads them).
         block_size: ``P``, tokens per block.
 
     Returns:
@@ -411,5 +425,9 @@ def global_slot_indices(
     if bool((valid & (logical >= dims["max_blocks"])).any()):
         raise ValueError(f"local_indices must be < max_blocks * block_size = {dims['max_blocks'] * p}")
     blocks = block_table.long()[token_to_req.long()[:, None], logical]
+    if bool((valid & (blocks < 0)).any()):
+        raise ValueError(
+            f"block_table must hold page ids >= 0 where a local index reads it, got {block_table.tolist()}"
+        )
     slots = blocks * p + torch.where(valid, local_indices.long(), 0) % p
     return torch.where(valid, slots, -1).to(torch.int32)

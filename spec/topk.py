@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT, INT, Dims, positive_int
+from .checks import FLOAT, INT, Dims, boolean, in_range, positive_int
 
 __all__ = ["TopK", "TopKAgreement", "topk_agreement", "topk_indices", "topk_valid_mask"]
 
@@ -51,7 +51,7 @@ class TopK(NamedTuple):
 def _rows(dims: Dims, name: str, x: torch.Tensor | None) -> torch.Tensor | None:
     if x is None:
         return None
-    return dims.tensor(name, x, ("M",), INT).to(torch.int64)
+    return in_range(name, dims.tensor(name, x, ("M",), INT), 0).to(torch.int64)
 
 
 def topk_valid_mask(
@@ -64,8 +64,8 @@ def topk_valid_mask(
 
     Args:
         logits: ``[M, N]`` float, no NaN.
-        row_starts: optional ``[M]`` int (default 0).
-        row_ends: optional ``[M]`` int (default ``N``); values beyond ``N`` are read as ``N``.
+        row_starts: optional ``[M]`` int ``>= 0`` (default 0).
+        row_ends: optional ``[M]`` int ``>= 0`` (default ``N``); values beyond ``N`` are read as ``N``.
     """
     dims = Dims()
     dims.tensor("logits", logits, ("M", "N"), FLOAT)
@@ -75,8 +75,6 @@ def topk_valid_mask(
     valid = logits > -math.inf
     cols = torch.arange(dims["N"], device=logits.device)[None, :]
     if starts is not None:
-        if bool((starts < 0).any()):
-            raise ValueError(f"row_starts must be >= 0, got {starts.tolist()}")
         valid &= cols >= starts[:, None]
     if ends is not None:
         valid &= cols < ends[:, None]
@@ -111,8 +109,7 @@ def topk_indices(
     Source: vLLM ``csrc/sampler.cu`` (``topKPerRowJob``), ``vllm/model_executor/layers/sparse_attn_indexer.py``.
     """
     positive_int("k", k)
-    if not isinstance(relative, bool):
-        raise TypeError(f"relative must be a bool, got {type(relative).__name__}")
+    boolean("relative", relative)
     valid = topk_valid_mask(logits, row_starts=row_starts, row_ends=row_ends)
     if relative and row_starts is None:
         raise ValueError("row_starts must be given when relative=True")
@@ -212,6 +209,7 @@ def topk_agreement(
         :class:`TopKAgreement` (never raises for a wrong candidate; raises for malformed arguments).
     """
     positive_int("k", k)
+    boolean("relative", relative)
     dims = Dims(K=k)
     dims.tensor("candidate", candidate, ("M", "K"), INT)
     dims.tensor("logits", logits, ("M", "N"), FLOAT)

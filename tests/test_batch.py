@@ -178,6 +178,49 @@ def test_split_short_extends():
     assert split_decodes_and_prefills(first_chunks) == (1, 2, 1, 4)
 
 
+def test_split_padded_batch_as_vllm_counts_it():
+    """CUDA-graph padding: ``num_actual_tokens`` larger than ``query_start_loc[-1]``. vLLM's
+    ``tests/v1/attention/test_attention_splitting.py``
+    (``test_split_decodes_and_prefills_uniform_padded_batch_all_same``): query lengths ``[2, 2, 2, 0]`` padded
+    to 8 tokens, ``decode_threshold=3``, ``require_uniform=True`` give ``(4, 0, 8, 0)``: all decodes, the padding
+    counted with them."""
+    reqs = [Request(5, 2), Request(9, 2), Request(3, 2), Request(0, 0)]
+    m = build_metadata(reqs, block_size=4, num_actual_tokens=8)
+    assert (m.num_tokens, m.num_actual_tokens) == (6, 8)
+    assert split_decodes_and_prefills(m, 3, True) == (4, 0, 8, 0)
+    # with a prefill, the padding goes to the prefill side: num_actual_tokens - query_start_loc[num_decodes]
+    mixed = build_metadata([Request(5, 1), Request(0, 3)], block_size=4, num_actual_tokens=8)
+    assert split_decodes_and_prefills(mixed) == (1, 1, 1, 7)
+    assert split_decodes_and_prefills(build_metadata([], block_size=4, num_actual_tokens=2)) == (0, 0, 2, 0)
+    with pytest.raises(ValueError, match="num_actual_tokens"):
+        build_metadata(reqs, block_size=4, num_actual_tokens=5)  # fewer than the real tokens
+
+
+@given(requests_strategy(max_size=6), st.integers(1, 3), st.integers(0, 5))
+def test_split_padding_adds_to_the_last_side(reqs, threshold, pad):
+    """Padding changes no boundary; its tokens join the prefills when there are any, else the decodes."""
+    reqs = list(reorder_batch_to_split_decodes_and_prefills(reqs, threshold).requests)
+    plain = split_decodes_and_prefills(build_metadata(reqs, block_size=4), threshold)
+    t = sum(r.new_tokens for r in reqs)
+    padded = split_decodes_and_prefills(build_metadata(reqs, block_size=4, num_actual_tokens=t + pad), threshold)
+    assert padded[:2] == plain[:2]
+    if plain.num_prefills:
+        assert padded[2:] == (plain.num_decode_tokens, plain.num_prefill_tokens + pad)
+    else:
+        assert padded[2:] == (plain.num_decode_tokens + pad, 0)
+
+
+def test_split_raises_when_a_decode_follows_a_first_prefill():
+    """The documented ``Raises`` holds when request 0 is itself the prefill (vLLM returns ``(0, B, 0, T)`` there
+    without looking further); a 1-token first chunk (no context) after it is a prefill, not a misplaced decode."""
+    m = build_metadata([Request(0, 4), Request(7, 1)], block_size=4)
+    with pytest.raises(ValueError, match="request 1 .* is a decode after the first prefill, request 0"):
+        split_decodes_and_prefills(m)
+    assert split_decodes_and_prefills(build_metadata([Request(0, 4), Request(0, 1)], block_size=4)) == (0, 2, 0, 5)
+    # require_uniform sends such rows to the prefill side, as vLLM does: no error
+    assert split_decodes_and_prefills(m, require_uniform=True) == (0, 2, 0, 5)
+
+
 def test_split_bad_input():
     m = build_metadata([Request(5, 1)], block_size=4)
     with pytest.raises(ValueError, match="decode_threshold"):

@@ -305,6 +305,8 @@ def test_paged_logits_equal_ragged_logits(lens, next_n, seed):
     two_d = paged_indexer_logits(q, cache, table, native.to(torch.int32), w)
     assert torch.equal(torch.isneginf(one_d), torch.isneginf(two_d))
     torch.testing.assert_close(one_d, two_d, rtol=0, atol=0)
+    # DeepGEMM's own view of the same bytes, [NB, P, 1, D + 4], reads the same logits
+    torch.testing.assert_close(paged_indexer_logits(q, cache.unsqueeze(2), table, torch.tensor(lens), w), one_d)
     assert not torch.isnan(one_d).any(), "NaN pages must never be read"
     # the same rows through the ragged path: gathered keys, spans [ks_b, ks_b + len)
     g = gather_indexer_k_cache(cache, table, torch.tensor(lens))
@@ -312,6 +314,24 @@ def test_paged_logits_equal_ragged_logits(lens, next_n, seed):
     ke = ks + native.reshape(-1)
     ragged = indexer_logits(q.reshape(-1, *q.shape[2:]), g.k_fp8, w, ks, ke, g.k_scale)
     _assert_same_inf_then_close(absolute_to_compressed(ragged, ks, ke, one_d.shape[1]), one_d)
+
+
+def test_paged_logits_read_deepgemm_4d_cache_view():
+    """DeepGEMM's ``tests/test_attention.py`` hands ``fp8_paged_mqa_logits`` the cache as ``[NB, P, 1, D + 4]``
+    (vLLM: ``kv_cache.unsqueeze(-2)``); the spec reads that view and the 3-D allocation alike, and refuses a 4-D
+    cache whose third dimension is not 1 or a negative context length."""
+    cache, table, ks, q, w = _paged_problem(3, [3, 6])
+    want = paged_indexer_logits(q, cache, table, torch.tensor([3, 6]), w)
+    got = paged_indexer_logits(q, cache.view(cache.shape[0], cache.shape[1], 1, -1), table, torch.tensor([3, 6]), w)
+    assert torch.equal(got, want)
+    # row 0 by hand: key n of request 0 is ks[0][n], quantized
+    k = quantize_indexer_k(ks[0])
+    ref = indexer_logits(q[0], k.k_fp8, w[:1], torch.tensor([0]), torch.tensor([3]), k.k_scale)
+    torch.testing.assert_close(got[0, :3], ref[0, :3], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="cache must have shape"):
+        paged_indexer_logits(q, cache.view(cache.shape[0], cache.shape[1] // 2, 2, -1), table, torch.tensor([3, 6]), w)
+    with pytest.raises(ValueError, match="context_lens must lie in"):
+        paged_indexer_logits(q, cache, table, torch.tensor([3, -1]), w)
 
 
 def test_paged_logits_pad_to_max_context_len():

@@ -84,6 +84,46 @@ def test_concat_and_cache_mla_fp8_ds_mla_record():
     assert torch.count_nonzero(new.view(4, 656)[1:3]) == 0
 
 
+def test_fp8_ds_mla_rope_in_the_input_dtype_and_vllms_k_scale():
+    """vLLM's ``concat_and_cache_ds_mla_kernel`` copies ``k_pe`` into bytes 528..655 as its ``scalar_t`` (bf16 or
+    fp16: it checks ``kv_c.itemsize() == 2``), and FlashMLA's ``tests/quant.py`` views them as
+    ``input_k_cache.dtype``: an fp16 model stores fp16 RoPE bytes, a bf16 model bf16 ones. vLLM also passes the
+    layer's ``k_scale`` (``[1]`` fp32, 1.0) to the writer, which this kernel never reads."""
+    g = torch.Generator().manual_seed(0)
+    kv_c = torch.randn(2, 512, generator=g)
+    k_pe = torch.tensor([[1.0 / 3.0, 1e-3] * 32, [-2.5, 65504.0] * 32])  # 1/3 and 1e-3 round differently in each
+    cache = torch.zeros(1, 4, 656, dtype=torch.uint8)
+    for dtype, layout in ((torch.float16, "fp8_ds_mla_v32_fp16"), (torch.bfloat16, "fp8_ds_mla_v32")):
+        x, pe = kv_c.to(dtype), k_pe.to(dtype)
+        new = concat_and_cache_mla(x, pe, cache, torch.tensor([1, 3]), kv_cache_dtype="fp8_ds_mla")
+        rows = new.view(4, 656)[[1, 3]]
+        assert torch.equal(rows[:, 528:].contiguous().view(dtype), pe)  # the input's own bytes
+        back = cache_layouts.dequantize(rows, layout).entries
+        assert torch.equal(back[:, 512:], pe.to(F64))
+        for k_scale in (1.0, torch.tensor([1.0]), 0.5):  # accepted, and changes nothing
+            kw = dict(kv_cache_dtype="fp8_ds_mla", scale=k_scale)
+            assert torch.equal(concat_and_cache_mla(x, pe, cache, torch.tensor([1, 3]), **kw), new)
+    assert not torch.equal(  # the two layouts read the same bytes differently
+        cache_layouts.dequantize(rows, "fp8_ds_mla_v32_fp16").entries[:, 512:], k_pe.to(torch.bfloat16).to(F64)
+    )
+    with pytest.raises(ValueError, match="scale"):
+        concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([1, 3]), kv_cache_dtype="fp8_ds_mla", scale=0.0)
+    with pytest.raises(ValueError, match="scale"):
+        concat_and_cache_mla(kv_c, k_pe, torch.zeros(1, 4, 576), torch.tensor([1, 3]), scale=1.0)
+
+
+@given(st.integers(0, 2**16), st.floats(-8, 8))
+def test_fp16_rope_survives_the_656_byte_record_exactly(seed, log_mag):
+    """Any finite fp16 RoPE value comes back bit for bit from the fp16 variant of the record (and the NoPE part is
+    the bf16 layout's, byte for byte)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(3, 576, generator=g, dtype=F64) * 2.0**log_mag).to(torch.float16)
+    raw16 = cache_layouts.quantize(x, cache_layouts.FP8_DS_MLA_V32_FP16).raw
+    assert torch.equal(raw16[:, 528:].contiguous().view(torch.float16), x[:, 512:])
+    assert torch.equal(cache_layouts.dequantize(raw16, "fp8_ds_mla_v32_fp16").entries[:, 512:], x[:, 512:].to(F64))
+    assert torch.equal(raw16[:, :528], cache_layouts.quantize(x, cache_layouts.FP8_DS_MLA_V32).raw[:, :528])
+
+
 def test_page_entries_worked_example():
     # B = 2, S_kv = 3, P = 2, one spare page: torch.randperm(5) under seed 0 is [4, 0, 1, 3, 2], request-major
     kv = torch.arange(6, dtype=F64).reshape(2, 3, 1)

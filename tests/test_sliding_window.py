@@ -188,6 +188,45 @@ def test_c128a_topk_indices_example():
         c128a_topk_indices(torch.tensor([-1]), 128, 4)
 
 
+def test_c128a_topk_indices_mark_a_token_without_slot():
+    """vLLM's ``_build_c128a_topk_metadata_kernel`` gives a decode token whose slot is -1 (CUDA-graph padding)
+    length 0: ``tl.where(is_valid_token, count, 0)`` with ``is_valid_token = slot_mapping >= 0``. The spec writes
+    that row all -1 (length 0), like the SWA indices of such a token."""
+    slot_mapping = torch.tensor([7, -1, 12])
+    got = c128a_topk_indices(torch.tensor([300, 1000, 127]), 128, 4, is_valid_token=slot_mapping >= 0)
+    assert got.tolist() == [[0, 1, -1, -1], [-1] * 4, [0, -1, -1, -1]]
+    with pytest.raises(ValueError, match="is_valid_token"):
+        c128a_topk_indices(torch.tensor([300, 1000]), 128, 4, is_valid_token=torch.tensor([True]))
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 2000), st.booleans()), min_size=1, max_size=8),
+    st.sampled_from([4, 128]),
+    st.integers(0, 20),
+)
+def test_c128a_invalid_tokens_are_empty_rows_and_valid_ones_unchanged(tokens, r, width):
+    positions = torch.tensor([p for p, _ in tokens])
+    valid = torch.tensor([v for _, v in tokens])
+    plain = c128a_topk_indices(positions, r, width)
+    marked = c128a_topk_indices(positions, r, width, is_valid_token=valid)
+    assert torch.equal(marked[valid], plain[valid])
+    assert (marked[~valid] == -1).all()
+    lengths = (marked >= 0).sum(dim=1)
+    assert torch.equal(lengths, torch.where(valid, (plain >= 0).sum(dim=1), 0))
+
+
+def test_layer_kind_takes_v4s_zero_and_refuses_negative_ratios():
+    """DeepSeek V4's config marks SWA-only layers with compress_ratio 0 (``compress_ratios = [0, 0, 4, 128, ...]``)
+    and vLLM's ``_layer_type_for`` maps every ratio <= 1 to swaonly; a negative ratio is garbage."""
+    assert [layer_kind(r) for r in (0, 1, 4, 128)] == ["swaonly", "swaonly", "c4a", "c128a"]
+    assert num_visible_compressed(torch.tensor([5, 9]), 0).tolist() == [0, 0]
+    for bad in (-1, -4):
+        with pytest.raises(ValueError, match="compress_ratio"):
+            num_visible_compressed(torch.tensor([5]), bad)
+        with pytest.raises(ValueError, match="compress_ratio"):
+            compressed_mask(1, 9, bad)
+
+
 # ---------------------------------------------------------------- end to end: three paths, one definition
 
 

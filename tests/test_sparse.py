@@ -313,3 +313,41 @@ def test_global_slot_indices_rejects_bad_input():
         global_slot_indices(torch.tensor([[1]]), torch.tensor([1]), bt, 4)
     with pytest.raises(ValueError, match="block_size"):
         global_slot_indices(torch.tensor([[1]]), torch.tensor([0]), bt, 0)
+
+
+# ------------------------------------------------------------------ an empty key set
+
+
+def test_empty_key_set_gives_zero_and_lse_plus_inf():
+    """``S_kv = 0`` with every index -1: FlashMLA's ``tests/ref.py`` marks each row ``lonely_q_mask`` (LSE ``-inf``
+    before the fix-up), sets its LSE to ``+inf`` and its output to 0 (``max_logits`` stays ``-inf``). The spec gives
+    the same for the definition, the prefill view and the decode view (a cache of 0 pages), not an IndexError."""
+    q = torch.randn(2, 2, 6, dtype=torch.float64)
+    idx = torch.full((2, 1, 3), -1, dtype=torch.int32)
+    out, lse, max_logits = sparse_attention(q, torch.zeros(0, 1, 6, dtype=torch.float64), idx, scale=0.5, d_v=4)
+    assert torch.equal(out, torch.zeros(2, 2, 4, dtype=torch.float64))
+    assert torch.isposinf(lse).all() and torch.isneginf(max_logits).all()
+    p = sparse_prefill(q, torch.zeros(0, 1, 6, dtype=torch.float64), idx, 0.5, d_v=4)
+    assert torch.equal(p.out, out) and torch.isposinf(p.lse).all() and torch.isneginf(p.max_logits).all()
+    d = sparse_decode(q[None], torch.zeros(0, 64, 6, dtype=torch.float64), idx.reshape(1, 2, 3), scale=0.5, d_v=4)
+    assert torch.equal(d.out, out[None]) and d.lse.shape == (1, 2, 2) and torch.isposinf(d.lse).all()
+    dense = sparse_attention(q, torch.zeros(0, 1, 6), idx, scale=0.5, d_v=4, empty_lse="-inf")
+    assert torch.isneginf(dense.lse).all()
+    with pytest.raises(ValueError, match="indices"):  # a real slot into an empty decode cache is out of range
+        sparse_decode(q[None], torch.zeros(0, 64, 6), torch.zeros(1, 2, 3, dtype=torch.int32), scale=0.5, d_v=4)
+
+
+@given(problems(), st.integers(0, 5))
+def test_empty_key_set_equals_all_invalid_indices_over_any_cache(p, k):
+    """No valid key is no valid key: an empty cache and a full one that no index names give the same rows."""
+    idx = torch.full((p["q"].shape[0], p["kv"].shape[1], k), -1, dtype=torch.int32)
+    empty = p["kv"][:0]
+    a = sparse_attention(p["q"], empty, idx, scale=p["scale"], d_v=p["d_v"])
+    b = sparse_attention(p["q"], p["kv"], idx, scale=p["scale"], d_v=p["d_v"])
+    assert torch.equal(a.out, b.out) and torch.equal(a.lse, b.lse) and torch.equal(a.max_logits, b.max_logits)
+    assert not a.out.any() and torch.isposinf(a.lse).all()
+    # merged with a non-empty part, the empty part weighs nothing (its +inf LSE reads as "no keys")
+    full = sparse_attention(**p)
+    m = merge_attn_states(full.out, full.lse.T, a.out, a.lse.T)
+    live = torch.isfinite(full.lse.T)
+    torch.testing.assert_close(m.out[live.T], full.out[live.T], rtol=1e-12, atol=1e-12)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from types import MappingProxyType
 
 import torch
 
@@ -73,6 +74,9 @@ class DeepGEMMBackend:
     name = "deepgemm"
     ops = frozenset({"indexer_logits", "paged_indexer_logits"})
     dtypes = frozenset({"bfloat16", "float16", "float32"})  # the case dtype names the float inputs; q/k are fp8
+    # QGMMA on e4m3 keeps ~14 bits of its accumulator (mlaspec.conformance.numerics; seen on the H200: every row of
+    # fp8_mqa_logits leans by -4e-5 relative, docs/backends.md)
+    numerics = MappingProxyType({op: ("fp8_mma_accumulation",) for op in ("indexer_logits", "paged_indexer_logits")})
 
     def __init__(self, device: str | None = None):
         self.dg = import_first("deep_gemm", "vllm.third_party.deep_gemm", what="deep_gemm")

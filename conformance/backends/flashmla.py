@@ -41,6 +41,8 @@ the V3.2 sparse decode ("V3.2 does not support dynamic topk length" / "... extra
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
 from mlaspec.spec import cache_layouts as cl
@@ -93,6 +95,9 @@ class FlashMLABackend:
     name = "flashmla"
     ops = frozenset({"mla_decode", "mla_decode_fp8", "sparse_decode", "sparse_prefill", "v4_attention"})
     dtypes = frozenset({"bfloat16", "float16"})
+    # the dense fp8 kernel multiplies e4m3 q and cache bytes with Hopper's fp8 MMA (run_mha_fwd_splitkv_mla<
+    # float_e4m3_t, bfloat16_t, 576>): ~14 accumulator bits (mlaspec.conformance.numerics, docs/backends.md)
+    numerics = MappingProxyType({"mla_decode_fp8": ("fp8_mma_accumulation",)})
 
     def __init__(self, device: str | None = None):
         self.fm = import_first("flash_mla", "vllm.third_party.flashmla.flash_mla_interface", what="flash_mla")

@@ -26,6 +26,7 @@ from mlaspec.spec.chunked_context import ChunkPlan
 
 _FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+_VERBATIM = {"bf16": torch.bfloat16, "fp16": torch.float16}  # unquantized fields (the 656-byte record's RoPE)
 _CACHE_DTYPES = {
     "fp8": "fp8_e4m3_per_tensor",
     "fp8_e4m3": "fp8_e4m3_per_tensor",
@@ -96,8 +97,8 @@ class TorchServing:
         for f in layout.value_fields:
             a, b = f.elements
             v = x[:, a:b]
-            if f.dtype == "bf16":  # stored verbatim
-                out[:, f.offset : f.end] = _u8(v.to(torch.bfloat16))
+            if f.dtype in _VERBATIM:  # stored verbatim
+                out[:, f.offset : f.end] = _u8(v.to(_VERBATIM[f.dtype]))
                 continue
             top = _FP8_MAX[f.dtype]
             if f.group is None:  # per-tensor scale
@@ -129,8 +130,8 @@ class TorchServing:
         for f in layout.value_fields:
             a, b = f.elements
             field = raw[:, f.offset : f.end].contiguous()
-            if f.dtype == "bf16":
-                out[:, a:b] = field.view(torch.bfloat16).float()
+            if f.dtype in _VERBATIM:
+                out[:, a:b] = field.view(_VERBATIM[f.dtype]).float()
                 continue
             v = field.view(_FP8[f.dtype]).float()
             if f.group is None:
@@ -163,7 +164,10 @@ class TorchServing:
         if kv_cache_dtype == "auto":
             flat[s[keep]] = x.to(kv_cache.dtype)
         else:
-            flat[s[keep]] = self._encode(x, LAYOUTS[_CACHE_DTYPES[kv_cache_dtype]], scale)
+            name = _CACHE_DTYPES[kv_cache_dtype]
+            if kv_cache_dtype == "fp8_ds_mla":  # the RoPE in the input dtype; vLLM's k_scale is not read
+                name, scale = ("fp8_ds_mla_v32_fp16" if k_pe.dtype == torch.float16 else name), None
+            flat[s[keep]] = self._encode(x, LAYOUTS[name], scale)
         return (new,)
 
     def gather_cache(

@@ -373,6 +373,8 @@ class VLLMBackend:
         self.lse_fp32 = os.environ.get("MLASPEC_VLLM_LSE_FP32") == "1"
         self.page = int(os.environ.get("MLASPEC_VLLM_PAGE", "64"))
         self.version = "vllm " + ", ".join(where) + (" (fp32 LSE)" if self.lse_fp32 else "")
+        # vLLM's own buffer holds the LSE in the query dtype: declared (mlaspec.conformance.numerics)
+        self.numerics = {} if self.lse_fp32 else {"mla_decode": ("lse_in_query_dtype",)}
 
     def _load_kernels(self, root: Path | None, where: list[str]) -> str | None:
         try:

@@ -13,6 +13,7 @@ from hypothesis.strategies import SearchStrategy
 from mlaspec.spec.attention import attention
 
 from ..cases import Case
+from ..numerics import accumulation_roundoff
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 EPS32 = 2.0**-24
@@ -137,11 +138,13 @@ def randn(case: Case) -> Callable[..., torch.Tensor]:
     return lambda *shape, scale=1.0: (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
 
-def gamma(n: int, u_w: float = EPS32) -> float:
+def gamma(n: int, u_w: float | None = None) -> float:
     """Higham's ``γ_n = n u_w / (1 - n u_w)``: ``|fl(x.y) - x.y| <= γ_n |x|.|y|`` for a dot product of length ``n``
     evaluated in a precision of unit roundoff ``u_w``, in any order of summation, FMA or not (Higham, *Accuracy and
     Stability of Numerical Algorithms*, 2nd ed., eq. 3.5 and §3.1); the default ``u_w`` is fp32's, the accumulator
-    every conforming kernel sums in (``n u_w < 1`` or the bound says nothing)."""
+    every conforming kernel sums in, or the larger one a declared departure says
+    (:func:`~mlaspec.conformance.numerics.accumulation_roundoff`; ``n u_w < 1`` or the bound says nothing)."""
+    u_w = accumulation_roundoff(EPS32) if u_w is None else u_w
     if n * u_w >= 1:
         raise ValueError(f"γ_n needs n u_w < 1, got n = {n}, u_w = {u_w:g}")
     return n * u_w / (1 - n * u_w)

@@ -57,6 +57,7 @@ from mlaspec.spec.paged_cache import slot_mapping_from_block_table
 from mlaspec.spec.topk import topk_agreement, topk_indices
 
 from ..cases import Case
+from ..numerics import accumulation_roundoff
 from ..verdict import Metric
 from .common import DTYPES, EPS32, LIMITS, Op, Scale, worst_rows
 from .sparse import judged
@@ -83,14 +84,16 @@ def _keys(c: Case, n: int, d: int, g: torch.Generator) -> torch.Tensor:
 
 
 def logits_bound(q, k, weights, k_scale) -> torch.Tensor:
-    """``2 (D + H + 2) ε32 |k_scale[n]| Σ_h |w_mh| Σ_d |q_mhd| |k_nd|`` as ``[M, N]`` (NaN keys count as 0)."""
+    """``2 (D u_acc + (H + 2) ε32) |k_scale[n]| Σ_h |w_mh| Σ_d |q_mhd| |k_nd|`` as ``[M, N]`` (NaN keys count as 0);
+    ``u_acc`` the dot product's accumulation roundoff, ``ε32`` unless declared otherwise
+    (:func:`~mlaspec.conformance.numerics.accumulation_roundoff`)."""
     h, d = q.shape[1], q.shape[2]
     k64 = k.to(torch.float64).nan_to_num(0.0).abs()
     s = torch.einsum("mhd,nd->mhn", q.to(torch.float64).abs(), k64)
     s = torch.einsum("mhn,mh->mn", s, weights.to(torch.float64).abs())
     if k_scale is not None:
         s = s * k_scale.to(torch.float64).nan_to_num(0.0).abs()[None, :]
-    return 2 * (d + h + 2) * EPS32 * s
+    return 2 * (d * accumulation_roundoff(EPS32) + (h + 2) * EPS32) * s
 
 
 def _indexer_reference(q, k, weights, ks, ke, k_scale=None) -> tuple:

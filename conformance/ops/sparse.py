@@ -105,7 +105,7 @@ def judged(names: tuple[str, ...], bounds, layout: dict | None = None):
             got = (got,)
         q = kw.get("q")
         u = unit_roundoff(q.dtype) if isinstance(q, torch.Tensor) and q.element_size() > 1 else 0.0  # fp8 q: unused
-        verdict = judge(names, got, ref, bounds(kw, ref, u))
+        verdict = judge(names, got, ref, bounds(kw, ref, u), u=u)
         # capped: a zero budget (an exact 0 expected, e.g. under a +inf sink) gives ratios near 1e300 otherwise
         ratios = {k: (layout or {}).get(k, lambda r: r)(v).clamp(max=1e12) for k, v in verdict[4].items()}
         return (*verdict[:4], ratios)

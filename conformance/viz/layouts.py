@@ -20,6 +20,7 @@ _DTYPE_COLORS = {
     "e4m3": "#4C72B0",
     "e5m2": "#64B5CD",
     "bf16": "#55A868",
+    "fp16": "#8C9E3B",
     "fp32": "#DD8452",
     "e8m0": "#C44E52",
     "pad": "#BBBBBB",

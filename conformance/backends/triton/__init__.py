@@ -29,6 +29,7 @@ Built in as ``triton`` (``mlaspec check --backend triton``); the target is
 from __future__ import annotations
 
 import os
+from types import MappingProxyType
 
 import torch
 import triton
@@ -70,6 +71,8 @@ class TritonBackend(TritonDense, TritonLayer, TritonSparse, TritonIndexer, Trito
     version = f"triton {triton.__version__}"
     not_implemented = HOST_SIDE  # left out on purpose, with the reason the harness shows in the skip
     dtypes = frozenset({"bfloat16", "float16", "float32"})
+    # impl/indexer.py's tl.dot on e4m3 is a QGMMA on Hopper: ~14 accumulator bits (mlaspec.conformance.numerics)
+    numerics = MappingProxyType({op: ("fp8_mma_accumulation",) for op in ("indexer_logits", "paged_indexer_logits")})
 
     def __init__(self, device: str | None = None, *, prefill_config: PrefillConfig | None = None):
         if device is None:

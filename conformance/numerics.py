@@ -1,0 +1,126 @@
+"""Declared numerics: the arithmetic departures real kernels make, named, each with the source that shows it.
+
+The budgets of :mod:`mlaspec.conformance.ops` assume a kernel that rounds only where the model says (fp32
+accumulation, the softmax weights and the output rounded to the case dtype). Some production kernels depart from that
+by design, in hardware or in their code. A departure is not a tolerance: an adapter *declares*, per op, the departures
+its kernel makes (``numerics = {"indexer_logits": ("fp8_mma_accumulation",)}``), and the harness then judges against
+exactly that arithmetic — the budget term the departure changes, no other — and records it with the verdict.
+``mlaspec check --strict-numerics`` (pytest: ``--mla-strict-numerics``) ignores every declaration and judges against
+the exact spec.
+
+The vocabulary (:data:`DEPARTURES`):
+
+* ``fp8_mma_accumulation`` — Hopper's fp8 tensor-core MMA (``wgmma ... e4m3``, SASS ``QGMMA``) keeps about 14 bits of
+  its accumulator and drops the rest of each addend: the product's magnitude comes out systematically small. DeepSeek
+  measured it (DeepSeek-V3 Technical Report, arXiv:2412.19437, §3.3.2 "Increasing Accumulation Precision": "the
+  accumulation precision of FP8 GEMM on NVIDIA H800 GPUs is limited to retaining around 14 bits"); DeepGEMM promotes
+  to fp32 on CUDA cores every 128 products for that reason (deepseek-ai/DeepGEMM README, "two-level accumulation"),
+  so a 128-long dot product (the indexer's head dimension) is one MMA accumulation. Under it the accumulation unit
+  roundoff is ``2^-14`` instead of ``ε32`` (every ``γ_n`` of the budget, so the logits' and the LSE's), and the bias
+  check's floor is ``2^-14`` relative: the check still fails a lean beyond what the accumulator's resolution explains.
+  Seen on the H200 (``docs/backends.md``): DeepGEMM's ``fp8_mqa_logits`` and our Triton indexer (``tl.dot`` on e4m3,
+  ``impl/indexer.py``) both lean by ``-4e-5`` relative on every row.
+* ``lse_in_query_dtype`` — the LSE is written into a buffer of the query dtype: vLLM 0.33's Triton MLA decode
+  allocates ``lse = torch.zeros(B, H, dtype=q.dtype)`` (``vllm/v1/attention/backends/mla/triton_mla.py``) and its
+  stage-2 kernel stores ``e_max + tl.log(e_sum)`` there (``vllm/v1/attention/ops/triton_decode_attention.py``). The
+  LSE's budget gains that one rounding, ``2 u |lse|`` (the factor 2 as everywhere); in bf16 that is ``0.07`` at an
+  LSE of 18, which is what a DCP merge of such partial results inherits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+__all__ = [
+    "DEPARTURES",
+    "Departure",
+    "accumulation_roundoff",
+    "assuming",
+    "bias_floor",
+    "declared",
+    "lse_rounded",
+]
+
+
+@dataclass(frozen=True)
+class Departure:
+    """One arithmetic departure: its ``name`` (what an adapter declares), what it does (``doc``), the ``source`` that
+    shows a real kernel makes it, and what it changes in the judgement: the accumulation unit roundoff of the
+    budgets' ``γ_n`` (``accumulation``) and the bias check's relative floor (``bias_floor``), ``None`` where it
+    leaves that alone; ``lse_rounded``: the LSE is stored in the case dtype, so its budget gains that rounding."""
+
+    name: str
+    doc: str
+    source: str
+    accumulation: float | None = None
+    bias_floor: float | None = None
+    lse_rounded: bool = False
+
+
+DEPARTURES: dict[str, Departure] = {
+    d.name: d
+    for d in (
+        Departure(
+            "fp8_mma_accumulation",
+            "fp8 tensor-core MMA keeps ~14 bits of its accumulator (Hopper QGMMA)",
+            "DeepSeek-V3 Technical Report (arXiv:2412.19437) §3.3.2; deepseek-ai/DeepGEMM README",
+            accumulation=2.0**-14,
+            bias_floor=2.0**-14,
+        ),
+        Departure(
+            "lse_in_query_dtype",
+            "the LSE is stored in the query dtype (8 bits in bf16) instead of fp32",
+            "vllm/v1/attention/backends/mla/triton_mla.py (vLLM 0.33): lse = torch.zeros(B, H, dtype=q.dtype) for "
+            "decode_attention_fwd, whose stage 2 stores e_max + log(e_sum) into it",
+            lse_rounded=True,
+        ),
+    )
+}
+
+_ACTIVE: ContextVar[tuple[str, ...]] = ContextVar("mlaspec_numerics", default=())
+
+
+def declared(backend: object, op: str) -> tuple[str, ...]:
+    """The departures ``backend`` declares for ``op`` (its ``numerics`` mapping; none if it has none). A name outside
+    :data:`DEPARTURES` raises ``ValueError`` naming it: a typo must not pass as exact arithmetic."""
+    names = tuple((getattr(backend, "numerics", None) or {}).get(op, ()))
+    unknown = [n for n in names if n not in DEPARTURES]
+    if unknown:
+        raise ValueError(f"backend declares unknown numerics {unknown} for {op}; known: {sorted(DEPARTURES)}")
+    return names
+
+
+@contextmanager
+def assuming(names: tuple[str, ...]) -> Iterator[None]:
+    """Judge under the departures ``names`` inside the ``with`` block (budgets and the bias check read them)."""
+    token = _ACTIVE.set(tuple(names))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _largest(field: str) -> float | None:
+    values = [getattr(DEPARTURES[n], field) for n in _ACTIVE.get()]
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def accumulation_roundoff(default: float) -> float:
+    """The unit roundoff of the budgets' accumulations: ``default`` (``ε32``) unless a departure in force says more."""
+    declared_u = _largest("accumulation")
+    return default if declared_u is None else max(default, declared_u)
+
+
+def bias_floor(default: float) -> float:
+    """The bias check's relative floor: ``default`` unless a departure in force raises it."""
+    declared_floor = _largest("bias_floor")
+    return default if declared_floor is None else max(default, declared_floor)
+
+
+def lse_rounded() -> bool:
+    """Whether a departure in force stores the LSE in the case dtype."""
+    return any(DEPARTURES[n].lse_rounded for n in _ACTIVE.get())
