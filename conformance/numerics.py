@@ -38,6 +38,7 @@ __all__ = [
     "DEPARTURES",
     "Departure",
     "accumulation_roundoff",
+    "active",
     "assuming",
     "bias_floor",
     "declared",
@@ -119,6 +120,11 @@ def bias_floor(default: float) -> float:
     """The bias check's relative floor: ``default`` unless a departure in force raises it."""
     declared_floor = _largest("bias_floor")
     return default if declared_floor is None else max(default, declared_floor)
+
+
+def active() -> tuple[str, ...]:
+    """The departures in force (inside :func:`assuming`); a reference that a departure changes reads them."""
+    return _ACTIVE.get()
 
 
 def lse_rounded() -> bool:

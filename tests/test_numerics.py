@@ -96,6 +96,7 @@ def test_a_declared_bf16_lse_passes_and_strict_numerics_fails_it():
     assert run_case(LseInBf16(), DECODE, backend_name="bf16-lse").verdict == "pass"
     strict = run_case(LseInBf16(), DECODE, backend_name="bf16-lse", strict_numerics=True)
     assert strict.verdict == "fail" and strict.reason.startswith("lse: max |error|/bound")
+    assert "strict numerics: not assumed the lse_in_query_dtype that bf16-lse declares for mla_decode" in strict.reason
 
 
 def test_a_declared_bf16_lse_still_fails_a_wrong_lse():
