@@ -166,13 +166,13 @@ def _mla_decode_fp8_cases(scale: Scale) -> list[tuple[str, dict]]:
                 q_scale=0.15625,
             ),
         ),
-        # two 64-head tiles over 17 64-key blocks (split-KV pieces), the model's YaRN scale
+        # two 64-head tiles over 13 64-key blocks (split-KV pieces), the model's YaRN scale
         (
             "v3-tp1-per-tensor-yarn-long-context",
             dict(
-                B=3,
+                B=2,
                 S_q=1,
-                S_kv=max(ctx, 1100),
+                S_kv=max(ctx, 800),
                 H_q=128,
                 D_qk=576,
                 D_v=512,

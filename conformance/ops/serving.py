@@ -1040,36 +1040,36 @@ def _chunked_prefill_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
                 workspace_size=16,
             ),
         ),
-        # two 64-head tiles, a ~2000-token context in 4 workspace chunks of 128-token pages, different context and
-        # query lengths per request, the model's YaRN scale
+        # two 64-head tiles, contexts in 3 workspace chunks of 128-token pages, different context and query lengths
+        # per request, the model's YaRN scale
         (
-            "yarn-128-heads-long-context-page128",
+            "yarn-128-heads-page128",
             dict(
                 H_q=128,
                 Lkv=32,
                 D_nope=16,
                 D_rope=8,
                 D_v=16,
-                contexts=[1900, 0, 450, 7],
-                q_lens=[2, 9, 1, 5],
+                contexts=[300, 0, 130, 7],
+                q_lens=[2, 5, 1, 3],
                 block_size=128,
-                workspace_size=1024,
+                workspace_size=384,
                 scale=V3_SCALE,
             ),
         ),
-        # one token a page: chunks end anywhere
+        # one token a page (chunks end anywhere), a ~2000-token context in 10 workspace chunks
         (
-            "page1-chunks",
+            "page1-long-context",
             dict(
                 H_q=8,
                 Lkv=32,
                 D_nope=16,
                 D_rope=8,
                 D_v=16,
-                contexts=[45, 3, 0, 17],
+                contexts=[1900, 3, 0, 17],
                 q_lens=[1, 4, 6, 2],
                 block_size=1,
-                workspace_size=22,
+                workspace_size=600,
             ),
         ),
     ]
@@ -1224,9 +1224,9 @@ def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
                 requests=[[50, 6], [3, 9], [0, 7]],
             ),
         ),
-        # two 64-head tiles, decodes over ~1500 and 700 keys (split-KV), 128-token pages, the model's YaRN scale
+        # two 64-head tiles, decodes over several hundred keys (split-KV), 128-token pages, the model's YaRN scale
         (
-            "yarn-128-heads-long-context-page128",
+            "yarn-128-heads-page128",
             dict(
                 H_q=128,
                 Lkv=32,
@@ -1234,15 +1234,15 @@ def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
                 D_rope=16,
                 D_v=16,
                 block_size=128,
-                workspace_size=512,
+                workspace_size=256,
                 decode_threshold=2,
-                requests=[[1500, 1], [0, 1], [700, 2], [300, 1], [900, 5], [0, 3]],
+                requests=[[700, 1], [0, 1], [300, 2], [150, 1], [400, 5], [0, 3]],
                 scale=V3_SCALE,
             ),
         ),
-        # one token a page
+        # one token a page, a decode over ~2000 keys
         (
-            "page1-mixed",
+            "page1-long-context",
             dict(
                 H_q=16,
                 Lkv=32,
@@ -1252,7 +1252,7 @@ def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
                 block_size=1,
                 workspace_size=24,
                 decode_threshold=1,
-                requests=[[33, 1], [0, 1], [9, 1], [40, 3], [0, 5]],
+                requests=[[1900, 1], [0, 1], [9, 1], [40, 3], [0, 5]],
             ),
         ),
     ]
