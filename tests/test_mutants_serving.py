@@ -106,7 +106,7 @@ class ChunkBoundaryOffByOne(TorchBackend):
         )
 
 
-class MergeWithoutInfGuard(TorchBackend):
+class ChunkMergeWithoutInfGuard(TorchBackend):
     """LSE merge without the -inf guard: two empty parts (a prefill with no context, chunk after chunk) give
     exp(-inf - -inf) = NaN, which then poisons the new tokens' part."""
 
@@ -317,7 +317,7 @@ MUTANT_CASES = _params(
         (PaddingSlotWritten, "concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
         (PaddingSlotWritten, "concat_and_cache_mla[v32-fp8-ds-mla-656-bfloat16]"),
         (ChunkBoundaryOffByOne, "chunked_prefill_attention[v3-workspace-chunks-no-context-bfloat16]"),
-        (MergeWithoutInfGuard, "chunked_prefill_attention[v3-workspace-chunks-no-context-bfloat16]"),
+        (ChunkMergeWithoutInfGuard, "chunked_prefill_attention[v3-workspace-chunks-no-context-bfloat16]"),
         (ReorderStopsOneSwapEarly, "reorder_batch_to_split_decodes_and_prefills[mtp4-mixed-2-regions-bfloat16]"),
         (SlotFromWrongRequest, "slot_mapping_from_block_table[mixed-batch-cudagraph-pad-bfloat16]"),
         (SlotFromWrongRequest, "build_metadata[v3-mixed-default-pages-bfloat16]"),
@@ -367,7 +367,7 @@ def test_mutants_pass_the_cases_their_bug_does_not_touch():
     assert run_case(ReorderStopsOneSwapEarly(), four, backend_name="m").verdict == "pass"
     assert (
         run_case(
-            MergeWithoutInfGuard(),
+            ChunkMergeWithoutInfGuard(),
             case_by_id("chunked_prefill_attention[first-chunks-only-bfloat16]"),
             backend_name="m",
         ).verdict

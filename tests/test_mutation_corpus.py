@@ -28,23 +28,29 @@ def _module(name: str):
     return module
 
 
-def _classes(items) -> list[type]:
+def _pairs(module) -> list[tuple[type, str | None]]:
+    """``(mutant, op or case id or None)`` from a corpus file's ``MUTANTS`` (and ``MUTANT_CASES``, where it has one)."""
     out = []
-    for item in items:
+    for item in [*module.MUTANTS, *getattr(module, "MUTANT_CASES", [])]:
         item = getattr(item, "values", item)  # pytest.param
-        cls = item if isinstance(item, type) else item[0]
-        if cls not in out:
-            out.append(cls)
+        out.append((item, None) if isinstance(item, type) else (item[0], item[1]))
     return out
 
 
 def corpus() -> list[tuple[str, type]]:
     """``(file, mutant class)`` for every mutant of every corpus file, in file order."""
-    return [(f, cls) for f in FILES for cls in _classes(_module(f).MUTANTS)]
+    seen: dict[type, str] = {}
+    for f in FILES:
+        for cls, _ in _pairs(_module(f)):
+            seen.setdefault(cls, f)
+    return [(f, cls) for cls, f in seen.items()]
 
 
 def _ops(cls: type) -> list[str]:
-    return sorted({name for c in cls.__mro__ if c.__module__ == cls.__module__ for name in vars(c) if name in OPS})
+    """The ops a mutant breaks: those it overrides, and those its file pairs it with (a mutant of a shared helper)."""
+    ops = {name for c in cls.__mro__ if c.__module__ == cls.__module__ for name in vars(c) if name in OPS}
+    ops |= {x.split("[")[0] for c, x in _pairs(sys.modules[cls.__module__]) if c is cls and isinstance(x, str)}
+    return sorted(ops & set(OPS))
 
 
 def _summary(cls: type) -> str:
