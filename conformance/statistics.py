@@ -89,7 +89,7 @@ class Statistics:
 
     def bias_reason(self, name: str, relative: bool) -> str:
         what = f"{self.bias:+.3%} of the spec" if relative else f"{self.bias:+.3g} on average"
-        floor = f"{self.floor:.2%}" if relative else f"{self.floor:.3g}"
+        floor = f"{self.floor * 100:.2g}%" if relative else f"{self.floor:.3g}"
         return (
             f"{name}: systematic error {what} (floor {floor}): {self.positive} of {self.rows} rows err upward, "
             f"p = {self.p:.2g} <= {ALPHA:g} under round-to-nearest"

@@ -70,6 +70,9 @@ class FlashInferBackend:
             d, d_v = case_param(case, "D_qk"), case_param(case, "D_v", default=512)
             if d_v != 512 or d - d_v not in (0, 64):
                 return f"FlashInfer MLA takes head_dim_ckv 512 and head_dim_kpe 64 (or 0), case has {d}/{d_v}"
+        if case.op == "merge_attn_states" and case_param(case, "D") not in (64, 128, 256, 512):
+            # flashinfer/attention/cascade.cuh MergeState: DISPATCH_HEAD_DIM (include/flashinfer/utils.cuh)
+            return f"FlashInfer's merge_state takes head_dim 64, 128, 256 or 512, case has {case_param(case, 'D')}"
         return None
 
     def mla_decode(self, q, kv, *, d_v, scale, causal=False, seq_lens=None):
