@@ -25,6 +25,14 @@ The vocabulary (:data:`DEPARTURES`):
   stage-2 kernel stores ``e_max + tl.log(e_sum)`` there (``vllm/v1/attention/ops/triton_decode_attention.py``). The
   LSE's budget gains that one rounding, ``2 u |lse|`` (the factor 2 as everywhere); in bf16 that is ``0.07`` at an
   LSE of 18, which is what a DCP merge of such partial results inherits.
+* ``scales_in_bf16`` — an fp8 sparse cache's per-group fp32 scale is read as bf16 and the key dequantized as a bf16
+  product: FlashMLA's SM90 sparse decode, ``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh`` line 550 (``scales[i] =
+  (bf16)scales_float[i];``) and ``csrc/sm90/decode/sparse_fp8/components/dequant.h`` line 25
+  (``__float22bfloat162_rn(fp8) * scale_bf162``), deepseek-ai/FlashMLA at ``9241ae3``. Not a wider budget: the
+  op's *reference* reads the cache as that kernel does, ``bf16(e4m3 * bf16(s))`` per group
+  (:func:`mlaspec.conformance.ops.writers.read_scales_as`), and the budget is the exact one around it. Exact on
+  power-of-two scales (FlashMLA's own quantizer, vLLM's writers since PR #49435, e8m0); on vLLM 0.33's raw ``amax /
+  448`` scales each key moves by up to ``2^-9`` relative, which the fp32-logit budget does not hold.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ __all__ = [
     "bias_floor",
     "declared",
     "lse_rounded",
+    "scale_format",
 ]
 
 
@@ -51,7 +60,9 @@ class Departure:
     """One arithmetic departure: its ``name`` (what an adapter declares), what it does (``doc``), the ``source`` that
     shows a real kernel makes it, and what it changes in the judgement: the accumulation unit roundoff of the
     budgets' ``γ_n`` (``accumulation``) and the bias check's relative floor (``bias_floor``), ``None`` where it
-    leaves that alone; ``lse_rounded``: the LSE is stored in the case dtype, so its budget gains that rounding."""
+    leaves that alone; ``lse_rounded``: the LSE is stored in the case dtype, so its budget gains that rounding;
+    ``scale_format``: the float format (``"bf16"``) the kernel reads an fp8 cache's group scales in, which the op's
+    reference then reads them in too."""
 
     name: str
     doc: str
@@ -59,6 +70,7 @@ class Departure:
     accumulation: float | None = None
     bias_floor: float | None = None
     lse_rounded: bool = False
+    scale_format: str | None = None
 
 
 DEPARTURES: dict[str, Departure] = {
@@ -77,6 +89,13 @@ DEPARTURES: dict[str, Departure] = {
             "vllm/v1/attention/backends/mla/triton_mla.py (vLLM 0.33): lse = torch.zeros(B, H, dtype=q.dtype) for "
             "decode_attention_fwd, whose stage 2 stores e_max + log(e_sum) into it",
             lse_rounded=True,
+        ),
+        Departure(
+            "scales_in_bf16",
+            "an fp8 cache's group scales read as bf16, keys dequantized as bf16(e4m3 * bf16(scale))",
+            "deepseek-ai/FlashMLA csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:550 scales[i] = (bf16)scales_float[i]; "
+            "csrc/sm90/decode/sparse_fp8/components/dequant.h:25 __float22bfloat162_rn(fp8) * scale_bf162",
+            scale_format="bf16",
         ),
     )
 }
@@ -130,3 +149,11 @@ def active() -> tuple[str, ...]:
 def lse_rounded() -> bool:
     """Whether a departure in force stores the LSE in the case dtype."""
     return any(DEPARTURES[n].lse_rounded for n in _ACTIVE.get())
+
+
+def scale_format() -> str | None:
+    """The format a departure in force reads an fp8 cache's group scales in (``"bf16"``), or None: the exact scales."""
+    formats = {DEPARTURES[n].scale_format for n in _ACTIVE.get()} - {None}
+    if len(formats) > 1:
+        raise ValueError(f"declared numerics read scales in more than one format: {sorted(formats)}")
+    return formats.pop() if formats else None
