@@ -33,6 +33,13 @@ The vocabulary (:data:`DEPARTURES`):
   (:func:`mlaspec.conformance.ops.writers.read_scales_as`), and the budget is the exact one around it. Exact on
   power-of-two scales (FlashMLA's own quantizer, vLLM's writers since PR #49435, e8m0); on vLLM 0.33's raw ``amax /
   448`` scales each key moves by up to ``2^-9`` relative, which the fp32-logit budget does not hold.
+* ``p_in_e4m3`` — the softmax weights ``P`` are rounded to e4m3 (not the case dtype) before ``P V``: an fp8
+  tensor-core ``P V`` takes both operands in fp8. FlashMLA's dense fp8 decode, which vLLM 0.33 ships as
+  ``_flashmla_extension_C.fwd_kvcache_mla_fp8``: vllm-project/FlashMLA ``csrc/extension/sm90/dense_fp8/
+  flash_fwd_mla_kernel.h`` lines 384-385 at ``46d64a8`` (``Tensor tOrP = make_tensor_like<Element>(tOrP_acc);
+  convert_type_out(tOrP_acc, tOrP);`` with ``Element = cutlass::float_e4m3_t``), fed to ``flash::gemm(tiled_mma_o,
+  tOrP, tOrVt, tOrO)`` at line 398. The output budget's weight term becomes e4m3's: ``2^-4`` relative and ``2^-10``
+  absolute below e4m3's smallest normal (:mod:`mlaspec.conformance.ops.fp8_decode`).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ __all__ = [
     "bias_floor",
     "declared",
     "lse_rounded",
+    "p_format",
     "scale_format",
 ]
 
@@ -62,7 +70,8 @@ class Departure:
     budgets' ``γ_n`` (``accumulation``) and the bias check's relative floor (``bias_floor``), ``None`` where it
     leaves that alone; ``lse_rounded``: the LSE is stored in the case dtype, so its budget gains that rounding;
     ``scale_format``: the float format (``"bf16"``) the kernel reads an fp8 cache's group scales in, which the op's
-    reference then reads them in too."""
+    reference then reads them in too; ``p_format``: the format (``"e4m3"``) the softmax weights are rounded to
+    before ``P V``, whose rounding the output budget then allows instead of the case dtype's."""
 
     name: str
     doc: str
@@ -71,6 +80,7 @@ class Departure:
     bias_floor: float | None = None
     lse_rounded: bool = False
     scale_format: str | None = None
+    p_format: str | None = None
 
 
 DEPARTURES: dict[str, Departure] = {
@@ -96,6 +106,14 @@ DEPARTURES: dict[str, Departure] = {
             "deepseek-ai/FlashMLA csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:550 scales[i] = (bf16)scales_float[i]; "
             "csrc/sm90/decode/sparse_fp8/components/dequant.h:25 __float22bfloat162_rn(fp8) * scale_bf162",
             scale_format="bf16",
+        ),
+        Departure(
+            "p_in_e4m3",
+            "the softmax weights P rounded to e4m3 (not the case dtype) for an fp8 tensor-core P V",
+            "vllm-project/FlashMLA csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:384-385 make_tensor_like<"
+            "Element>(tOrP_acc); convert_type_out(tOrP_acc, tOrP) with Element = cutlass::float_e4m3_t, then "
+            "flash::gemm(tiled_mma_o, tOrP, tOrVt, tOrO) (line 398)",
+            p_format="e4m3",
         ),
     )
 }
@@ -151,9 +169,19 @@ def lse_rounded() -> bool:
     return any(DEPARTURES[n].lse_rounded for n in _ACTIVE.get())
 
 
+def _format(field: str) -> str | None:
+    formats = {getattr(DEPARTURES[n], field) for n in _ACTIVE.get()} - {None}
+    if len(formats) > 1:
+        raise ValueError(f"declared numerics give more than one {field}: {sorted(formats)}")
+    return formats.pop() if formats else None
+
+
 def scale_format() -> str | None:
     """The format a departure in force reads an fp8 cache's group scales in (``"bf16"``), or None: the exact scales."""
-    formats = {DEPARTURES[n].scale_format for n in _ACTIVE.get()} - {None}
-    if len(formats) > 1:
-        raise ValueError(f"declared numerics read scales in more than one format: {sorted(formats)}")
-    return formats.pop() if formats else None
+    return _format("scale_format")
+
+
+def p_format() -> str | None:
+    """The format a departure in force rounds the softmax weights to before ``P V`` (``"e4m3"``), or None: the case
+    dtype, as the exact spec's budget assumes."""
+    return _format("p_format")

@@ -1,6 +1,7 @@
 """Declared numerics: a departure changes exactly its budget term, is recorded with the verdict, is ignored under
 strict numerics, and a kernel beyond what it declares still fails."""
 
+import math
 from types import MappingProxyType
 
 import pytest
@@ -9,10 +10,12 @@ import torch
 from mlaspec.conformance import numerics
 from mlaspec.conformance.backends.flashmla import quantize_sparse_cache
 from mlaspec.conformance.backends.torch_eager import TorchBackend
+from mlaspec.conformance.backends.torch_fp8 import decode_records
 from mlaspec.conformance.cases import Case, case_by_id
 from mlaspec.conformance.ops.common import EPS32, gamma
 from mlaspec.conformance.runner import run_case
 from mlaspec.conformance.statistics import rounding_statistics
+from mlaspec.spec.attention import causal_mask
 
 # 64 rows of 40 keys: enough rows for the bias check to see a lean
 CASE = Case("indexer_logits", "rows-64", "bfloat16", dict(H=4, D=32, query_lens=[12, 20, 32], seq_lens=[40, 33, 40]))
@@ -37,7 +40,7 @@ class LeaningTooFar(Leaning):
 
 def test_the_vocabulary_names_its_sources():
     for d in numerics.DEPARTURES.values():
-        assert d.doc and d.source and (d.accumulation or d.bias_floor or d.lse_rounded or d.scale_format)
+        assert d.doc and d.source and (d.accumulation or d.bias_floor or d.lse_rounded or d.scale_format or d.p_format)
 
 
 def test_a_departure_changes_only_inside_its_block():
@@ -180,6 +183,48 @@ def test_the_scale_format_follows_the_declaration():
     assert numerics.scale_format() is None
 
 
+# -- p_in_e4m3: FlashMLA's dense fp8 decode rounds the softmax weights to e4m3 for P V ---------------------------------
+FP8_DECODE = case_by_id("mla_decode_fp8[v3-tp8-per-tensor-bfloat16]")
+
+
+class PInE4M3(TorchBackend):
+    """The fp8 decode with ``exp(s - max)`` rounded to e4m3 before ``P V`` (``flash_fwd_mla_kernel.h:384-385``),
+    normalised after; declares it."""
+
+    numerics = MappingProxyType({"mla_decode_fp8": ("p_in_e4m3",)})
+
+    def _weights(self, p: torch.Tensor) -> torch.Tensor:
+        return p.to(torch.float8_e4m3fn).float()
+
+    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
+        kv = decode_records(kv_cache, layout, k_scale)
+        s = torch.einsum("bqhd,bkd->bhqk", q.float(), kv) * scale
+        if causal:
+            s = s.masked_fill(~causal_mask(q.shape[1], kv.shape[1]), -math.inf)
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        ell = p.sum(-1)
+        out = torch.einsum("bhqk,bkd->bqhd", self._weights(p), kv[..., :d_v])
+        return (out / ell.transpose(1, 2)[..., None]).to(q.dtype), torch.log(ell) + m[..., 0]
+
+
+class PFlushedInE4M3(PInE4M3):
+    """Declares e4m3 weights, flushes e4m3's subnormals (below ``2^-6``) to zero: a conversion without gradual
+    underflow, more than e4m3 rounding loses."""
+
+    def _weights(self, p):
+        return super()._weights(torch.where(p < 2.0**-6, 0.0, p))
+
+
+def test_declared_e4m3_weights_pass_and_strict_numerics_fails_them():
+    assert run_case(PInE4M3(), FP8_DECODE, backend_name="p-e4m3").verdict == "pass"
+    strict = run_case(PInE4M3(), FP8_DECODE, backend_name="p-e4m3", strict_numerics=True)
+    assert strict.verdict == "fail" and "not assumed the p_in_e4m3 that p-e4m3 declares" in strict.reason
+    with numerics.assuming(("p_in_e4m3",)):
+        assert numerics.p_format() == "e4m3"
+    assert numerics.p_format() is None
+
+
 # -- every departure has a mutant that breaks it and is caught -------------------------------------------------------
 class LseInBf16Off(LseInBf16):
     """Declares the LSE in bf16, and is two bf16 ulps off at an LSE of 18."""
@@ -193,6 +238,7 @@ VIOLATIONS = {
     "fp8_mma_accumulation": (LeaningTooFar, CASE),
     "lse_in_query_dtype": (LseInBf16Off, DECODE),
     "scales_in_bf16": (ScalesInFp16, WRITER_CASES["vllm033"]),
+    "p_in_e4m3": (PFlushedInE4M3, FP8_DECODE),
 }
 
 

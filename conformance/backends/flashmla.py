@@ -99,10 +99,14 @@ class FlashMLABackend:
     ops = frozenset({"mla_decode", "mla_decode_fp8", "sparse_decode", "sparse_prefill", "v4_attention"})
     dtypes = frozenset({"bfloat16", "float16"})
     # the dense fp8 kernel multiplies e4m3 q and cache bytes with Hopper's fp8 MMA (run_mha_fwd_splitkv_mla<
-    # float_e4m3_t, bfloat16_t, 576>): ~14 accumulator bits; the SM90 sparse decode reads each 128-group's fp32
-    # scale as bf16 and dequantizes as a bf16 product (csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:550,
-    # components/dequant.h:25), exact only on power-of-two scales (mlaspec.conformance.numerics, docs/backends.md)
-    numerics = MappingProxyType({"mla_decode_fp8": ("fp8_mma_accumulation",), "sparse_decode": ("scales_in_bf16",)})
+    # float_e4m3_t, bfloat16_t, 576>): ~14 accumulator bits, and rounds its softmax weights P to e4m3 for P V
+    # (vllm-project/FlashMLA csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:384-385); the SM90 sparse decode
+    # reads each 128-group's fp32 scale as bf16 and dequantizes as a bf16 product (csrc/sm90/decode/sparse_fp8/
+    # splitkv_mla.cuh:550, components/dequant.h:25), exact only on power-of-two scales (mlaspec.conformance.numerics,
+    # docs/backends.md)
+    numerics = MappingProxyType(
+        {"mla_decode_fp8": ("fp8_mma_accumulation", "p_in_e4m3"), "sparse_decode": ("scales_in_bf16",)}
+    )
 
     def __init__(self, device: str | None = None):
         self.fm = import_first("flash_mla", "vllm.third_party.flashmla.flash_mla_interface", what="flash_mla")
