@@ -30,9 +30,16 @@ The vocabulary (:data:`DEPARTURES`):
   (bf16)scales_float[i];``) and ``csrc/sm90/decode/sparse_fp8/components/dequant.h`` line 25
   (``__float22bfloat162_rn(fp8) * scale_bf162``), deepseek-ai/FlashMLA at ``9241ae3``. Not a wider budget: the
   op's *reference* reads the cache as that kernel does, ``bf16(e4m3 * bf16(s))`` per group
-  (:func:`mlaspec.conformance.ops.writers.read_scales_as`), and the budget is the exact one around it. Exact on
+  (:func:`mlaspec.conformance.ops.writers.read_as`), and the budget is the exact one around it. Exact on
   power-of-two scales (FlashMLA's own quantizer, vLLM's writers since PR #49435, e8m0); on vLLM 0.33's raw ``amax /
   448`` scales each key moves by up to ``2^-9`` relative, which the fp32-logit budget does not hold.
+* ``keys_in_query_dtype`` — an fp8 cache's keys are dequantized in fp32 (``e4m3 * s``, the stored scale) and
+  rounded to the query's dtype for a bf16 / fp16 ``Q K^T`` MMA: our Triton sparse kernel, ``impl/sparse.py`` line
+  113 (``k_nope = tl.reshape(vals * scale[:, :, None], [BLOCK_N, D_V])``, fp32) and line 290
+  (``k_nope.to(q_nope.dtype)`` into the ``tl.dot``); the ``triton`` adapter hands it a cache whose fp8 records it
+  cannot rebuild from q's dtype as rows in q's dtype, the same rounding. The reference reads
+  the cache that way (``dtype(e4m3 * s)`` per group). Exact on power-of-two scales; on raw scales each key moves by
+  up to half an ulp of the query dtype. Unlike ``scales_in_bf16`` the scale itself is not rounded.
 * ``p_in_e4m3`` — the softmax weights ``P`` are rounded to e4m3 (not the case dtype) before ``P V``: an fp8
   tensor-core ``P V`` takes both operands in fp8. FlashMLA's dense fp8 decode, which vLLM 0.33 ships as
   ``_flashmla_extension_C.fwd_kvcache_mla_fp8``: vllm-project/FlashMLA ``csrc/extension/sm90/dense_fp8/
@@ -57,6 +64,7 @@ __all__ = [
     "assuming",
     "bias_floor",
     "declared",
+    "key_format",
     "lse_rounded",
     "p_format",
     "scale_format",
@@ -69,9 +77,10 @@ class Departure:
     shows a real kernel makes it, and what it changes in the judgement: the accumulation unit roundoff of the
     budgets' ``γ_n`` (``accumulation``) and the bias check's relative floor (``bias_floor``), ``None`` where it
     leaves that alone; ``lse_rounded``: the LSE is stored in the case dtype, so its budget gains that rounding;
-    ``scale_format``: the float format (``"bf16"``) the kernel reads an fp8 cache's group scales in, which the op's
-    reference then reads them in too; ``p_format``: the format (``"e4m3"``) the softmax weights are rounded to
-    before ``P V``, whose rounding the output budget then allows instead of the case dtype's."""
+    ``scale_format``: the float format (``"bf16"``) the kernel reads an fp8 cache's group scales in, and
+    ``key_format`` the one it rounds the dequantized keys to (``"bf16"``, or ``"query"``: the query's dtype), which
+    the op's reference then reads the cache in too; ``p_format``: the format (``"e4m3"``) the softmax weights are
+    rounded to before ``P V``, whose rounding the output budget then allows instead of the case dtype's."""
 
     name: str
     doc: str
@@ -80,6 +89,7 @@ class Departure:
     bias_floor: float | None = None
     lse_rounded: bool = False
     scale_format: str | None = None
+    key_format: str | None = None
     p_format: str | None = None
 
 
@@ -106,6 +116,13 @@ DEPARTURES: dict[str, Departure] = {
             "deepseek-ai/FlashMLA csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:550 scales[i] = (bf16)scales_float[i]; "
             "csrc/sm90/decode/sparse_fp8/components/dequant.h:25 __float22bfloat162_rn(fp8) * scale_bf162",
             scale_format="bf16",
+            key_format="bf16",
+        ),
+        Departure(
+            "keys_in_query_dtype",
+            "an fp8 cache's keys dequantized in fp32 and rounded to the query dtype for the Q K^T MMA",
+            "mlaspec impl/sparse.py:113 k_nope = vals * scale (fp32), :290 k_nope.to(q_nope.dtype) into tl.dot",
+            key_format="query",
         ),
         Departure(
             "p_in_e4m3",
@@ -179,6 +196,12 @@ def _format(field: str) -> str | None:
 def scale_format() -> str | None:
     """The format a departure in force reads an fp8 cache's group scales in (``"bf16"``), or None: the exact scales."""
     return _format("scale_format")
+
+
+def key_format() -> str | None:
+    """The format a departure in force rounds an fp8 cache's dequantized keys to (``"bf16"``, or ``"query"``: the
+    query's dtype), or None: the exact keys."""
+    return _format("key_format")
 
 
 def p_format() -> str | None:

@@ -40,7 +40,7 @@ class LeaningTooFar(Leaning):
 
 def test_the_vocabulary_names_its_sources():
     for d in numerics.DEPARTURES.values():
-        assert d.doc and d.source and (d.accumulation or d.bias_floor or d.lse_rounded or d.scale_format or d.p_format)
+        assert d.doc and d.source and (d.accumulation or d.bias_floor or d.lse_rounded or d.key_format or d.p_format)
 
 
 def test_a_departure_changes_only_inside_its_block():
@@ -176,10 +176,39 @@ def test_a_reader_beyond_its_declared_scale_format_fails(mutant):
     assert r.verdict == "fail", r.reason
 
 
+class KeysInQueryDtype(TorchBackend):
+    """The ``triton`` adapter's path: the cache handed to the kernel in q's dtype, keys rounded once (``e4m3 * s`` in
+    fp32, then bf16: ``impl/sparse.py`` lines 113, 290); declares it."""
+
+    numerics = MappingProxyType({"sparse_decode": ("keys_in_query_dtype",)})
+
+    def sparse_decode(self, q, kv_cache, indices, **kw):
+        return super().sparse_decode(q, kv_cache.to(q.dtype), indices, **kw)
+
+
+class ScalesInBf16DeclaredAsKeys(FlashMLALike):
+    """FlashMLA's arithmetic (the scale read as bf16 too) declared as ``keys_in_query_dtype`` only."""
+
+    numerics = MappingProxyType({"sparse_decode": ("keys_in_query_dtype",)})
+
+
+def test_keys_rounded_to_the_query_dtype_pass_declared_and_fail_strict_on_raw_scales():
+    for writer, case in WRITER_CASES.items():
+        assert run_case(KeysInQueryDtype(), case, backend_name="keys").verdict == "pass", writer
+        strict = run_case(KeysInQueryDtype(), case, backend_name="keys", strict_numerics=True)
+        assert strict.verdict == ("fail" if writer == "vllm033" else "pass"), (writer, strict.reason)
+
+
+def test_the_two_key_readings_are_told_apart():
+    assert run_case(ScalesInBf16DeclaredAsKeys(), WRITER_CASES["vllm033"], backend_name="m").verdict == "fail"
+
+
 def test_the_scale_format_follows_the_declaration():
-    assert numerics.scale_format() is None
+    assert numerics.scale_format() is None and numerics.key_format() is None
     with numerics.assuming(("scales_in_bf16",)):
-        assert numerics.scale_format() == "bf16"
+        assert numerics.scale_format() == "bf16" and numerics.key_format() == "bf16"
+    with numerics.assuming(("keys_in_query_dtype",)):
+        assert numerics.scale_format() is None and numerics.key_format() == "query"
     assert numerics.scale_format() is None
 
 
@@ -238,6 +267,7 @@ VIOLATIONS = {
     "fp8_mma_accumulation": (LeaningTooFar, CASE),
     "lse_in_query_dtype": (LseInBf16Off, DECODE),
     "scales_in_bf16": (ScalesInFp16, WRITER_CASES["vllm033"]),
+    "keys_in_query_dtype": (ScalesInBf16DeclaredAsKeys, WRITER_CASES["vllm033"]),
     "p_in_e4m3": (PFlushedInE4M3, FP8_DECODE),
 }
 

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlaspec.conformance.ops.writers import WRITERS, read_scales_as, written
+from mlaspec.conformance.ops.writers import WRITERS, read_as, written
 from mlaspec.spec import cache_layouts as cl
 
 FLT_MIN = torch.finfo(torch.float32).tiny
@@ -55,20 +55,22 @@ def test_a_bf16_scale_read_is_exact_on_power_of_two_scales_and_a_bf16_product_on
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(8, 576, generator=g, dtype=torch.float64) * magnitude
     pow2 = written(x, "vllm-pow2")
-    assert torch.equal(read_scales_as(pow2, "bf16"), pow2)
+    assert torch.equal(read_as(pow2, "bf16", "bf16"), pow2)
     raw = written(x, "vllm-0.33")
-    got = read_scales_as(raw, "bf16")
+    got = read_as(raw, "bf16", "bf16")
     records = WRITERS["vllm-0.33"](x)
     e4m3 = records[:, :512].contiguous().view(torch.float8_e4m3fn).double().reshape(8, 4, 128)
     s = cl.round_to_format(records[:, 512:528].contiguous().view(torch.float32).double(), cl.BF16)
     assert torch.equal(got[:, :512], cl.round_to_format(e4m3 * s[..., None], cl.BF16).reshape(8, 512))
     assert torch.equal(got[:, 512:], raw[:, 512:])  # the bf16 RoPE as stored
+    keys_only = read_as(raw, "bf16")  # the scale as stored, the key rounded: one rounding of each value
+    assert torch.equal(keys_only, cl.round_to_format(raw, cl.BF16))
 
 
 def test_a_bf16_scale_read_leaves_hostile_rows_and_non_fp8_caches_alone():
     x = written(torch.randn(4, 576, dtype=torch.float64), "vllm-0.33")
     x[1] = float("nan")
-    got = read_scales_as(x, "bf16")
+    got = read_as(x, "bf16", "bf16")
     assert torch.isnan(got[1]).all() and not torch.equal(got[0], x[0])
     plain = torch.randn(4, 576, dtype=torch.float64)  # no fp8 record holds it: no fp8 reader runs on it
-    assert torch.equal(read_scales_as(plain, "bf16"), plain)
+    assert torch.equal(read_as(plain, "bf16", "bf16"), plain)

@@ -78,7 +78,7 @@ from .. import numerics
 from ..cases import Case
 from ..verdict import judge
 from .common import EPS32, LIMITS, Op, Scale, gamma, randn, underflow_floor, unit_roundoff, worst_rows
-from .writers import read_scales_as, written
+from .writers import read_as, written
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
@@ -361,14 +361,16 @@ def _decode_inputs(c: Case) -> dict:
 
 
 def _decode_reference(**kw) -> tuple:
-    """:func:`~mlaspec.spec.sparse.sparse_decode`, over the caches as a kernel that declares ``scales_in_bf16``
-    reads them (:func:`~mlaspec.conformance.ops.writers.read_scales_as`) when that departure is in force
-    (:func:`mlaspec.conformance.numerics.scale_format`); the exact spec otherwise."""
-    fmt = numerics.scale_format()
-    if fmt is not None:
+    """:func:`~mlaspec.spec.sparse.sparse_decode`, over the caches as a kernel reads them that declares how it
+    dequantizes an fp8 cache (``scales_in_bf16``, ``keys_in_query_dtype``: :func:`mlaspec.conformance.numerics.
+    key_format`, :func:`~mlaspec.conformance.ops.writers.read_as`); the exact spec otherwise."""
+    key_format = numerics.key_format()
+    if key_format is not None:
+        if key_format == "query":
+            key_format = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[kw["q"].dtype]
         for name in ("kv_cache", "extra_kv_cache"):
             if kw[name] is not None:
-                kw = {**kw, name: read_scales_as(kw[name], fmt)}
+                kw = {**kw, name: read_as(kw[name], key_format, numerics.scale_format())}
     return tuple(sparse_decode(**kw))
 
 

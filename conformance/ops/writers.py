@@ -22,7 +22,7 @@ import torch
 
 from mlaspec.spec import cache_layouts as cl
 
-__all__ = ["WRITERS", "flashmla", "read_scales_as", "vllm_033", "vllm_per_tensor", "vllm_pow2", "written"]
+__all__ = ["WRITERS", "flashmla", "read_as", "vllm_033", "vllm_per_tensor", "vllm_pow2", "written"]
 
 _SPARSE = {576: cl.FP8_DS_MLA_V32, 512: cl.FP8_DS_MLA_V4}
 
@@ -93,20 +93,24 @@ def written(cache: torch.Tensor, writer: str) -> torch.Tensor:
     return (narrow if torch.equal(narrow.to(torch.float64), x) else x).reshape(cache.shape)
 
 
-def read_scales_as(entries: torch.Tensor, fmt: str) -> torch.Tensor:
-    """What a reader that takes each group scale in the format ``fmt`` (``"bf16"``, ``"fp16"``) and rounds ``e4m3 *
-    fmt(s)`` to ``fmt`` sees, for the cache ``entries [..., D]`` (the dequantized values a case hands a backend)::
+def read_as(entries: torch.Tensor, key_format: str, scale_format: str | None = None) -> torch.Tensor:
+    """What a reader sees that takes each group scale in ``scale_format`` (None: the stored fp32 scale itself) and
+    rounds the dequantized key ``e4m3 * scale`` to ``key_format`` (``"bf16"``, ``"fp16"``, ``"fp32"``), for the cache
+    ``entries [..., D]`` (the dequantized values a case hands a backend)::
 
         records = the fp8 sparse records that hold entries exactly (power-of-two, else raw fp32 scales)
-        x[g]    = fmt(e4m3[g] * fmt(s_g))  per quantized group g;  unscaled fields (bf16 RoPE) as stored
+        x[g]    = key_format(e4m3[g] * scale_format(s_g))  per quantized group g;  unscaled fields (RoPE) as stored
 
     Rows with a non-finite value (never-read, hostile slots) are kept as given; a cache no fp8 sparse record holds
     exactly (not an fp8 case) is returned unchanged: no fp8 reader runs on it. float64, shaped like ``entries``.
-    FlashMLA's SM90 sparse decode, ``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh`` line 550 ``scales[i] =
-    (bf16)scales_float[i]`` and ``components/dequant.h`` line 25 ``__float22bfloat162_rn(fp8) * scale_bf162`` (a bf16
-    product), is this with ``fmt = bf16``.
+    FlashMLA's SM90 sparse decode is ``key_format = scale_format = "bf16"``: ``csrc/sm90/decode/sparse_fp8/
+    splitkv_mla.cuh`` line 550 ``scales[i] = (bf16)scales_float[i]`` and ``components/dequant.h`` line 25
+    ``__float22bfloat162_rn(fp8) * scale_bf162`` (a bf16 product); our Triton sparse kernel (:mod:`mlaspec.impl.
+    sparse`) is ``key_format`` = the query's dtype, ``scale_format = None``.
     """
-    fmt = {"bf16": cl.BF16, "fp16": cl.FP16}[fmt]
+    formats = {"bf16": cl.BF16, "fp16": cl.FP16, "fp32": cl.FP32}
+    key_fmt = formats[key_format]
+    scale_fmt = None if scale_format is None else formats[scale_format]
     d = entries.shape[-1]
     layout = _SPARSE.get(d)
     x = entries.reshape(-1, d).to(torch.float64)
@@ -131,6 +135,7 @@ def read_scales_as(entries: torch.Tensor, fmt: str) -> torch.Tensor:
         s = q.scales[:, col : col + n].repeat_interleave(f.group, dim=1)
         col += n
         values = xf[:, a:b] / s  # the e4m3 values, exactly (xf = e4m3 * s in float64)
-        xf[:, a:b] = cl.round_to_format(values * cl.round_to_format(s, fmt), fmt)
+        read_scale = s if scale_fmt is None else cl.round_to_format(s, scale_fmt)
+        xf[:, a:b] = cl.round_to_format(values * read_scale, key_fmt)
     out[finite] = xf
     return out.reshape(entries.shape)
