@@ -434,7 +434,8 @@ def test_torch_fp8_and_an_e4m3_weight_kernel_pass_mla_decode_fp8(case):
 
 
 def test_mla_decode_fp8_catches_a_dropped_k_scale():
-    for case in [c for c in FP8_CASES if c.params["layout"] == "fp8_e4m3_per_tensor"]:
+    # every per-tensor case but vLLM's default k_scale of 1.0, which dropping leaves as it was
+    for case in [c for c in FP8_CASES if c.params["layout"] == "fp8_e4m3_per_tensor" and c.params["k_scale"] != 1.0]:
         r = run_case(_DropsKScale(), case, backend_name="drops")
         assert r.verdict == "fail", case.id
 
