@@ -12,7 +12,8 @@ Inputs (``B`` requests, ``S_kv`` cached tokens each):
   ``_DecodeConcatQuantFP8``); a backend that does the same loses nothing, one that keeps q in bf16 loses nothing
   either.
 * ``kv_cache [B, S_kv, token_bytes]`` uint8: each request's tokens as records of ``layout``, written by the spec
-  (:func:`~mlaspec.spec.cache_layouts.quantize`): ``fp8_e4m3_per_tensor`` (576 B, ``e4m3(x / k_scale)``, vLLM's
+  (:func:`~mlaspec.spec.cache_layouts.quantize`, by the case's ``writer``, :mod:`~mlaspec.conformance.ops.writers`:
+  ``vllm-per-tensor`` or ``flashmla``): ``fp8_e4m3_per_tensor`` (576 B, ``e4m3(x / k_scale)``, vLLM's
   ``fp8`` / ``fp8_e4m3`` cache, what the dense FlashMLA fp8 kernel reads) or ``fp8_ds_mla_v32`` (656 B, per-128
   fp32 scales and bf16 RoPE, vLLM's ``fp8_ds_mla``, read by the *sparse* kernels only), its per-128 scales
   **powers of two** (FlashMLA's ``tests/quant.py`` rule, as the sparse ops' caches): FlashMLA's sparse kernel, the
