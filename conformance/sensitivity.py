@@ -3,10 +3,9 @@
 Each probe wraps the built-in ``torch`` backend (which rounds where the budgets' model says) with one systematic
 error of size ``c`` and runs an op's default cases (tiny scale) through the same judge as ``mlaspec check``:
 
-* ``output scale``: the main output (``out``, ``logits``) times ``1 + c``, before its rounding to the case dtype
-  (the probe rounds ``ref (1 + c) + d`` once, ``d`` the torch backend's own deviation from the correctly rounded
-  reference: scaling an already rounded bf16 value by less than half an ulp would change nothing, where a kernel's
-  fp32 result scaled so does round differently);
+* ``output scale``: the main output (``out``, ``logits``) plus ``c ref``, returned in float64 (rounding it to the
+  case dtype again would undo an error below half an ulp, where a kernel's fp32 result scaled so does round
+  differently; the judge still holds the output to the case dtype's budget);
 * ``softmax scale``: the op called with ``scale * (1 + c)`` (ops that take a ``scale``);
 * ``LSE offset``: ``c`` (nats) added to every LSE;
 * ``one head``: the last head's output times ``1 + c`` (the second 64-head tile where a case has 128 heads);
@@ -118,9 +117,7 @@ def _perturbed(p: _Prepared, kind: str, c: float) -> tuple | None:
     if where is None:
         return None
     scaled[where] = c * ref[where].nan_to_num(0.0, posinf=0.0, neginf=0.0)
-    dtype = out[i].dtype
-    own = (got - ref.to(dtype).double()).nan_to_num(0.0)  # the backend's own error, on the dtype's grid
-    out[i] = (ref + scaled + own).to(dtype)  # the error enters before the output's rounding, as in a kernel
+    out[i] = got + scaled  # float64, not rounded again: c = 0 gives the backend's own output back
     return tuple(out)
 
 

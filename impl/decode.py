@@ -470,14 +470,18 @@ def page_cache(
     generator: torch.Generator | None = None,
     extra_pages: int = 1,
     fill: float = math.nan,
+    seq_lens: torch.Tensor | None = None,
 ):
     """Scatter dense entries ``kv [B, S_kv, D]`` into a paged cache with shuffled physical pages
-    (:func:`mlaspec.spec.paged_cache.page_entries`, which fixes the draws).
+    (:func:`mlaspec.spec.paged_cache.page_entries`, which fixes the draws); ``seq_lens [B]`` (default ``S_kv`` for
+    every request): request ``b`` keeps its first ``seq_lens[b]`` entries.
 
     Returns ``(kv_cache [num_pages, P, D], block_table [B, pages + 1] int32, seq_lens [B] int32)``: unused slots
     and spare pages hold ``fill`` (NaN by default, so a read past a sequence's end shows), and the block table has
     one spare column of ``-1`` that no kernel may follow.
     """
     return tuple(
-        page_entries(kv, page_size, generator=generator, spare_pages=extra_pages, fill=fill, spare_column=True)
+        page_entries(
+            kv, page_size, seq_lens=seq_lens, generator=generator, spare_pages=extra_pages, fill=fill, spare_column=True
+        )
     )

@@ -38,10 +38,10 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import BOOL, FLOAT, Dims, boolean, cu_seqlens, finite_float, positive_int
+from .checks import BOOL, FLOAT, INT, Dims, boolean, cu_seqlens, finite_float, positive_int
 from .checks import device as _device
 
-__all__ = ["AttentionOutput", "attention", "attention_varlen", "causal_mask"]
+__all__ = ["AttentionOutput", "attention", "attention_varlen", "causal_mask", "seq_lens_mask"]
 
 
 class AttentionOutput(NamedTuple):
@@ -67,6 +67,27 @@ def causal_mask(s_q: int, s_kv: int, *, device: torch.device | str | None = None
     i = torch.arange(s_q, device=device)[:, None]
     j = torch.arange(s_kv, device=device)[None, :]
     return j <= i + (s_kv - s_q)
+
+
+def seq_lens_mask(seq_lens: torch.Tensor, s_q: int, s_kv: int, *, causal: bool) -> torch.Tensor:
+    """Keys each request may read when it holds ``seq_lens[b] <= S_kv`` of the ``S_kv`` key slots, ``[B, S_q, S_kv]``
+    bool: key ``j`` iff ``j < seq_lens[b]`` and, with ``causal``, ``j <= i + seq_lens[b] - S_q`` (the queries are the
+    last ``S_q`` positions of *their own* request, FlashMLA's ``cache_seqlens`` with ``causal``).
+
+    Example (``seq_lens = [4, 1]``, ``S_q = 2``, ``S_kv = 4``, causal; request 1's first query sees no key)::
+
+        [[[1, 1, 1, 0],      [[0, 0, 0, 0],
+          [1, 1, 1, 1]],      [1, 0, 0, 0]]]
+    """
+    Dims().tensor("seq_lens", seq_lens, ("B",), INT)
+    lens = seq_lens.to(torch.int64).cpu()
+    if bool((lens < 0).any()) or bool((lens > s_kv).any()):
+        raise ValueError(f"seq_lens must be in [0, S_kv={s_kv}], got {lens.tolist()}")
+    i = torch.arange(s_q)[None, :, None]
+    j = torch.arange(s_kv)[None, None, :]
+    n = lens[:, None, None]
+    allowed = j < n
+    return allowed & (j <= i + n - s_q) if causal else allowed.expand(-1, s_q, -1)
 
 
 def attention(
@@ -113,16 +134,18 @@ def attention(
 
     g = h_q // h_kv
     q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
-    k64 = k64.repeat_interleave(g, dim=2)  # query head h reads KV head h // g
-    v64 = v64.repeat_interleave(g, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q64, k64) * scale  # [B, H_q, S_q, S_kv]
+    if allowed.shape[1] > 1:  # a mask per query head: each query head's own copy of its KV head
+        k64, v64, h_kv, g = k64.repeat_interleave(g, dim=2), v64.repeat_interleave(g, dim=2), h_q, 1
+    b, s_q, s_kv = q.shape[0], dims["S_q"], dims["S_kv"]
+    q64 = q64.reshape(b, s_q, h_kv, g, dims["D_qk"])  # query head h = (h // g, h % g) reads KV head h // g
+    s = torch.einsum("bqkgd,bjkd->bkgqj", q64, k64).reshape(b, h_q, s_q, s_kv) * scale  # [B, H_q, S_q, S_kv]
     s = s.masked_fill(~allowed, -math.inf)
     lse = torch.logsumexp(s, dim=-1)  # [B, H_q, S_q]; -inf where the row is empty
     p = torch.where(allowed, torch.exp(s - lse[..., None]), 0.0)  # empty rows: 0, not NaN
-    reachable = allowed.any(dim=2).transpose(1, 2)[..., None]  # [B, S_kv, H, 1]: some query may read the key
+    reachable = allowed.any(dim=2).transpose(1, 2)[..., None]  # [B, S_kv, 1 or H_q, 1]: some query may read the key
     v64 = torch.where(reachable, v64, 0.0)  # a key no query may read is never read (NaN-filled pages stay out)
-    out = torch.einsum("bhqk,bkhd->bqhd", p, v64)
-    return AttentionOutput(out, lse)
+    out = torch.einsum("bkgqj,bjkd->bqkgd", p.reshape(b, h_kv, g, s_q, s_kv), v64)
+    return AttentionOutput(out.reshape(b, s_q, h_q, dims["D_v"]), lse)
 
 
 def attention_varlen(

@@ -48,8 +48,8 @@ from typing import NamedTuple
 
 import torch
 
-from .attention import AttentionOutput, attention
-from .checks import FLOAT, Dims
+from .attention import AttentionOutput, attention, seq_lens_mask
+from .checks import FLOAT, INT, Dims
 
 __all__ = [
     "AbsorbedInputs",
@@ -226,6 +226,7 @@ def mqa_latent_attention(
     scale: float,
     causal: bool = False,
     mask: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
 ) -> AttentionOutput:
     """The op FlashMLA's dense decode computes: MQA of absorbed queries over cache entries, ``v = kv[..., :d_v]``.
 
@@ -236,6 +237,11 @@ def mqa_latent_attention(
         scale: softmax scale.
         causal, mask: as :func:`mlaspec.spec.attention.attention`; FlashMLA's ``causal`` with ``S_q > 1`` aligns
             the queries to the end of the context, as here.
+        seq_lens: optional ``[B]`` int, request ``b`` holds only keys ``[0, seq_lens[b])`` of its ``S_kv`` slots
+            (``0`` allowed: output 0, LSE ``-inf``), and ``causal`` aligns its queries to the end of *its* keys
+            (:func:`~mlaspec.spec.attention.seq_lens_mask`): FlashMLA's ``cache_seqlens``
+            (``flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, ...)``). Slots past a request's
+            length are never read. Default: every request holds all ``S_kv``.
 
     Returns:
         ``out [B, S_q, H_q, d_v]`` (latent space) and ``lse [B, H_q, S_q]``, float64.
@@ -246,6 +252,13 @@ def mqa_latent_attention(
     if isinstance(d_v, bool) or not isinstance(d_v, int) or not 0 < d_v <= dims["D_qk"]:
         raise ValueError(f"d_v must be an int in [1, D_qk={dims['D_qk']}], got {d_v!r}")
     k = kv[:, :, None, :]  # [B, S_kv, 1, D_qk]
+    if seq_lens is not None:
+        dims.tensor("seq_lens", seq_lens, ("B",), INT)
+        lengths = seq_lens_mask(seq_lens, dims["S_q"], dims["S_kv"], causal=causal).to(q.device)
+        if mask is not None:  # [B, S_q, S_kv] or [B, H_q, S_q, S_kv]: attention checks its shape
+            lengths = (lengths if mask.dim() == 3 else lengths[:, None]) & mask.to(q.device)
+        mask = lengths
+        causal = False
     return attention(q, k, k[..., :d_v], scale=scale, causal=causal, mask=mask)
 
 

@@ -1,13 +1,14 @@
 """The two forms agree (float64, ~1e-10 relative) for random configs, batches, causal masks and varlen batches."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlaspec.spec.attention import attention
+from mlaspec.spec.attention import attention, seq_lens_mask
 from mlaspec.spec.config import MLAConfig, make_weights
 from mlaspec.spec.forms import (
     absorb_query,
@@ -213,3 +214,40 @@ def test_bad_input():
         mla_layer(torch.randn(2, c.hidden_size), torch.arange(2), dataclasses.replace(w, W_O=w.W_O[1:]), c)
     with pytest.raises(TypeError, match="weights must be an MLAWeights"):
         mla_layer(torch.randn(2, c.hidden_size), torch.arange(2), {}, c)
+
+
+def test_seq_lens_mask_worked_example():
+    # request 0 holds all 4 keys; request 1 holds 1, so its first MTP query sees none and its second key 0
+    got = seq_lens_mask(torch.tensor([4, 1]), 2, 4, causal=True)
+    want = torch.tensor([[[1, 1, 1, 0], [1, 1, 1, 1]], [[0, 0, 0, 0], [1, 0, 0, 0]]], dtype=torch.bool)
+    assert torch.equal(got, want)
+    assert torch.equal(seq_lens_mask(torch.tensor([2]), 2, 3, causal=False), torch.tensor([[[1, 1, 0], [1, 1, 0]]]))
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=3),
+    st.integers(1, 3),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
+def test_mqa_latent_attention_seq_lens_is_each_request_alone(lens, s_q, causal, seed):
+    g = torch.Generator().manual_seed(seed)
+    s_kv = max(lens)
+    q = torch.randn(len(lens), s_q, 2, 8, generator=g, dtype=torch.float64)
+    kv = torch.randn(len(lens), s_kv, 8, generator=g, dtype=torch.float64)
+    kv_nan = kv.clone()
+    for b, n in enumerate(lens):
+        kv_nan[b, n:] = math.nan  # slots past a request's length are never read
+    got = mqa_latent_attention(q, kv_nan, d_v=6, scale=0.3, causal=causal, seq_lens=torch.tensor(lens))
+    for b, n in enumerate(lens):
+        want = mqa_latent_attention(q[b : b + 1], kv[b : b + 1, :n], d_v=6, scale=0.3, causal=causal)
+        torch.testing.assert_close(got.out[b : b + 1], want.out, rtol=1e-12, atol=1e-12)
+        assert torch.equal(torch.isneginf(got.lse[b : b + 1]), torch.isneginf(want.lse))
+        torch.testing.assert_close(got.lse[b : b + 1].nan_to_num(neginf=0.0), want.lse.nan_to_num(neginf=0.0))
+
+
+@pytest.mark.parametrize("lens", [[3, 5], [-1], [[2]]], ids=["past-S_kv", "negative", "2-D"])
+def test_seq_lens_rejected_by_name(lens):
+    q, kv = torch.zeros(len(lens), 1, 2, 8), torch.zeros(len(lens), 4, 8)
+    with pytest.raises(ValueError, match="seq_lens"):
+        mqa_latent_attention(q, kv, d_v=6, scale=0.3, seq_lens=torch.tensor(lens))

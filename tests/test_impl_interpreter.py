@@ -38,6 +38,7 @@ from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen, prefill_confi
 from mlaspec.spec import merge as spec_merge
 from mlaspec.spec.attention import attention_varlen
 from mlaspec.spec.forms import mqa_latent_attention
+from tests.interpreter_cases import interpreter_cases
 
 pytestmark = pytest.mark.interpreter
 SCALE = 192**-0.5
@@ -421,7 +422,7 @@ def test_merge_both_empty_keeps_prefix():
 
 
 # -- the harness itself, on the curated tiny cases --------------------------------------------------------------------
-TINY_FP16 = curated_cases(dtypes=("float16",), ops=tuple(sorted(TritonBackend.ops)))
+TINY_FP16 = interpreter_cases(curated_cases(dtypes=("float16",), ops=tuple(sorted(TritonBackend.ops))))
 
 
 @pytest.mark.parametrize("case", TINY_FP16, ids=lambda c: c.id)

@@ -37,13 +37,14 @@ from mlaspec.spec import paged_cache as spec_paged
 from mlaspec.spec.chunked_context import chunked_prefill_attention, plan_context_chunks
 from mlaspec.spec.config import MLAConfig, make_weights
 from mlaspec.spec.forms import mla_absorbed
+from tests.interpreter_cases import interpreter_cases
 
 pytestmark = pytest.mark.interpreter
 NEW_OPS = ("chunked_prefill_attention", "mla_absorbed", "slot_mapping_from_block_table")
 
 
 # -- the harness's curated cases -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", curated_cases(ops=NEW_OPS, dtypes=("float16", "float32")), ids=str)
+@pytest.mark.parametrize("case", interpreter_cases(curated_cases(ops=NEW_OPS, dtypes=("float16", "float32"))), ids=str)
 def test_harness_cases_pass(case):
     r = run_case(TritonBackend(), case, backend_name="triton", timeout=None)
     assert r.verdict == "pass", f"{case.id}: {r.verdict}: {r.reason}"

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from mlaspec.conformance.cases import curated_cases
 from mlaspec.conformance.cli import EXIT_EMPTY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from mlaspec.conformance.report import load_run, read_jsonl
 
 TESTS = Path(__file__).resolve().parent
 BAD = "attention[gqa-noncausal-float32]"
-NAMES = ("mha-causal", "mqa-extend", "gqa-noncausal", "more-queries-than-keys", "empty-context")
-CASES = [f"attention[{n}-float32]" for n in NAMES]
+CASES = [c.id for c in curated_cases(ops=("attention",), dtypes=("float32",))]
 
 
 @pytest.fixture
@@ -120,8 +120,9 @@ def test_report_of_a_killed_run_names_what_never_ran(misbehaving, capsys):
         status = main(["report", str(misbehaving / "report")])
     out = capsys.readouterr().out
     assert status == EXIT_FAILED
-    assert "backend misbehaving:_Misbehaving" in out and "2 verdicts of 5 planned cases" in out
-    assert "NOT RUN: 3 of 5 planned cases have no verdict" in out and CASES[2] in out
+    n = len(CASES)
+    assert "backend misbehaving:_Misbehaving" in out and f"2 verdicts of {n} planned cases" in out
+    assert f"NOT RUN: {n - 2} of {n} planned cases have no verdict" in out and CASES[2] in out
     assert main(["report", str(misbehaving / "nonexistent")]) == EXIT_USAGE
 
 
@@ -140,7 +141,7 @@ def test_the_pytest_front_end_survives_its_backend(misbehaving, adapter, verdict
     args = ["--mla-backend", f"misbehaving:{adapter}", "--mla-dtypes", "float32", "-m", "attention", "-k", "curated"]
     run = _pytest(*args, *shards, "--mla-timeout", "3", "--mla-report", str(misbehaving / "r"), cwd=misbehaving)
     assert run.returncode == 1, run.stdout[-2000:]
-    assert "4 passed" in run.stdout and "1 failed" in run.stdout, run.stdout[-2000:]
+    assert f"{len(CASES) - 1} passed" in run.stdout and "1 failed" in run.stdout, run.stdout[-2000:]
     assert f"{verdict} {BAD}" in run.stdout
     headers, results = load_run(misbehaving / "r")  # one results file per xdist worker, each with its header
     assert sorted(r.case_id for r in results) == sorted(CASES)

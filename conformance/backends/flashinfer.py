@@ -72,12 +72,12 @@ class FlashInferBackend:
                 return f"FlashInfer MLA takes head_dim_ckv 512 and head_dim_kpe 64 (or 0), case has {d}/{d_v}"
         return None
 
-    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False, seq_lens=None):
         from flashinfer.mla import BatchMLAPagedAttentionWrapper
 
         dev = self.device
         b, s_q, h, d = q.shape
-        paged = page_kv(kv.to(dev), self.page, seed=b * 7919 + kv.shape[1])
+        paged = page_kv(kv.to(dev), self.page, seqlens=seq_lens, seed=b * 7919 + kv.shape[1])
         indptr, indices = page_table_csr(paged.block_table.cpu(), paged.seqlens.cpu(), self.page)
         if self._workspace is None:
             self._workspace = torch.empty(128 * 1024 * 1024, dtype=torch.int8, device=dev)

@@ -154,10 +154,10 @@ class FlashMLABackend:
         return None
 
     # -- dense decode --------------------------------------------------------------------------------------------
-    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False, seq_lens=None):
         dev = self.device
         b, s_q, h, d = q.shape
-        paged = page_kv(kv.to(dev), PAGE, seed=b * 7919 + kv.shape[1])
+        paged = page_kv(kv.to(dev), PAGE, seqlens=seq_lens, seed=b * 7919 + kv.shape[1])  # -> cache_seqlens
         q = q.to(dev).contiguous()
         cache = paged.cache.unsqueeze(2)  # [NB, 64, 1, D]
         fm = self.fm

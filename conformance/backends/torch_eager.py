@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from mlaspec.spec.attention import causal_mask
+from mlaspec.spec.attention import causal_mask, seq_lens_mask
 
 from ..ops import OPS
 from .torch_fp8 import TorchFP8
@@ -36,20 +36,28 @@ class TorchBackend(TorchServing, TorchSparse, TorchFP8):
     def attention(self, q, k, v, *, scale, causal=False, mask=None):
         dtype = q.dtype
         q, k, v = (t.to(self.device) for t in (q, k, v))
-        g = q.shape[2] // k.shape[2]
-        s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float().repeat_interleave(g, 2)) * scale
+        b, s_q, h_q, d = q.shape
+        h_kv, s_kv = k.shape[2], k.shape[1]
+        g = h_q // h_kv  # query head h reads KV head h // g
+        s = torch.einsum("bqkgd,bjkd->bkgqj", q.float().reshape(b, s_q, h_kv, g, d), k.float())
+        s = s.reshape(b, h_q, s_q, s_kv) * scale
         allowed = torch.ones(s.shape[-2:], dtype=torch.bool, device=self.device)
         if causal:
             allowed = causal_mask(q.shape[1], k.shape[1], device=self.device)
+        if mask is not None:  # [B, S_q, S_kv] or [B, H_q, S_q, S_kv]
+            allowed = allowed & (mask[:, None] if mask.dim() == 3 else mask).to(self.device)
         s = s.masked_fill(~allowed, -math.inf)
         lse = torch.logsumexp(s, -1)
         p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype)  # p in the case dtype, as kernels feed the MMA
-        out = torch.einsum("bhqk,bkhd->bqhd", p, v.repeat_interleave(g, 2))
-        return out.to(dtype), lse
+        out = torch.einsum("bkgqj,bjkd->bqkgd", p.reshape(b, h_kv, g, s_q, s_kv), v)
+        return out.reshape(b, s_q, h_q, v.shape[-1]).to(dtype), lse
 
-    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False, seq_lens=None):
         k = kv[:, :, None]
-        return self.attention(q, k, k[..., :d_v], scale=scale, causal=causal)
+        if seq_lens is None:
+            return self.attention(q, k, k[..., :d_v], scale=scale, causal=causal)
+        mask = seq_lens_mask(seq_lens, q.shape[1], kv.shape[1], causal=causal)
+        return self.attention(q, k, k[..., :d_v], scale=scale, mask=mask)
 
     def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
         dtype = q_nope.dtype

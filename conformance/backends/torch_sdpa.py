@@ -78,21 +78,34 @@ class TorchSDPABackend:
     def attention(self, q, k, v, *, scale, causal=False, mask=None):
         if mask is not None:
             raise ValueError("torch_sdpa takes causal or no mask, not an explicit mask")
-        q, k, v = (t.to(self.device).transpose(1, 2).contiguous() for t in (q, k, v))  # [B, H, S, D]
-        run = self._run_flex if self.mode == "flex" else self._run_sdpa
-        out, lse = run(q, k, v, scale=scale, causal=causal)
-        return out.transpose(1, 2), lse  # [B, S_q, H_q, D_v], [B, H_q, S_q]
+        return self._attend(q, k, v, scale=scale, causal=causal)
 
-    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False, seq_lens=None):
         k = kv[:, :, None]
-        return self.attention(q, k, k[..., :d_v], scale=scale, causal=causal)
+        return self._attend(q, k, k[..., :d_v], scale=scale, causal=causal, seq_lens=seq_lens)
 
     # -- implementations -----------------------------------------------------------------------------------------
-    def _run_flex(self, q, k, v, *, scale, causal):
+    def _attend(self, q, k, v, *, scale, causal, seq_lens=None):
+        """``seq_lens [B]``: request ``b`` reads keys ``j < seq_lens[b]``, ``causal`` aligned to its own end."""
+        q, k, v = (t.to(self.device).transpose(1, 2).contiguous() for t in (q, k, v))  # [B, H, S, D]
+        lens = None if seq_lens is None else seq_lens.to(self.device, torch.int64)
+        run = self._run_flex if self.mode == "flex" else self._run_sdpa
+        out, lse = run(q, k, v, scale=scale, causal=causal, lens=lens)
+        return out.transpose(1, 2), lse  # [B, S_q, H_q, D_v], [B, H_q, S_q]
+
+    def _run_flex(self, q, k, v, *, scale, causal, lens=None):
         fa = self._fa
         s_q, s_kv = q.shape[2], k.shape[2]
         block_mask = None
-        if causal:
+        if lens is not None:
+
+            def own_length(b, h, q_idx, kv_idx):
+                n = lens[b]
+                inside = kv_idx < n
+                return inside & (kv_idx <= q_idx + n - s_q) if causal else inside
+
+            block_mask = fa.create_block_mask(own_length, q.shape[0], None, s_q, s_kv, device=self.device)
+        elif causal:
             offset = s_kv - s_q
 
             def bottom_right(b, h, q_idx, kv_idx):
@@ -107,14 +120,21 @@ class TorchSDPABackend:
             return out, aux.lse
         return self._flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_lse=True)
 
-    def _run_sdpa(self, q, k, v, *, scale, causal):
+    def _run_sdpa(self, q, k, v, *, scale, causal, lens=None):
         s_q, s_kv = q.shape[2], k.shape[2]
         allowed = None
-        if causal:
-            rows, cols = torch.arange(s_q, device=self.device), torch.arange(s_kv, device=self.device)
+        rows, cols = torch.arange(s_q, device=self.device), torch.arange(s_kv, device=self.device)
+        if lens is not None:  # [B, 1, S_q, S_kv]
+            n = lens[:, None, None, None]
+            allowed = (cols < n).expand(-1, -1, s_q, -1)
+            if causal:
+                allowed = allowed & (cols[None, :] <= rows[:, None] + n - s_q)
+        elif causal:
             allowed = cols[None, :] <= rows[:, None] + (s_kv - s_q)
         gqa = q.shape[1] != k.shape[1]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+        if allowed is not None:  # SDPA leaves a row with no key NaN; the spec's is 0
+            out = out.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
         g = q.shape[1] // k.shape[1]
         s = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float().repeat_interleave(g, 1)) * scale
         if allowed is not None:

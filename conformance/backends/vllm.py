@@ -417,10 +417,10 @@ class VLLMBackend:
         self.merge_mod.merge_attn_states(output, p_out, p_lse, s_out, s_lse, output_lse)
         return output, output_lse
 
-    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False, seq_lens=None):
         dev = self.device
         b, s_q, h, d = q.shape
-        paged = page_kv(kv.to(dev), self.page, seed=b * 7919 + kv.shape[1])
+        paged = page_kv(kv.to(dev), self.page, seqlens=seq_lens, seed=b * 7919 + kv.shape[1])
         rows = b * s_q
         qf = q.to(dev).reshape(rows, h, d).contiguous()
         o = torch.zeros(rows, h, d_v, dtype=q.dtype, device=dev)

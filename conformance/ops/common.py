@@ -154,8 +154,10 @@ def abs_logits_max(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tens
     """``scale max_j Σ_d |q_d| |k_jd|`` per (b, h, i) as ``[B, H, S_q]`` (``q [B, S_q, H, D]``, ``k [B, S_kv, H_kv,
     D]``, heads repeated for GQA; 0 with no keys): what an elementwise perturbation of size ``|k|`` (or ``|q|``) can
     move a row's largest logit by. Masked keys count too, which only overstates."""
-    g = q.shape[2] // k.shape[2]
-    qk = torch.einsum("bqhd,bkhd->bhqk", q.abs().double(), k.abs().double().repeat_interleave(g, 2))
+    b, s_q, h_q, d = q.shape
+    h_kv = k.shape[2]
+    qg = q.abs().double().reshape(b, s_q, h_kv, h_q // h_kv, d)  # query head h reads KV head h // g
+    qk = torch.einsum("bqkgd,bjkd->bkgqj", qg, k.abs().double()).reshape(b, h_q, s_q, k.shape[1])
     return scale * (qk.amax(-1) if qk.shape[-1] else qk.sum(-1))  # no keys: 0
 
 

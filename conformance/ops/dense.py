@@ -7,7 +7,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mlaspec.spec.attention import attention, causal_mask
+from mlaspec.spec.attention import attention, causal_mask, seq_lens_mask
 from mlaspec.spec.config import MLAConfig, make_weights
 from mlaspec.spec.forms import absorbed_inputs, mha_inputs, mla_absorbed, mla_mha, mqa_latent_attention
 from mlaspec.spec.merge import merge_attn_states
@@ -29,6 +29,10 @@ from .common import (
     worst_rows,
 )
 
+#: DeepSeek-V3's softmax scale: ``192^-0.5 * mscale^2`` with YaRN's ``mscale = 0.1 * mscale_all_dim * ln(factor) + 1``
+#: (factor 40, mscale_all_dim 1.0), ``0.1352`` rather than ``192^-0.5 = 0.0722`` (:attr:`MLAConfig.softmax_scale`).
+V3_SCALE = MLAConfig.deepseek_v3().softmax_scale
+
 
 # -- attention ----------------------------------------------------------------------------------------------------
 def _attention_inputs(c: Case) -> dict:
@@ -49,16 +53,29 @@ def _attention_bounds_op(kw, ref, u):
 
 # -- mla_decode: FlashMLA's dense decode on gathered cache entries -------------------------------------------------
 def _decode_inputs(c: Case) -> dict:
+    """``seq_lens`` (a case param, optional): per-request key counts ``[B]`` int32, FlashMLA's ``cache_seqlens``;
+    ``S_kv`` is then the longest, and the slots past a request's length hold keys it must not read."""
     p, r = c.params, randn(c)
     b, s_q, s_kv, h, d, dv = (p[k] for k in ("B", "S_q", "S_kv", "H_q", "D_qk", "D_v"))
-    return dict(
+    kw = dict(
         q=r(b, s_q, h, d, scale=3.0), kv=r(b, s_kv, d), d_v=dv, scale=p.get("scale", 192**-0.5), causal=p["causal"]
     )
+    if "seq_lens" in p:
+        kw["seq_lens"] = torch.tensor(p["seq_lens"], dtype=torch.int32)
+    return kw
+
+
+def _decode_mask(kw) -> tuple[torch.Tensor | None, bool]:
+    """``(mask, causal)`` of :func:`~mlaspec.spec.attention.attention` that the decode's arguments stand for."""
+    if kw.get("seq_lens") is None:
+        return None, kw["causal"]
+    return seq_lens_mask(kw["seq_lens"], kw["q"].shape[1], kw["kv"].shape[1], causal=kw["causal"]), False
 
 
 def _decode_bounds(kw, ref, u):
     k = kw["kv"][:, :, None]
-    return attention_bounds(kw["q"], k, k[..., : kw["d_v"]], scale=kw["scale"], causal=kw["causal"], ref=ref, u=u)
+    mask, causal = _decode_mask(kw)
+    return attention_bounds(kw["q"], k, k[..., : kw["d_v"]], scale=kw["scale"], causal=causal, mask=mask, ref=ref, u=u)
 
 
 # -- mla_prefill: the compute-friendly form ----------------------------------------------------------------------
@@ -80,7 +97,7 @@ def _prefill_inputs(c: Case) -> dict:
         k_pe=r(b, s_kv, cfg.qk_rope_head_dim),
         W_UK=w.W_UK,
         W_UV=w.W_UV,
-        scale=cfg.softmax_scale,
+        scale=p.get("scale", cfg.softmax_scale),
         causal=p["causal"],
     )
 
@@ -156,7 +173,7 @@ def _absorbed_bounds(kw, ref, u):
 def _merge_inputs(c: Case) -> dict:
     p, r = c.params, randn(c)
     t, h, d = p["T"], p["H"], p["D"]
-    lse = [r(h, t, scale=4.0).float() for _ in range(2)]
+    lse = [r(h, t, scale=4.0).float() + p.get("lse_offset", 0.0) for _ in range(2)]
     g = torch.Generator().manual_seed(c.seed + 1)
     for l in lse:  # empty parts, reported as -inf (FA3) or +inf (FA2, FlashMLA sparse)
         empty = torch.rand(h, t, generator=g) < p.get("empty", 0.0)
@@ -204,14 +221,15 @@ def _mask_picture(logits, bounds):
     """A ``picture`` hook: the spec's mask (bottom-right causal, or none) next to the key prefix each row of the
     backend's LSE is consistent with (:func:`~mlaspec.conformance.ops.common.prefix_lse_match`), failing rows
     outlined, and the worst ``|error| / bound`` per query row (over batches and heads). A case with a single query
-    row has no picture: one row lines up with nothing the heat map does not already show."""
+    row has no picture: one row lines up with nothing the heat map does not already show; nor has a case with
+    per-request ``seq_lens``: its requests have different masks."""
 
     def picture(kw, got, ref, ratios, *, title=""):
         from ..viz.masks import draw_mask_failures
 
         out_ref, lse_ref = ref
         s_q = lse_ref.shape[2]
-        if s_q < 2:
+        if s_q < 2 or kw.get("seq_lens") is not None:
             return {}
         s = logits(kw)  # [B, H, S_q, S_kv]
         s_kv = s.shape[-1]
@@ -248,6 +266,11 @@ def _attention_cases(scale: Scale) -> list[tuple[str, dict]]:
         ("gqa-noncausal", dict(B=2, S_q=4, S_kv=9, H_q=6, H_kv=2, D_qk=8, D_v=8, causal=False)),
         ("more-queries-than-keys", dict(B=1, S_q=6, S_kv=3, H_q=2, H_kv=1, D_qk=8, D_v=4, causal=True)),
         ("empty-context", dict(B=1, S_q=2, S_kv=0, H_q=2, H_kv=1, D_qk=8, D_v=4, causal=False)),
+        # two 64-head tiles and 24 64-key blocks (several split-KV pieces), the model's YaRN scale, GQA group 8
+        (
+            "yarn-128-heads-long-context",
+            dict(B=3, S_q=2, S_kv=1500, H_q=128, H_kv=16, D_qk=16, D_v=8, causal=True, scale=V3_SCALE),
+        ),
     ]
 
 
@@ -275,6 +298,36 @@ def _mla_decode_cases(scale: Scale) -> list[tuple[str, dict]]:
         ("mtp2", dict(B=2, S_q=2, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True)),
         ("mtp4", dict(B=1, S_q=4, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True)),
         ("length-1", dict(B=3, S_q=1, S_kv=1, H_q=16, D_qk=576, D_v=512, causal=True)),
+        # per-request lengths (FlashMLA's cache_seqlens), an empty request, two 64-head tiles, the model's YaRN scale
+        (
+            "v3-tp1-ragged-yarn",
+            dict(
+                B=4,
+                S_q=1,
+                S_kv=4096 if full else 300,
+                seq_lens=[4096, 0, 1000, 3001] if full else [300, 0, 77, 193],
+                H_q=128,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                scale=V3_SCALE,
+            ),
+        ),
+        # MTP over ~30 64-key blocks (several split-KV pieces), a request shorter than its queries (row 0 empty)
+        (
+            "mtp2-ragged-split-kv",
+            dict(
+                B=3,
+                S_q=2,
+                S_kv=max(ctx, 1900),
+                seq_lens=[max(ctx, 1900), 1, 650],
+                H_q=16,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                scale=V3_SCALE,
+            ),
+        ),
     ]
 
 
@@ -310,6 +363,11 @@ def _mla_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
             ),
         ),
         ("tiny-noncausal", dict(B=2, S_q=5, S_kv=13, H_q=4, Lkv=32, D_nope=16, D_rope=8, D_v=16, causal=False)),
+        # two 64-head tiles, a context of 19 64-key blocks after the chunk, the model's YaRN scale
+        (
+            "yarn-128-heads-long-context",
+            dict(B=1, S_q=4, S_kv=1200, H_q=128, Lkv=32, D_nope=16, D_rope=8, D_v=16, causal=True, scale=V3_SCALE),
+        ),
     ]
 
 
@@ -348,6 +406,11 @@ def _mla_absorbed_cases(scale: Scale) -> list[tuple[str, dict]]:
                 causal=True,
             ),
         ),
+        # a batch of 3 over 17 64-key blocks, two 64-head tiles, the model's YaRN scale
+        (
+            "v3-tp1-yarn-long-context",
+            dict(B=3, S_q=1, S_kv=1100, H_q=128, Lkv=64, D_nope=16, D_rope=16, D_v=16, causal=True, scale=V3_SCALE),
+        ),
     ]
 
 
@@ -356,6 +419,9 @@ def _merge_attn_states_cases(scale: Scale) -> list[tuple[str, dict]]:
         # merge_attn_states: vLLM's layouts, some parts empty (±inf)
         ("tp8", dict(T=9, H=16, D=512, empty=0.0)),
         ("empty-parts", dict(T=7, H=4, D=128, empty=0.4)),
+        # LSEs far past fp32's exp range (exp overflows past ~88.7, underflows below ~-103): max subtraction needed
+        ("lse-far-above-88", dict(T=9, H=128, D=16, empty=0.1, lse_offset=120.0)),
+        ("lse-far-below-0", dict(T=5, H=16, D=64, empty=0.0, lse_offset=-120.0)),
     ]
 
 

@@ -54,6 +54,7 @@ from mlaspec.spec.forms import mqa_latent_attention
 from .. import numerics
 from ..cases import Case
 from .common import DTYPES, Op, Scale, attention_bounds
+from .dense import V3_SCALE
 from .writers import WRITERS
 
 U_P = 2.0**-4  # e4m3 unit roundoff (3 mantissa bits)
@@ -179,6 +180,23 @@ def _mla_decode_fp8_cases(scale: Scale) -> list[tuple[str, dict]]:
                 layout="fp8_e4m3_per_tensor",
                 k_scale=0.046875,
                 q_scale=0.15625,
+            ),
+        ),
+        # two 64-head tiles over 13 64-key blocks (split-KV pieces), the model's YaRN scale
+        (
+            "v3-tp1-per-tensor-yarn-long-context",
+            dict(
+                B=2,
+                S_q=1,
+                S_kv=max(ctx, 800),
+                H_q=128,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                layout="fp8_e4m3_per_tensor",
+                k_scale=0.046875,
+                q_scale=0.15625,
+                scale=V3_SCALE,
             ),
         ),
         # vLLM's per-tensor writer with the k_scale a layer has without calibrated scales (1.0): e4m3(x) itself

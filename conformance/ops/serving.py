@@ -86,7 +86,7 @@ from .common import (
     randn,
     worst_rows,
 )
-from .dense import _absorbed_bounds
+from .dense import V3_SCALE, _absorbed_bounds
 
 QUANTIZED_CACHE = {
     "fp8": cl.FP8_PER_TENSOR,
@@ -349,7 +349,7 @@ def _gather_inputs(c: Case) -> dict:
         kv_cache=_paged_cache(c, nb, blk, p.get("entry", "auto"), used),
         block_table=table,
         cu_seq_lens=cu,
-        batch_size=len(lens),
+        batch_size=len(lens) if p.get("batch_size", True) else None,
         seq_starts=None if starts is None else torch.tensor(starts, dtype=torch.int32),
         kernel=p.get("kernel", "cp_gather_cache"),
     )
@@ -523,7 +523,7 @@ def _chunked_inputs(c: Case) -> dict:
         plan=plan,
         W_UK=w.W_UK,
         W_UV=w.W_UV,
-        scale=cfg.softmax_scale,
+        scale=p.get("scale", cfg.softmax_scale),
     )
 
 
@@ -593,7 +593,7 @@ def _mixed_inputs(c: Case) -> dict:
         kv_cache=cache,
         W_UK=w.W_UK,
         W_UV=w.W_UV,
-        scale=cfg.softmax_scale,
+        scale=p.get("scale", cfg.softmax_scale),
         workspace_size=p["workspace_size"],
         decode_threshold=p["decode_threshold"],
     )
@@ -879,6 +879,9 @@ def _concat_and_cache_mla_cases(scale: Scale) -> list[tuple[str, dict]]:
                 kv_cache_dtype="fp8_ds_mla",
             ),
         ),
+        # page sizes other than 64: one token a page (slot = page), and 128-token pages
+        ("page1-fp8-per-tensor", dict(T=13, pad=2, P=1, NB=16, kv_cache_dtype="fp8", scale=0.09375)),
+        ("page128-bf16", dict(T=150, pad=5, P=128, NB=2, kv_cache_dtype="auto")),
     ]
 
 
@@ -926,6 +929,13 @@ def _gather_cache_cases(scale: Scale) -> list[tuple[str, dict]]:
                 entry="fp8_ds_mla",
             ),
         ),
+        # without the optional arguments (every request from its start, batch size from cu_seq_lens), 1-token pages
+        ("page1-no-seq-starts", dict(P=1, lens=[5, 0, 21, 9], batch_size=False)),
+        # 128-token pages, chunks starting past the first page
+        (
+            "page128-dequant-gather",
+            dict(P=128, lens=[300, 0, 130], starts=[0, 128, 256], kernel="gather_and_maybe_dequant_cache"),
+        ),
     ]
 
 
@@ -933,6 +943,8 @@ def _slot_mapping_from_block_table_cases(scale: Scale) -> list[tuple[str, dict]]
     full = scale.full
     return [
         ("mixed-batch-cudagraph-pad", dict(P=64 if full else 16, pad=5, requests=MIXED_REQUESTS)),
+        ("page1", dict(P=1, pad=2, requests=MIXED_REQUESTS)),
+        ("page128-long", dict(P=128, pad=0, requests=[[1500, 1, None], [0, 200, 200], [300, 3, None]])),
     ]
 
 
@@ -966,6 +978,8 @@ def _write_pages_cases(scale: Scale) -> list[tuple[str, dict]]:
             "v32-656-paged",
             dict(T=40 if full else 13, pad=2, P=64 if full else 16, NB=3, layout="fp8_ds_mla_v32"),
         ),
+        ("v4-584-page1", dict(T=9, pad=2, P=1, NB=12, layout="fp8_ds_mla_v4")),
+        ("v41-528-page128", dict(T=150, pad=3, P=128, NB=2, layout="mxfp8_ds_mla_v41")),
     ]
 
 
@@ -977,6 +991,8 @@ def _read_tokens_cases(scale: Scale) -> list[tuple[str, dict]]:
             "v41-528-paged",
             dict(T=40 if full else 13, P=64 if full else 16, NB=3, T_read=12, layout="mxfp8_ds_mla_v41"),
         ),
+        ("v4-584-page1", dict(T=9, P=1, NB=12, T_read=12, layout="fp8_ds_mla_v4")),
+        ("v41-528-page128", dict(T=150, P=128, NB=2, T_read=24, layout="mxfp8_ds_mla_v41")),
     ]
 
 
@@ -1024,6 +1040,38 @@ def _chunked_prefill_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
                 workspace_size=16,
             ),
         ),
+        # two 64-head tiles, contexts in 3 workspace chunks of 128-token pages, different context and query lengths
+        # per request, the model's YaRN scale
+        (
+            "yarn-128-heads-page128",
+            dict(
+                H_q=128,
+                Lkv=32,
+                D_nope=16,
+                D_rope=8,
+                D_v=16,
+                contexts=[300, 0, 130, 7],
+                q_lens=[2, 5, 1, 3],
+                block_size=128,
+                workspace_size=384,
+                scale=V3_SCALE,
+            ),
+        ),
+        # one token a page (chunks end anywhere), a ~2000-token context in 10 workspace chunks
+        (
+            "page1-long-context",
+            dict(
+                H_q=8,
+                Lkv=32,
+                D_nope=16,
+                D_rope=8,
+                D_v=16,
+                contexts=[1900, 3, 0, 17],
+                q_lens=[1, 4, 6, 2],
+                block_size=1,
+                workspace_size=600,
+            ),
+        ),
     ]
 
 
@@ -1054,6 +1102,7 @@ def _build_metadata_cases(scale: Scale) -> list[tuple[str, dict]]:
     return [
         ("v3-mixed-default-pages", dict(P=64 if full else 16, requests=MIXED_REQUESTS)),
         ("mixed-shuffled-table", dict(P=64 if full else 4, requests=MIXED_REQUESTS, shuffle=True)),
+        ("page1-shuffled", dict(P=1, requests=MIXED_REQUESTS, shuffle=True)),
     ]
 
 
@@ -1173,6 +1222,37 @@ def _mla_mixed_batch_cases(scale: Scale) -> list[tuple[str, dict]]:
                 workspace_size=32,
                 decode_threshold=1,
                 requests=[[50, 6], [3, 9], [0, 7]],
+            ),
+        ),
+        # two 64-head tiles, decodes over several hundred keys (split-KV), 128-token pages, the model's YaRN scale
+        (
+            "yarn-128-heads-page128",
+            dict(
+                H_q=128,
+                Lkv=32,
+                D_nope=16,
+                D_rope=16,
+                D_v=16,
+                block_size=128,
+                workspace_size=256,
+                decode_threshold=2,
+                requests=[[700, 1], [0, 1], [300, 2], [150, 1], [400, 5], [0, 3]],
+                scale=V3_SCALE,
+            ),
+        ),
+        # one token a page, a decode over ~2000 keys
+        (
+            "page1-long-context",
+            dict(
+                H_q=16,
+                Lkv=32,
+                D_nope=16,
+                D_rope=16,
+                D_v=16,
+                block_size=1,
+                workspace_size=24,
+                decode_threshold=1,
+                requests=[[1900, 1], [0, 1], [9, 1], [40, 3], [0, 5]],
             ),
         ),
     ]

@@ -108,11 +108,11 @@ class TritonDense:
         )
         return out.view(B, S_q, H_q, -1), lse.view(H_q, B, S_q).transpose(0, 1)
 
-    def mla_decode(self, q, kv, *, d_v, scale, causal=False):
+    def mla_decode(self, q, kv, *, d_v, scale, causal=False, seq_lens=None):
         S_kv = kv.shape[1]
         q, kv = q.to(self.device), kv.to(self.device)
         g = torch.Generator().manual_seed(S_kv)  # the page shuffle: fixed per shape, different across shapes
-        cache, block_table, seq_lens = page_cache(kv, page_size=64, generator=g)
+        cache, block_table, seq_lens = page_cache(kv, page_size=64, generator=g, seq_lens=seq_lens)
         return mla_decode_paged(q, cache, block_table, seq_lens, d_v=d_v, scale=scale, causal=causal, max_seq_len=S_kv)
 
     def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
