@@ -25,6 +25,28 @@ The vocabulary (:data:`DEPARTURES`):
   stage-2 kernel stores ``e_max + tl.log(e_sum)`` there (``vllm/v1/attention/ops/triton_decode_attention.py``). The
   LSE's budget gains that one rounding, ``2 u |lse|`` (the factor 2 as everywhere); in bf16 that is ``0.07`` at an
   LSE of 18, which is what a DCP merge of such partial results inherits.
+* ``scales_in_bf16`` — an fp8 sparse cache's per-group fp32 scale is read as bf16 and the key dequantized as a bf16
+  product: FlashMLA's SM90 sparse decode, ``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh`` line 550 (``scales[i] =
+  (bf16)scales_float[i];``) and ``csrc/sm90/decode/sparse_fp8/components/dequant.h`` line 25
+  (``__float22bfloat162_rn(fp8) * scale_bf162``), deepseek-ai/FlashMLA at ``9241ae3``. Not a wider budget: the
+  op's *reference* reads the cache as that kernel does, ``bf16(e4m3 * bf16(s))`` per group
+  (:func:`mlaspec.conformance.ops.writers.read_as`), and the budget is the exact one around it. Exact on
+  power-of-two scales (FlashMLA's own quantizer, vLLM's writers since PR #49435, e8m0); on vLLM 0.33's raw ``amax /
+  448`` scales each key moves by up to ``2^-9`` relative, which the fp32-logit budget does not hold.
+* ``keys_in_query_dtype`` — an fp8 cache's keys are dequantized in fp32 (``e4m3 * s``, the stored scale) and
+  rounded to the query's dtype for a bf16 / fp16 ``Q K^T`` MMA: our Triton sparse kernel, ``impl/sparse.py`` line
+  113 (``k_nope = tl.reshape(vals * scale[:, :, None], [BLOCK_N, D_V])``, fp32) and line 290
+  (``k_nope.to(q_nope.dtype)`` into the ``tl.dot``); the ``triton`` adapter hands it a cache whose fp8 records it
+  cannot rebuild from q's dtype as rows in q's dtype, the same rounding. The reference reads
+  the cache that way (``dtype(e4m3 * s)`` per group). Exact on power-of-two scales; on raw scales each key moves by
+  up to half an ulp of the query dtype. Unlike ``scales_in_bf16`` the scale itself is not rounded.
+* ``p_in_e4m3`` — the softmax weights ``P`` are rounded to e4m3 (not the case dtype) before ``P V``: an fp8
+  tensor-core ``P V`` takes both operands in fp8. FlashMLA's dense fp8 decode, which vLLM 0.33 ships as
+  ``_flashmla_extension_C.fwd_kvcache_mla_fp8``: vllm-project/FlashMLA ``csrc/extension/sm90/dense_fp8/
+  flash_fwd_mla_kernel.h`` lines 384-385 at ``46d64a8`` (``Tensor tOrP = make_tensor_like<Element>(tOrP_acc);
+  convert_type_out(tOrP_acc, tOrP);`` with ``Element = cutlass::float_e4m3_t``), fed to ``flash::gemm(tiled_mma_o,
+  tOrP, tOrVt, tOrO)`` at line 398. The output budget's weight term becomes e4m3's: ``2^-4`` relative and ``2^-10``
+  absolute below e4m3's smallest normal (:mod:`mlaspec.conformance.ops.fp8_decode`).
 """
 
 from __future__ import annotations
@@ -42,7 +64,10 @@ __all__ = [
     "assuming",
     "bias_floor",
     "declared",
+    "key_format",
     "lse_rounded",
+    "p_format",
+    "scale_format",
 ]
 
 
@@ -51,7 +76,11 @@ class Departure:
     """One arithmetic departure: its ``name`` (what an adapter declares), what it does (``doc``), the ``source`` that
     shows a real kernel makes it, and what it changes in the judgement: the accumulation unit roundoff of the
     budgets' ``γ_n`` (``accumulation``) and the bias check's relative floor (``bias_floor``), ``None`` where it
-    leaves that alone; ``lse_rounded``: the LSE is stored in the case dtype, so its budget gains that rounding."""
+    leaves that alone; ``lse_rounded``: the LSE is stored in the case dtype, so its budget gains that rounding;
+    ``scale_format``: the float format (``"bf16"``) the kernel reads an fp8 cache's group scales in, and
+    ``key_format`` the one it rounds the dequantized keys to (``"bf16"``, or ``"query"``: the query's dtype), which
+    the op's reference then reads the cache in too; ``p_format``: the format (``"e4m3"``) the softmax weights are
+    rounded to before ``P V``, whose rounding the output budget then allows instead of the case dtype's."""
 
     name: str
     doc: str
@@ -59,6 +88,9 @@ class Departure:
     accumulation: float | None = None
     bias_floor: float | None = None
     lse_rounded: bool = False
+    scale_format: str | None = None
+    key_format: str | None = None
+    p_format: str | None = None
 
 
 DEPARTURES: dict[str, Departure] = {
@@ -77,6 +109,28 @@ DEPARTURES: dict[str, Departure] = {
             "vllm/v1/attention/backends/mla/triton_mla.py (vLLM 0.33): lse = torch.zeros(B, H, dtype=q.dtype) for "
             "decode_attention_fwd, whose stage 2 stores e_max + log(e_sum) into it",
             lse_rounded=True,
+        ),
+        Departure(
+            "scales_in_bf16",
+            "an fp8 cache's group scales read as bf16, keys dequantized as bf16(e4m3 * bf16(scale))",
+            "deepseek-ai/FlashMLA csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:550 scales[i] = (bf16)scales_float[i]; "
+            "csrc/sm90/decode/sparse_fp8/components/dequant.h:25 __float22bfloat162_rn(fp8) * scale_bf162",
+            scale_format="bf16",
+            key_format="bf16",
+        ),
+        Departure(
+            "keys_in_query_dtype",
+            "an fp8 cache's keys dequantized in fp32 and rounded to the query dtype for the Q K^T MMA",
+            "mlaspec impl/sparse.py:113 k_nope = vals * scale (fp32), :290 k_nope.to(q_nope.dtype) into tl.dot",
+            key_format="query",
+        ),
+        Departure(
+            "p_in_e4m3",
+            "the softmax weights P rounded to e4m3 (not the case dtype) for an fp8 tensor-core P V",
+            "vllm-project/FlashMLA csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:384-385 make_tensor_like<"
+            "Element>(tOrP_acc); convert_type_out(tOrP_acc, tOrP) with Element = cutlass::float_e4m3_t, then "
+            "flash::gemm(tiled_mma_o, tOrP, tOrVt, tOrO) (line 398)",
+            p_format="e4m3",
         ),
     )
 }
@@ -130,3 +184,27 @@ def active() -> tuple[str, ...]:
 def lse_rounded() -> bool:
     """Whether a departure in force stores the LSE in the case dtype."""
     return any(DEPARTURES[n].lse_rounded for n in _ACTIVE.get())
+
+
+def _format(field: str) -> str | None:
+    formats = {getattr(DEPARTURES[n], field) for n in _ACTIVE.get()} - {None}
+    if len(formats) > 1:
+        raise ValueError(f"declared numerics give more than one {field}: {sorted(formats)}")
+    return formats.pop() if formats else None
+
+
+def scale_format() -> str | None:
+    """The format a departure in force reads an fp8 cache's group scales in (``"bf16"``), or None: the exact scales."""
+    return _format("scale_format")
+
+
+def key_format() -> str | None:
+    """The format a departure in force rounds an fp8 cache's dequantized keys to (``"bf16"``, or ``"query"``: the
+    query's dtype), or None: the exact keys."""
+    return _format("key_format")
+
+
+def p_format() -> str | None:
+    """The format a departure in force rounds the softmax weights to before ``P V`` (``"e4m3"``), or None: the case
+    dtype, as the exact spec's budget assumes."""
+    return _format("p_format")

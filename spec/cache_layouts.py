@@ -18,7 +18,12 @@ Layouts (and the source each comes from):
   scales (one per 128 values), 64 bf16 RoPE values stored verbatim. vLLM's writer (``concat_and_cache_ds_mla_kernel``
   in ``csrc/cache_kernels.cu``) uses the raw fp32 scale ``max(amax / 448, FLT_MIN)``; FlashMLA's test quantizer
   (``tests/quant.py``, ``quantize_k_cache``) instead rounds the scale *up to a power of two* with a floor
-  ``2^ceil(log2(max(amax / 448, 1e-4)))``. Pass ``pow2_scales=True`` to :func:`quantize` for the latter. The
+  ``2^ceil(log2(max(amax / 448, 1e-4)))``. Pass ``pow2_scales=True`` to :func:`quantize` for the latter (the scale
+  rule ``"pow2"``; the default is ``"raw"``). The raw rule is vLLM 0.33.0's CUDA kernel (``tile_scale =
+  fmaxf(max_abs / kFp8ScaleDivisor, FLT_MIN)``, ``csrc/libtorch_stable/cache_kernels.cu``); vLLM PR #49435 moved
+  every ``fp8_ds_mla`` writer to the power-of-two rule, which FlashMLA's SM90 reader (scales read as bf16) and SM100
+  reader (scales read as e8m0) both hold exactly (``tests/kernels/attention/test_flashmla_sparse.py``
+  ``test_sparse_flashmla_decode_matches_cache_writer_scales``: ``336`` is stored with scale ``1.0``, not ``0.75``). The
   format itself: FlashMLA ``README.md`` and ``flash_mla/flash_mla_interface.py``. The RoPE part is stored in the
   *input* dtype: vLLM's kernel copies ``k_pe`` as its ``scalar_t`` (it requires ``kv_c.itemsize() == 2``: bf16 or
   fp16) and FlashMLA's quantizer views the RoPE bytes as ``input_k_cache.dtype``. So a bf16 model writes

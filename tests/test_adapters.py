@@ -10,6 +10,7 @@ import json
 import math
 import os
 from contextlib import redirect_stdout
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -398,7 +399,10 @@ class _TorchFP8(TorchFP8):
 
 
 class _PInE4M3(_TorchFP8):
-    """A kernel that feeds e4m3 weights to p @ v (what an fp8 tensor-core kernel must do): inside the budget."""
+    """A kernel that feeds e4m3 weights to p @ v (what an fp8 tensor-core kernel must do), and declares it: inside
+    the budget of its declared numerics."""
+
+    numerics = MappingProxyType({"mla_decode_fp8": ("p_in_e4m3",)})
 
     def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
         kv = decode_records(kv_cache, layout, k_scale)
@@ -425,10 +429,13 @@ def test_torch_fp8_and_an_e4m3_weight_kernel_pass_mla_decode_fp8(case):
     for backend in (_TorchFP8(), _PInE4M3()):
         r = run_case(backend, case, backend_name=backend.name)
         assert r.verdict == "pass", (type(backend).__name__, r.reason)
+    strict = run_case(_PInE4M3(), case, backend_name="p-e4m3", strict_numerics=True)
+    assert strict.verdict == "fail" and "not assumed the p_in_e4m3" in strict.reason  # the exact spec: p in bf16
 
 
 def test_mla_decode_fp8_catches_a_dropped_k_scale():
-    for case in [c for c in FP8_CASES if c.params["layout"] == "fp8_e4m3_per_tensor"]:
+    # every per-tensor case but vLLM's default k_scale of 1.0, which dropping leaves as it was
+    for case in [c for c in FP8_CASES if c.params["layout"] == "fp8_e4m3_per_tensor" and c.params["k_scale"] != 1.0]:
         r = run_case(_DropsKScale(), case, backend_name="drops")
         assert r.verdict == "fail", case.id
 

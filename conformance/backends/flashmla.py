@@ -14,7 +14,10 @@ vLLM 0.33.0 wheel ships: ``pip install vllm==0.33.0``). Ops:
   already-dequantized cache; the adapter writes it in the 656-byte ``fp8_ds_mla`` layout (V3.2, ``D_qk = 576``)
   or the 584-byte V4 layout (``D_qk = 512``) with :mod:`mlaspec.spec.cache_layouts` -- the layout bytes are the
   spec's -- and refuses a cache the layout cannot hold exactly (so quantization error never poses as a kernel
-  error). The cache is re-blocked into 64-token pages; global slot indices are unchanged by that.
+  error). The case's ``writer`` (:mod:`mlaspec.conformance.ops.writers`) decides the scales: power-of-two
+  (FlashMLA's quantizer, vLLM's ``vllm-pow2``) or vLLM 0.33's raw ``amax / 448`` (the cache then comes as float64,
+  which holds ``e4m3 * s`` exactly). The kernel reads those scales as bf16 (declared: ``scales_in_bf16``). The
+  cache is re-blocked into 64-token pages; global slot indices are unchanged by that.
 * ``sparse_prefill`` -> ``flash_mla_sparse_fwd`` (bf16 ``kv``, returns ``out, max_logits, lse``).
 * ``mla_decode_fp8`` -> ``torch.ops._flashmla_extension_C.fwd_kvcache_mla_fp8``, the kernel vLLM 0.33's FLASHMLA
   backend calls for ``--kv-cache-dtype fp8`` / ``fp8_e4m3`` (``vllm/v1/attention/ops/flashmla.py``
@@ -96,8 +99,14 @@ class FlashMLABackend:
     ops = frozenset({"mla_decode", "mla_decode_fp8", "sparse_decode", "sparse_prefill", "v4_attention"})
     dtypes = frozenset({"bfloat16", "float16"})
     # the dense fp8 kernel multiplies e4m3 q and cache bytes with Hopper's fp8 MMA (run_mha_fwd_splitkv_mla<
-    # float_e4m3_t, bfloat16_t, 576>): ~14 accumulator bits (mlaspec.conformance.numerics, docs/backends.md)
-    numerics = MappingProxyType({"mla_decode_fp8": ("fp8_mma_accumulation",)})
+    # float_e4m3_t, bfloat16_t, 576>): ~14 accumulator bits, and rounds its softmax weights P to e4m3 for P V
+    # (vllm-project/FlashMLA csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:384-385); the SM90 sparse decode
+    # reads each 128-group's fp32 scale as bf16 and dequantizes as a bf16 product (csrc/sm90/decode/sparse_fp8/
+    # splitkv_mla.cuh:550, components/dequant.h:25), exact only on power-of-two scales (mlaspec.conformance.numerics,
+    # docs/backends.md)
+    numerics = MappingProxyType(
+        {"mla_decode_fp8": ("fp8_mma_accumulation", "p_in_e4m3"), "sparse_decode": ("scales_in_bf16",)}
+    )
 
     def __init__(self, device: str | None = None):
         self.fm = import_first("flash_mla", "vllm.third_party.flashmla.flash_mla_interface", what="flash_mla")

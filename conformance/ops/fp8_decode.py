@@ -12,7 +12,8 @@ Inputs (``B`` requests, ``S_kv`` cached tokens each):
   ``_DecodeConcatQuantFP8``); a backend that does the same loses nothing, one that keeps q in bf16 loses nothing
   either.
 * ``kv_cache [B, S_kv, token_bytes]`` uint8: each request's tokens as records of ``layout``, written by the spec
-  (:func:`~mlaspec.spec.cache_layouts.quantize`): ``fp8_e4m3_per_tensor`` (576 B, ``e4m3(x / k_scale)``, vLLM's
+  (:func:`~mlaspec.spec.cache_layouts.quantize`, by the case's ``writer``, :mod:`~mlaspec.conformance.ops.writers`:
+  ``vllm-per-tensor`` or ``flashmla``): ``fp8_e4m3_per_tensor`` (576 B, ``e4m3(x / k_scale)``, vLLM's
   ``fp8`` / ``fp8_e4m3`` cache, what the dense FlashMLA fp8 kernel reads) or ``fp8_ds_mla_v32`` (656 B, per-128
   fp32 scales and bf16 RoPE, vLLM's ``fp8_ds_mla``, read by the *sparse* kernels only), its per-128 scales
   **powers of two** (FlashMLA's ``tests/quant.py`` rule, as the sparse ops' caches): FlashMLA's sparse kernel, the
@@ -25,16 +26,19 @@ Inputs (``B`` requests, ``S_kv`` cached tokens each):
 
 Reference: ``mqa_latent_attention(q, dequantize(kv_cache), d_v, scale, causal)`` in float64.
 
-**Budget.** As :func:`~mlaspec.conformance.ops.common.attention_bounds` (fp32 logits, output rounded to the case
-dtype), with the softmax weights rounded to **e4m3** rather than the case dtype: an fp8 tensor-core ``p @ v`` needs
-both operands in fp8 (``run_mha_fwd_splitkv_mla<cutlass::float_e4m3_t, cutlass::bfloat16_t, 576>`` in vLLM's
-``_flashmla_extension_C``). Rounding ``p`` in ``[0, 1]`` to e4m3 costs ``|δp| <= 2^-4 p`` for normal values and at
-most ``2^-10`` (half the smallest subnormal) below ``2^-6``, so per output element::
+**Budget.** As :func:`~mlaspec.conformance.ops.common.attention_bounds` (fp32 logits, the softmax weights and the
+output rounded to the case dtype): the exact spec. A kernel that declares ``p_in_e4m3``
+(:mod:`mlaspec.conformance.numerics`) rounds the softmax weights to **e4m3** rather than the case dtype: an fp8
+tensor-core ``p @ v`` needs both operands in fp8 (``run_mha_fwd_splitkv_mla<cutlass::float_e4m3_t,
+cutlass::bfloat16_t, 576>`` in vLLM's ``_flashmla_extension_C``; the conversion at vllm-project/FlashMLA
+``csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h`` lines 384-385). Rounding ``p`` in ``[0, 1]`` to e4m3 costs
+``|δp| <= 2^-4 p`` for normal values and at most ``2^-10`` (half the smallest subnormal) below ``2^-6``, so under that
+declaration, per output element::
 
     |out - ref| <= 2 * (u |ref| + (2^-4 + 2 δs) M + 2^-10 A)       A = Σ_j |v_j| / ℓ,  ℓ = Σ_j exp(s_j - max s)
 
 (``M = Σ_j p_j |v_j|`` as in the dense budget; ``A`` is what flushing every weight by ``2^-10`` could cost, over
-the row's sum of weights ``ℓ >= 1``). A kernel that keeps ``p`` in bf16 passes with room to spare.
+the row's sum of weights ``ℓ >= 1``). A kernel that keeps ``p`` in bf16 passes either way.
 """
 
 from __future__ import annotations
@@ -47,9 +51,11 @@ from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.attention import attention, causal_mask
 from mlaspec.spec.forms import mqa_latent_attention
 
+from .. import numerics
 from ..cases import Case
 from .common import DTYPES, Op, Scale, attention_bounds
 from .dense import V3_SCALE
+from .writers import WRITERS
 
 U_P = 2.0**-4  # e4m3 unit roundoff (3 mantissa bits)
 P_FLOOR = 2.0**-10  # half the smallest e4m3 subnormal (2^-9)
@@ -64,6 +70,12 @@ def fp8_query(x: torch.Tensor, q_scale: float, dtype: torch.dtype) -> torch.Tens
     return out
 
 
+def _writer(p: dict, layout: cl.CacheLayout) -> str:
+    """The case's cache writer (:mod:`~mlaspec.conformance.ops.writers`): ``p["writer"]``, by default vLLM's
+    per-tensor writer for the 576-byte cache and FlashMLA's power-of-two quantizer for the 656-byte one."""
+    return p.get("writer", "flashmla" if layout is cl.FP8_DS_MLA_V32 else "vllm-per-tensor")
+
+
 def _inputs(c: Case) -> dict:
     p = c.params
     b, s_q, s_kv, h, d, dv = (p[k] for k in ("B", "S_q", "S_kv", "H_q", "D_qk", "D_v"))
@@ -72,8 +84,10 @@ def _inputs(c: Case) -> dict:
     g = torch.Generator().manual_seed(c.seed)
     x = torch.randn(b * s_kv, d, generator=g, dtype=torch.float64)
     x *= torch.exp2(torch.randint(-2, 3, (b * s_kv, 1), generator=g).to(torch.float64))  # per-token magnitudes
-    pow2 = {"pow2_scales": True} if layout is cl.FP8_DS_MLA_V32 else {}
-    raw = cl.quantize(x, layout, scale=k_scale, **pow2).raw.reshape(b, s_kv, layout.token_bytes)
+    raw = WRITERS[_writer(p, layout)](x, k_scale)
+    if raw.shape[-1] != layout.token_bytes:
+        raise ValueError(f"writer {p['writer']!r} does not write the {layout.name} layout")
+    raw = raw.reshape(b, s_kv, layout.token_bytes)
     q = fp8_query(torch.randn(b, s_q, h, d, generator=g, dtype=torch.float64) * 3.0, p["q_scale"], DTYPES[c.dtype])
     return dict(
         q=q,
@@ -105,6 +119,8 @@ def _bounds(kw, ref, u):
     q, k = kw["q"].double(), kv[:, :, None]
     v = k[..., : kw["d_v"]]
     out_b, lse_b = attention_bounds(q, k, v, scale=kw["scale"], causal=kw["causal"], ref=ref, u=u)
+    if numerics.p_format() != "e4m3":  # the exact spec: p rounded to the case dtype, already in attention_bounds
+        return out_b, lse_b
     m = attention(q, k, v.abs(), scale=kw["scale"], causal=kw["causal"]).out  # [B, S_q, H, D_v]
     s = torch.einsum("bqhd,bkd->bhqk", q, kv) * kw["scale"]
     allowed = causal_mask(q.shape[1], kv.shape[1]) if kw["causal"] else torch.ones(q.shape[1], kv.shape[1]).bool()
@@ -183,6 +199,23 @@ def _mla_decode_fp8_cases(scale: Scale) -> list[tuple[str, dict]]:
                 scale=V3_SCALE,
             ),
         ),
+        # vLLM's per-tensor writer with the k_scale a layer has without calibrated scales (1.0): e4m3(x) itself
+        (
+            "v3-writer-vllm-per-tensor-kscale1",
+            dict(
+                B=2,
+                S_q=1,
+                S_kv=ctx,
+                H_q=16,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                layout="fp8_e4m3_per_tensor",
+                writer="vllm-per-tensor",
+                k_scale=1.0,
+                q_scale=0.15625,
+            ),
+        ),
         (
             "v32-656-dense",
             dict(
@@ -199,7 +232,7 @@ OPS = [
         mla_decode_fp8_reference,
         _bounds,
         doc="Absorbed-form MQA over an fp8 KV cache (per-tensor e4m3 576 B, or 656 B fp8_ds_mla), judged against "
-        "spec attention over the dequantized cache; the weights p may be e4m3 (spec.forms.mqa_latent_attention)",
+        "spec attention over the dequantized cache; p in e4m3 where declared (spec.forms.mqa_latent_attention)",
         cases=_mla_decode_fp8_cases,
         spec=mqa_latent_attention,
     ),

@@ -63,7 +63,6 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.attention import causal_mask
 from mlaspec.spec.config import MLAConfig
 from mlaspec.spec.sliding_window import (
@@ -75,9 +74,11 @@ from mlaspec.spec.sliding_window import (
 )
 from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_decode, sparse_prefill, valid_slots
 
+from .. import numerics
 from ..cases import Case
 from ..verdict import judge
 from .common import EPS32, LIMITS, Op, Scale, gamma, randn, underflow_floor, unit_roundoff, worst_rows
+from .writers import read_as, written
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
@@ -240,10 +241,10 @@ def _prefill_bounds(kw, ref, u):
 
 
 # -- sparse_decode ---------------------------------------------------------------------------------------------------
-def _paged(r, seq_lens: list[int], block: int, d: int, gen: torch.Generator, fp8: bool = False):
+def _paged(r, seq_lens: list[int], block: int, d: int, gen: torch.Generator, writer: str | None = None):
     """A paged cache for requests of ``seq_lens``: block table over a shuffled pool that skips the first and last
-    blocks (kept NaN), and the cache itself (finite values everywhere, fp8-representable with ``fp8``; callers NaN
-    the unused slots)."""
+    blocks (kept NaN), and the cache itself (finite values everywhere; with a ``writer``, the values its fp8 bytes
+    hold, :func:`~mlaspec.conformance.ops.writers.written`; callers NaN the unused slots)."""
     need = [-(-s // block) for s in seq_lens]
     num_blocks = sum(need) + 3
     pool = 1 + torch.randperm(num_blocks - 2, generator=gen)
@@ -253,17 +254,15 @@ def _paged(r, seq_lens: list[int], block: int, d: int, gen: torch.Generator, fp8
         table[b, :n] = pool[at : at + n]
         at += n
     cache = r(num_blocks, block, d)
-    return table, _fp8_representable(cache) if fp8 else cache
+    return table, cache if writer is None else written(cache, writer)
 
 
-def _fp8_representable(cache: torch.Tensor) -> torch.Tensor:
-    """``dequantize(quantize(cache))`` in FlashMLA's fp8 sparse layout (656 B V3.2 with power-of-two scales as
-    FlashMLA's ``tests/quant.py``, 584 B V4 with e8m0 scales), back in the case dtype (exact: fp8 times a power of
-    two): a case flagged ``fp8_cache`` can be handed to a kernel that reads only the fp8 cache."""
-    d = cache.shape[-1]
-    layout = cl.FP8_DS_MLA_V32 if d == 576 else cl.FP8_DS_MLA_V4
-    raw = cl.quantize(cache.reshape(-1, d).to(torch.float64), layout, pow2_scales=d == 576).raw
-    return cl.dequantize(raw, layout).entries.to(cache.dtype).reshape(cache.shape)
+def cache_writer(params: dict) -> str | None:
+    """The writer of a sparse decode case's fp8 cache: ``params["writer"]`` (:data:`~mlaspec.conformance.ops.
+    writers.WRITERS`), ``"flashmla"`` for a case flagged ``fp8_cache`` alone, None for a cache in the case dtype.
+    A case with a writer is one a kernel that reads only fp8 caches can be handed (FlashMLA's sparse decode)."""
+    writer = params.get("writer")
+    return writer if writer is not None else ("flashmla" if params.get("fp8_cache") else None)
 
 
 def _v32_decode_indices(seq_lens, s_q, k, table, block, gen, *, short, empty):
@@ -303,7 +302,7 @@ def _decode_inputs(c: Case) -> dict:
         k = p["K"]
         if p.get("short_request"):
             seq_lens[-1] = max(s_q, k // 3)  # fewer tokens than K: -1 padding
-        table, cache = _paged(r, seq_lens, block, d, gen, p.get("fp8_cache", False))
+        table, cache = _paged(r, seq_lens, block, d, gen, cache_writer(p))
         idx, lengths = _v32_decode_indices(
             seq_lens, s_q, k, table, block, gen, short=p.get("topk_length", False), empty=p.get("empty", 0)
         )
@@ -326,14 +325,14 @@ def _decode_inputs(c: Case) -> dict:
     # V4: the sliding window as the main cache, one token per row (q [T, 1, H_q, D]); compressed entries as extra
     window, ratio = p["window"], p["layer"]
     qsl = torch.arange(b_ + 1) * s_q
-    table, cache = _paged(r, seq_lens, block, d, gen, p.get("fp8_cache", False))
+    table, cache = _paged(r, seq_lens, block, d, gen, cache_writer(p))
     swa = swa_indices_and_lens(qsl, torch.tensor(seq_lens), table, window=window, block_size=block)
     t = b_ * s_q
     flat = cache.reshape(-1, d)
     cache = _hostile(flat, _used_slots(flat.shape[0], swa.indices)).reshape(cache.shape)
     n_c = [s // ratio for s in seq_lens]
     cblock = p["P_extra"]
-    ctable, ccache = _paged(r, [max(n, 1) for n in n_c], cblock, d, gen, p.get("fp8_cache", False))
+    ctable, ccache = _paged(r, [max(n, 1) for n in n_c], cblock, d, gen, cache_writer(p))
     vis = num_visible_compressed(swa.positions, ratio)  # [T]
     k_e = p["K_extra"]
     token_req = torch.arange(b_).repeat_interleave(s_q)
@@ -359,6 +358,20 @@ def _decode_inputs(c: Case) -> dict:
         extra_indices=extra_idx[:, None].to(torch.int32),
         extra_topk_length=torch.minimum(vis, torch.tensor(k_e)).to(torch.int32),
     )
+
+
+def _decode_reference(**kw) -> tuple:
+    """:func:`~mlaspec.spec.sparse.sparse_decode`, over the caches as a kernel reads them that declares how it
+    dequantizes an fp8 cache (``scales_in_bf16``, ``keys_in_query_dtype``: :func:`mlaspec.conformance.numerics.
+    key_format`, :func:`~mlaspec.conformance.ops.writers.read_as`); the exact spec otherwise."""
+    key_format = numerics.key_format()
+    if key_format is not None:
+        if key_format == "query":
+            key_format = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[kw["q"].dtype]
+        for name in ("kv_cache", "extra_kv_cache"):
+            if kw[name] is not None:
+                kw = {**kw, name: read_as(kw[name], key_format, numerics.scale_format())}
+    return tuple(sparse_decode(**kw))
 
 
 def _decode_rows(kv_cache, indices, lengths, s_q):
@@ -821,6 +834,28 @@ def _sparse_decode_cases(scale: Scale) -> list[tuple[str, dict]]:
                 scale="yarn",
             ),
         ),
+        # The cache as each writer writes it (:mod:`~mlaspec.conformance.ops.writers`): FlashMLA's quantizer, vLLM
+        # 0.33's raw amax / 448 scales, vLLM's power-of-two writer (PR #49435). Random groups give scales that are not
+        # powers of two (vLLM's 336 / 448 = 0.75 idea), so the raw writer's bytes differ from the others'. FlashMLA's
+        # V3.2 path: 64 / 128 heads, no topk_length; 21 query rows (7 requests, MTP 3) for the worst row to show.
+        *[
+            (
+                f"v32-writer-{tag}",
+                dict(
+                    B=4 if full else 7,
+                    S_q=2 if full else 3,
+                    S_kv=ctx if full else 120,
+                    H_q=128 if full else 64,
+                    D_qk=576,
+                    D_v=512,
+                    K=2048 if full else 64,
+                    P=64,
+                    fp8_cache=True,
+                    writer=writer,
+                ),
+            )
+            for tag, writer in (("flashmla", "flashmla"), ("vllm033", "vllm-0.33"), ("vllm-pow2", "vllm-pow2"))
+        ],
     ]
 
 
@@ -915,13 +950,14 @@ OPS = [
     Op(
         "sparse_decode",
         _decode_inputs,
-        sparse_decode,
+        _decode_reference,
         None,
         compare=judged(("out", "lse"), _decode_bounds),
         picture=_decode_picture,
         doc="FlashMLA sparse decode over a paged cache with global slots, topk_length per request, sink, V4 extra "
         "cache (spec.sparse.sparse_decode)",
         cases=_sparse_decode_cases,
+        spec=sparse_decode,
     ),
     Op(
         "v4_attention",
@@ -937,4 +973,4 @@ OPS = [
     ),
 ]
 
-__all__ = ["OPS", "gather_keys", "judged", "sparse_bounds"]
+__all__ = ["OPS", "cache_writer", "gather_keys", "judged", "sparse_bounds"]

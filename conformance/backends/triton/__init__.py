@@ -71,8 +71,14 @@ class TritonBackend(TritonDense, TritonLayer, TritonSparse, TritonIndexer, Trito
     version = f"triton {triton.__version__}"
     not_implemented = HOST_SIDE  # left out on purpose, with the reason the harness shows in the skip
     dtypes = frozenset({"bfloat16", "float16", "float32"})
-    # impl/indexer.py's tl.dot on e4m3 is a QGMMA on Hopper: ~14 accumulator bits (mlaspec.conformance.numerics)
-    numerics = MappingProxyType({op: ("fp8_mma_accumulation",) for op in ("indexer_logits", "paged_indexer_logits")})
+    # impl/indexer.py's tl.dot on e4m3 is a QGMMA on Hopper: ~14 accumulator bits; impl/sparse.py rounds an fp8
+    # cache's dequantized keys to q's dtype for its dot (lines 113, 290) (mlaspec.conformance.numerics)
+    numerics = MappingProxyType(
+        {
+            **{op: ("fp8_mma_accumulation",) for op in ("indexer_logits", "paged_indexer_logits")},
+            "sparse_decode": ("keys_in_query_dtype",),
+        }
+    )
 
     def __init__(self, device: str | None = None, *, prefill_config: PrefillConfig | None = None):
         if device is None:
