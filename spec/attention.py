@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import BOOL, FLOAT, INT, Dims, boolean, cu_seqlens, finite_float, positive_int
+from .checks import BOOL, FLOAT, INT, Dims, boolean, cu_seqlens, finite_float, in_range, positive_int
 from .checks import device as _device
 
 __all__ = ["AttentionOutput", "attention", "attention_varlen", "causal_mask", "seq_lens_mask"]
@@ -79,10 +79,11 @@ def seq_lens_mask(seq_lens: torch.Tensor, s_q: int, s_kv: int, *, causal: bool) 
         [[[1, 1, 1, 0],      [[0, 0, 0, 0],
           [1, 1, 1, 1]],      [1, 0, 0, 0]]]
     """
+    s_q = positive_int("s_q", s_q, minimum=0)
+    s_kv = positive_int("s_kv", s_kv, minimum=0)
+    causal = boolean("causal", causal)
     Dims().tensor("seq_lens", seq_lens, ("B",), INT)
-    lens = seq_lens.to(torch.int64).cpu()
-    if bool((lens < 0).any()) or bool((lens > s_kv).any()):
-        raise ValueError(f"seq_lens must be in [0, S_kv={s_kv}], got {lens.tolist()}")
+    lens = in_range("seq_lens", seq_lens, 0, s_kv).to(torch.int64).cpu()
     i = torch.arange(s_q)[None, :, None]
     j = torch.arange(s_kv)[None, None, :]
     n = lens[:, None, None]

@@ -64,6 +64,9 @@ def _context(lkv: int = 8, rope: int = 2) -> list:
 VALID = {
     # attention
     "attention.causal_mask": lambda: dict(s_q=2, s_kv=4, device="cpu"),
+    "attention.seq_lens_mask": lambda: dict(
+        seq_lens=torch.tensor([4, 1], dtype=torch.int32), s_q=2, s_kv=4, causal=True
+    ),
     "attention.attention": lambda: dict(
         q=randn(1, 2, 2, 4),
         k=randn(1, 3, 1, 4, seed=1),
@@ -190,7 +193,13 @@ VALID = {
     "forms.absorbed_inputs": lambda: {k: v for k, v in _mla().items() if k != "W_UV"},
     "forms.mha_inputs": lambda: _mla(),
     "forms.mqa_latent_attention": lambda: dict(
-        q=randn(1, 3, 2, 10), kv=randn(1, 4, 10, seed=1), d_v=8, scale=0.5, causal=True, mask=None
+        q=randn(1, 3, 2, 10),
+        kv=randn(1, 4, 10, seed=1),
+        d_v=8,
+        scale=0.5,
+        causal=True,
+        mask=None,
+        seq_lens=torch.tensor([3], dtype=torch.int32),
     ),
     "forms.mla_absorbed": lambda: dict(**_mla(), scale=0.5, causal=True, mask=None),
     "forms.mla_mha": lambda: dict(**_mla(), scale=0.5, causal=True, mask=None),
@@ -434,6 +443,7 @@ for _f in ("boolean", "choice", "cu_seqlens", "device", "finite_float", "in_rang
 _allow("checks.positive_int", "minimum", "any int is a lower bound", "negative")
 _allow("checks.in_range", "x", _ANY_SHAPE + " and any dtype compares", "rank", "size", "dtype")
 _allow("checks.in_range", "lo", "any int is a lower bound", "negative")
+_allow("attention.seq_lens_mask", "seq_lens", "its length is the batch: one more request is another valid call", "size")
 _allow("checks.in_range", "hi", "a negative bound is valid; the values are then what is out of range", "negative")
 _allow("checks.choice", "options", "a str is a sequence of its characters", "str")
 _allow("cache_layouts.decode_e8m0", "raw", _ANY_SHAPE, "rank", "size")
