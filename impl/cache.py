@@ -23,8 +23,10 @@ The layouts, as the spec states them (:mod:`mlaspec.spec.cache_layouts` cites ea
 * ``fp8_e4m3_per_tensor`` / ``fp8_e5m2_per_tensor``: 576 fp8 bytes, ``fp8(clamp(x / scale))`` with vLLM's fp32
   ``k_scale`` (``csrc/cache_kernels.cu`` ``concat_and_cache_mla_kernel``, ``__NV_SATFINITE``);
 * ``fp8_ds_mla_v32`` (656 bytes, FlashMLA ``README.md``): 512 e4m3 in 4 groups of 128 under
-  ``s_g = max(amax_g / 448, FLT_MIN)`` (fp32, not a power of two: vLLM ``concat_and_cache_ds_mla_kernel``), the 4
-  fp32 scales, the 64 RoPE values as bf16;
+  ``s_g = max(amax_g / 448, FLT_MIN)`` (fp32, not a power of two: vLLM 0.33's ``concat_and_cache_ds_mla_kernel``),
+  or with ``pow2_scales=True`` ``s_g = 2^ceil(log2(max(amax_g / 448, 1e-4)))`` (vLLM after PR #49435, FlashMLA's
+  ``tests/quant.py``; the exponent read off the bits of ``amax`` as for e8m0 below), the 4 fp32 scales, the 64 RoPE
+  values as bf16;
 * ``fp8_ds_mla_v4`` (584 bytes, FlashMLA's ``MODEL1_FP8Sparse``): 448 e4m3 in 7 groups of 64 and 64 bf16 RoPE values
   (the 576-byte data row), 7 e8m0 scales and a zero pad byte (the 8-byte scale row); a page holds all ``P`` data rows,
   then the ``P`` scale rows, rounded up to 576 bytes (vLLM
@@ -69,7 +71,7 @@ import triton
 import triton.language as tl
 
 from mlaspec.spec import cache_layouts as cl
-from mlaspec.spec.checks import Dims, finite_float, positive_int, positive_scale
+from mlaspec.spec.checks import Dims, boolean, finite_float, positive_int, positive_scale
 
 __all__ = [
     "CACHE_DTYPES",
@@ -166,6 +168,15 @@ def _exp2i(k):
 
 
 @triton.jit
+def _ceil_log2_over(amax, MQ_EXP: tl.constexpr, MQ_MANT: tl.constexpr):
+    """``ceil(log2(amax / max_q))`` (int32) for a normal fp32 ``amax > 0``, ``max_q = M 2^MQ_EXP`` (``M`` in
+    ``[1, 2)``, mantissa field ``MQ_MANT``): ``amax = m 2^E`` gives ``E - MQ_EXP``, one more when ``m > M``. Zero
+    and subnormal ``amax`` give a very negative exponent (below any floor)."""
+    bits = amax.to(tl.int32, bitcast=True)
+    return ((bits >> 23) & 0xFF) - 127 - MQ_EXP + ((bits & 0x7FFFFF) > MQ_MANT).to(tl.int32)
+
+
+@triton.jit
 def _e8m0_code(amax, bad, E_FLOOR: tl.constexpr, MQ_EXP: tl.constexpr, MQ_MANT: tl.constexpr):
     """Group ``amax`` (fp32, >= 0) -> the e8m0 byte (int32) ``clamp(ceil(log2(max(amax, floor) / max_q)) + 127)``.
 
@@ -173,8 +184,7 @@ def _e8m0_code(amax, bad, E_FLOOR: tl.constexpr, MQ_EXP: tl.constexpr, MQ_MANT: 
     ``E - MQ_EXP`` when ``m <= M`` and one more when ``m > M`` -- a comparison of the 23-bit mantissa fields. The
     floor's exponent ``E_FLOOR`` comes from the host (the spec's float64 rule); ``bad`` groups (NaN, inf) get 255.
     """
-    bits = amax.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 127 - MQ_EXP + ((bits & 0x7FFFFF) > MQ_MANT).to(tl.int32)
+    e = _ceil_log2_over(amax, MQ_EXP, MQ_MANT)
     code = tl.minimum(tl.maximum(tl.maximum(e, E_FLOOR) + 127, 0), 255)
     return tl.where(bad, 255, code)
 
@@ -226,6 +236,7 @@ def _write_records_kernel(
     MODE: tl.constexpr,
     P: tl.constexpr,
     SPLIT: tl.constexpr,  # MODE 0: "auto" cast; 1: quantize into bytes
+    POW2: tl.constexpr,  # fp32 group scales rounded up to powers of two (the spec's pow2_scales)
     D_A: tl.constexpr,
     D_B: tl.constexpr,
     BLOCK_A: tl.constexpr,
@@ -273,7 +284,12 @@ def _write_records_kernel(
                 SB: tl.constexpr = 4 if SCALES == 1 else 1  # bytes a scale
                 xg = tl.reshape(x, (NG, GROUP))
                 amax = tl.max(tl.abs(xg), axis=1)  # [NG], exact
-                if SCALES == 1:  # fp32 scale amax / SMAX (correctly rounded), FLT_MIN floor
+                if SCALES == 1 and POW2:  # fp32 scale 2^max(ceil(log2(amax / SMAX)), E_FLOOR): an exact division
+                    s = _exp2i(tl.maximum(_ceil_log2_over(amax, MQ_EXP, MQ_MANT), E_FLOOR))
+                    s = tl.where(amax < float("inf"), s, amax)  # inf / NaN amax: the scale too, as the spec's
+                    yg = tl.math.div_rn(xg, s[:, None])
+                    s_bytes = _le_bytes(s.to(tl.int32, bitcast=True), NG, 4)
+                elif SCALES == 1:  # fp32 scale amax / SMAX (correctly rounded), FLT_MIN floor
                     s = tl.maximum(tl.math.div_rn(amax, SMAX), 1.1754943508222875e-38)
                     yg = tl.math.div_rn(xg, s[:, None])
                     s_bytes = _le_bytes(s.to(tl.int32, bitcast=True), NG, 4)
@@ -511,15 +527,17 @@ def _plan(lay: cl.CacheLayout) -> dict:
         )
         consts.update(GROUP=fa.group, G=sf.count, S_OFF=sf.offset, SMAX=float(lay.scale_rule.max_q))
         used.add(sf.name)
+        mq = lay.scale_rule.max_q
+        need(float(torch.tensor(mq, dtype=torch.float32)) == mq and mq > 0, "max_q must be an fp32 value")
         if scales == 2:
-            mq, floor = lay.scale_rule.max_q, lay.scale_rule.amax_floor
-            need(float(torch.tensor(mq, dtype=torch.float32)) == mq and mq > 0, "max_q must be an fp32 value")
-            need(floor >= FLT_MIN, "the e8m0 amax floor must be a normal fp32 value")
-            m, e = math.frexp(floor / mq)  # the spec's ceil(log2(floor / max_q)), in float64
-            mq_bits = _float32_bits(mq)
-            consts.update(
-                E_FLOOR=e - 1 if m == 0.5 else e, MQ_EXP=((mq_bits >> 23) & 0xFF) - 127, MQ_MANT=mq_bits & 0x7FFFFF
-            )
+            need(lay.scale_rule.amax_floor >= FLT_MIN, "the e8m0 amax floor must be a normal fp32 value")
+        # the exponent floor, the spec's float64 ceiling: e8m0's ceil(log2(floor / max_q)); for fp32 scales, the
+        # power-of-two rule's (the writer's POW2, the spec's pow2_scales) ceil(log2(POW2_SCALE_FLOOR)) = -13
+        m, e = math.frexp(lay.scale_rule.amax_floor / mq if scales == 2 else cl.POW2_SCALE_FLOOR)
+        mq_bits = _float32_bits(mq)
+        consts.update(
+            E_FLOOR=e - 1 if m == 0.5 else e, MQ_EXP=((mq_bits >> 23) & 0xFF) - 127, MQ_MANT=mq_bits & 0x7FFFFF
+        )
     else:
         need(fa.group is None, f"field {fa.name} has groups under a per-tensor rule")
     if len(values) == 2:
@@ -591,8 +609,10 @@ def _write(
     p: int,
     page_bytes: int,
     split: int,
+    pow2: bool = False,
 ) -> None:
-    """Launch the writer: entry ``t``'s ``[x_a[t] | x_b[t]]`` into the record at ``slots[t]`` of ``cache``."""
+    """Launch the writer: entry ``t``'s ``[x_a[t] | x_b[t]]`` into the record at ``slots[t]`` of ``cache``
+    (``pow2``: power-of-two fp32 group scales)."""
     t = x_a.shape[0]
     if t == 0:
         return
@@ -610,6 +630,7 @@ def _write(
         MODE=mode,
         P=p,
         SPLIT=split,
+        POW2=int(pow2),
         **consts,
         num_warps=4,
     )
@@ -623,6 +644,7 @@ def concat_and_cache_mla(
     *,
     kv_cache_dtype: str = "auto",
     scale: float | torch.Tensor | None = None,
+    pow2_scales: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write ``[kv_c | k_pe]`` into the slots of a paged cache (see the module docstring).
@@ -634,6 +656,8 @@ def concat_and_cache_mla(
         kv_cache_dtype: ``"auto"`` or a key of :data:`CACHE_DTYPES` (``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``,
             ``"fp8_ds_mla"``).
         scale: the per-tensor scale (fp8 per-tensor only).
+        pow2_scales: ``"fp8_ds_mla"`` only: power-of-two group scales ``2^ceil(log2(max(amax / 448, 1e-4)))``
+            (vLLM after PR #49435) instead of vLLM 0.33's raw ``amax / 448``.
         out: write into this contiguous tensor (vLLM's in-place form); default a copy of ``kv_cache``.
 
     Returns:
@@ -641,6 +665,8 @@ def concat_and_cache_mla(
     """
     if kv_cache_dtype != "auto" and kv_cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    if boolean("pow2_scales", pow2_scales) and kv_cache_dtype != "fp8_ds_mla":
+        raise ValueError(f"pow2_scales applies only to kv_cache_dtype='fp8_ds_mla', not {kv_cache_dtype!r}")
     T, d_v = kv_c.shape
     d_r = k_pe.shape[1]
     if k_pe.shape[0] != T or slot_mapping.shape != (T,):
@@ -685,7 +711,10 @@ def concat_and_cache_mla(
             f"out must be a contiguous {kv_cache.dtype} {list(kv_cache.shape)}, got {out.dtype} {list(out.shape)}"
         )
     new = kv_cache.clone(memory_format=torch.contiguous_format) if out is None else out
-    _write(kv_c, k_pe, slot_mapping, new, consts, scale=s, mode=mode, p=p, page_bytes=p * kv_cache.shape[2], split=0)
+    page_bytes = p * kv_cache.shape[2]
+    _write(
+        kv_c, k_pe, slot_mapping, new, consts, scale=s, mode=mode, p=p, page_bytes=page_bytes, split=0, pow2=pow2_scales
+    )
     return new
 
 

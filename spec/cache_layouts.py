@@ -105,6 +105,7 @@ __all__ = [
     "FP32",
     "LAYOUTS",
     "MXFP8_DS_MLA_V41",
+    "POW2_SCALE_FLOOR",
     "CacheLayout",
     "Dequantized",
     "Field",
@@ -457,6 +458,10 @@ def _tensor_scale(layout: CacheLayout, scale: object) -> float | None:
     return None
 
 
+POW2_SCALE_FLOOR = 1e-4
+"""The floor of ``amax / 448`` under the power-of-two fp32 scale rule (``pow2_scales=True``): FlashMLA
+``tests/quant.py`` and vLLM after PR #49435 both take ``max(amax / 448, 1e-4)``, so the smallest scale is ``2^-13``."""
+
 E8M0_RULES = ("exact", "vllm_fp32")
 """The e8m0 exponent rules :func:`quantize` offers (module docstring): ``"exact"`` (default), ``"vllm_fp32"``."""
 
@@ -495,8 +500,9 @@ def _group_scales(
         code = torch.where(torch.isnan(amax) | torch.isinf(amax), 255.0, code)
         return decode_e8m0(code.to(torch.uint8)), code.to(torch.uint8)
     s = round_to_format(amax / rule.max_q, FP32)  # the kernel divides in fp32 and stores fp32
-    if pow2:  # FlashMLA tests/quant.py: 2^ceil(log2(max(amax / 448, 1e-4)))
-        s = torch.exp2(_ceil_log2(torch.clamp(amax / rule.max_q, min=1e-4)))
+    if pow2:  # FlashMLA tests/quant.py: 2^ceil(log2(max(amax / 448, 1e-4))); inf / NaN amax stay inf / NaN (log2)
+        p2 = torch.exp2(_ceil_log2(torch.clamp(amax / rule.max_q, min=POW2_SCALE_FLOOR)))
+        s = torch.where(torch.isfinite(amax), p2, s)
     else:
         s = torch.clamp(s, min=_FLT_MIN)
     return s, torch.empty(0, dtype=torch.uint8)

@@ -22,6 +22,14 @@ Conventions and sources (vLLM 0.33):
   ``FP8_DS_MLA_V32``), and it takes and ignores ``scale``: vLLM passes the layer's ``k_scale`` (``[1]`` fp32, 1.0
   unless scales are calibrated) to every cache dtype, and ``concat_and_cache_ds_mla_kernel`` never reads it (its
   scales are per 128 values, computed from the data).
+* The ``fp8_ds_mla`` scale rule depends on the vLLM version, so the writer takes it as ``pow2_scales``: ``False``
+  (default) is vLLM 0.33.0's raw ``max(amax / 448, FLT_MIN)`` (``concat_and_cache_ds_mla_kernel``,
+  ``csrc/libtorch_stable/cache_kernels.cu`` at ``00eb0c87``); ``True`` is vLLM after PR #49435
+  (https://github.com/vllm-project/vllm/pull/49435, "Fix SM100 fp8_ds_mla cache scales"), which rounds every group
+  scale up to a power of two, ``2^ceil(log2(max(amax / 448, 1e-4)))``, FlashMLA's ``tests/quant.py`` rule (see
+  :func:`mlaspec.spec.cache_layouts.quantize`). Example (vLLM's ``tests/kernels/attention/test_flashmla_sparse.py``
+  ``test_sparse_flashmla_decode_matches_cache_writer_scales``): a group with ``amax = 336`` stores the scale
+  ``0.75`` under vLLM 0.33 and ``1.0`` after the PR; an all-zero group stores ``FLT_MIN`` and ``2^-13``.
 * Gathering for chunked-prefill context: vLLM 0.33's MLA (``vllm/model_executor/layers/attention/mla_attention.py``,
   ``_compute_prefill_context``) gathers each context chunk with ``ops.gather_and_maybe_dequant_cache`` (bf16 / fp8
   with per-tensor dequant), ``ops.cp_gather_cache`` (fp8 prefill: raw copy) or ``cp_gather_and_upconvert_fp8_kv_cache``
@@ -187,6 +195,7 @@ def concat_and_cache_mla(
     *,
     kv_cache_dtype: str = "auto",
     scale: float | torch.Tensor | None = None,
+    pow2_scales: bool = False,
 ) -> torch.Tensor:
     """Write ``[kv_c | k_pe]`` entries into the slots of a paged cache; returns the NEW cache (the input is untouched).
 
@@ -211,11 +220,16 @@ def concat_and_cache_mla(
         scale: the per-tensor fp32 scale (``k_scale``): required for ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``;
             accepted and ignored for ``"fp8_ds_mla"`` (as vLLM's kernel does); must be None for ``"auto"``. A
             positive finite number or a one-element float tensor.
+        pow2_scales: ``"fp8_ds_mla"`` only: the writer's group scale rule (module docstring). ``False``: vLLM 0.33's
+            raw fp32 ``amax / 448``; ``True``: vLLM after PR #49435, the power of two ``2^ceil(log2(max(amax / 448,
+            1e-4)))``. Must be False for the other cache dtypes (their scale is the per-tensor ``k_scale``).
 
     Returns:
         the new cache, same shape and dtype as ``kv_cache``.
     """
     choice("kv_cache_dtype", kv_cache_dtype, ("auto", *sorted(_QUANTIZED)))
+    if boolean("pow2_scales", pow2_scales) and kv_cache_dtype != "fp8_ds_mla":
+        raise ValueError(f"pow2_scales applies only to kv_cache_dtype='fp8_ds_mla', not {kv_cache_dtype!r}")
     dims = Dims()
     dims.tensor("kv_c", kv_c, ("T", "Lkv"), FLOAT)
     dims.tensor("k_pe", k_pe, ("T", "D_rope"), FLOAT)
@@ -252,7 +266,7 @@ def concat_and_cache_mla(
             raise ValueError("scale must be None for kv_cache_dtype='auto'")
         flat[s[keep]] = entries.to(kv_cache.dtype)
     else:
-        flat[s[keep]] = cache_layouts.quantize(entries, layout, scale=scale).raw
+        flat[s[keep]] = cache_layouts.quantize(entries, layout, scale=scale, pow2_scales=pow2_scales).raw
     return new
 
 

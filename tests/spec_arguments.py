@@ -290,6 +290,7 @@ VALID = {
         slot_mapping=ints(3, -1),
         kv_cache_dtype="auto",
         scale=None,
+        pow2_scales=False,
     ),
     "paged_cache.gather_cache": lambda: dict(
         kv_cache=randn(3, 2, 4),
@@ -513,5 +514,6 @@ EXTRA: dict[tuple[str, str], list[tuple[str, object]]] = {
     ("cache_layouts.decode_e8m0", "raw"): [("float bytes", torch.tensor([300.0])), ("a float", 300.0)],
     ("sparse.sparse_attention", "topk_length"): [("> K", ints(1, 3))],
     ("paged_cache.concat_and_cache_mla", "scale"): [("per-tensor scale with auto", 1.0)],
+    ("paged_cache.concat_and_cache_mla", "pow2_scales"): [("group scale rule with auto", True)],
 }
 """Breakages specific to one argument: ``[(what, value)]`` (the issue's list of garbage, among others)."""

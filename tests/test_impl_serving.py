@@ -77,10 +77,18 @@ def _entries(seed, t, dtype):
 
 
 @pytest.mark.parametrize(
-    "kind,scale", [("auto", None), ("fp8", 0.09375), ("fp8_e4m3", 0.3), ("fp8_e5m2", 0.5), ("fp8_ds_mla", None)]
+    "kind,scale,pow2",
+    [
+        ("auto", None, False),
+        ("fp8", 0.09375, False),
+        ("fp8_e4m3", 0.3, False),
+        ("fp8_e5m2", 0.5, False),
+        ("fp8_ds_mla", None, False),
+        ("fp8_ds_mla", None, True),  # vLLM's power-of-two scales after PR #49435
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_concat_and_cache_bytes_equal_the_spec(kind, scale, dtype):
+def test_concat_and_cache_bytes_equal_the_spec(kind, scale, pow2, dtype):
     t, p, nb = 11, 8, 3
     x = _entries(t, t, dtype)
     slots = torch.randperm(nb * p - 1, generator=torch.Generator().manual_seed(1))[:t]
@@ -91,17 +99,18 @@ def test_concat_and_cache_bytes_equal_the_spec(kind, scale, dtype):
     else:
         cache = torch.full((nb, p, width), 0xFF, dtype=torch.uint8)
     before = cache.clone()
-    got = kc.concat_and_cache_mla(x[:, :512], x[:, 512:], cache, slots, kv_cache_dtype=kind, scale=scale)
-    ref = spec.concat_and_cache_mla(x[:, :512], x[:, 512:], cache, slots, kv_cache_dtype=kind, scale=scale)
+    kw = dict(kv_cache_dtype=kind, scale=scale, pow2_scales=pow2)
+    got = kc.concat_and_cache_mla(x[:, :512], x[:, 512:], cache, slots, **kw)
+    ref = spec.concat_and_cache_mla(x[:, :512], x[:, 512:], cache, slots, **kw)
     assert torch.equal(_u8(cache), _u8(before)), "the input cache was written"
     if kind != "auto":  # fp8 values: the fp32-division emulation, byte for byte
         keep = slots >= 0
         lay = cl.LAYOUTS[_LAYOUT[kind]]
         if kind == "fp8_ds_mla" and dtype == torch.float16:  # an fp16 model's RoPE is fp16 (the spec, vLLM)
             lay = cl.FP8_DS_MLA_V32_FP16
-        records = TorchServing()._encode(x[keep], lay, scale)
+        records = TorchServing()._encode(x[keep], lay, scale, pow2)
         ref.view(nb * p, width)[slots[keep]] = records
-        spec_raw = spec.concat_and_cache_mla(x[:, :512], x[:, 512:], cache, slots, kv_cache_dtype=kind, scale=scale)
+        spec_raw = spec.concat_and_cache_mla(x[:, :512], x[:, 512:], cache, slots, **kw)
         exact = torch.ones(width, dtype=torch.bool)
         for f in lay.value_fields:
             if f.dtype in ("e4m3", "e5m2"):
@@ -117,6 +126,10 @@ def test_concat_and_cache_rejects_bad_kind_and_missing_scale():
     with pytest.raises(ValueError, match="scale"):
         kc.concat_and_cache_mla(
             x[:, :512], x[:, 512:], torch.zeros(1, 4, 576, dtype=torch.uint8), torch.arange(2), kv_cache_dtype="fp8"
+        )
+    with pytest.raises(ValueError, match="pow2_scales"):  # only the 656-byte record has group scales
+        kc.concat_and_cache_mla(
+            x[:, :512], x[:, 512:], torch.zeros(1, 4, 576), torch.arange(2), kv_cache_dtype="auto", pow2_scales=True
         )
 
 

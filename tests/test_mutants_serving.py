@@ -55,6 +55,18 @@ class PowerOfTwoScale(TorchBackend):
         return torch.exp2(torch.ceil(torch.log2((amax / max_q).clamp_min(1e-4))))
 
 
+class WriterIgnoresScaleRule(TorchBackend):
+    """fp8_ds_mla writer of the wrong vLLM version: raw fp32 ``amax / 448`` group scales (vLLM 0.33's
+    ``concat_and_cache_ds_mla_kernel``) where the case asks for vLLM's power-of-two scales after PR #49435
+    (``pow2_scales=True``), so the amax-336 group stores 0.75 instead of 1.0."""
+
+    source = "https://github.com/vllm-project/vllm/pull/49435"
+    shapes = "a 128-group whose amax/448 is not a power of two"
+
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, pow2_scales=False, **kw):
+        return super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, pow2_scales=False, **kw)
+
+
 class V41ReadInterleaved(TorchBackend):
     """V4.1's 528-byte records read token-interleaved (record ``off`` at ``off * 528``), while vLLM's writer splits
     them like V4: all data rows, then all scale rows (``_rope_quant_insert_mxfp8_kernel``)."""
@@ -85,11 +97,9 @@ class PaddingSlotWritten(TorchBackend):
     source = "https://github.com/HabanaAI/vllm-fork/pull/162"
     shapes = "a padding token (slot -1)"
 
-    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, **kw):
         total = kv_cache.shape[0] * kv_cache.shape[1]
-        return super().concat_and_cache_mla(
-            kv_c, k_pe, kv_cache, slot_mapping % total, kv_cache_dtype=kv_cache_dtype, scale=scale
-        )
+        return super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping % total, **kw)
 
 
 class ChunkBoundaryOffByOne(TorchBackend):
@@ -170,12 +180,10 @@ class PerTensorScaleMultiplied(TorchBackend):
     source = "https://github.com/vllm-project/vllm/pull/42580"
     shapes = "kv_cache_dtype fp8 (per-tensor)"
 
-    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, scale=None, **kw):
         if scale is not None:
             scale = 1.0 / float(scale)
-        return super().concat_and_cache_mla(
-            kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype=kv_cache_dtype, scale=scale
-        )
+        return super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, scale=scale, **kw)
 
 
 class ContextFirstChunkOnly(TorchBackend):
@@ -275,12 +283,12 @@ class ConcatPageStrideAtLeast16(TorchBackend):
     source = "https://github.com/sgl-project/sglang/pull/31218"
     shapes = "P < 16"
 
-    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, **kw):
         p, total = kv_cache.shape[1], kv_cache.shape[0] * kv_cache.shape[1]
         s = slot_mapping.long()
         wrong = torch.where(s >= 0, s // p * max(p, 16) + s % p, -1)
         wrong = torch.where(wrong < total, wrong, -1)
-        return super().concat_and_cache_mla(kv_c, k_pe, kv_cache, wrong, kv_cache_dtype=kv_cache_dtype, scale=scale)
+        return super().concat_and_cache_mla(kv_c, k_pe, kv_cache, wrong, **kw)
 
 
 class GatherAssumesPage64(TorchBackend):
@@ -312,6 +320,8 @@ MUTANT_CASES = _params(
         (WrongGroupScale, "concat_and_cache_mla[v32-fp8-ds-mla-656-bfloat16]"),
         (WrongGroupScale, "write_pages[v4-584-paged-bfloat16]"),
         (PowerOfTwoScale, "quantize[v32-656-bfloat16]"),
+        (PowerOfTwoScale, "concat_and_cache_mla[v32-fp8-ds-mla-656-bfloat16]"),
+        (WriterIgnoresScaleRule, "concat_and_cache_mla[v32-fp8-ds-mla-656-writer-vllm-pow2-bfloat16]"),
         (V41ReadInterleaved, "read_tokens[v41-528-paged-bfloat16]"),
         (RopeBeforeLatent, "concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
         (PaddingSlotWritten, "concat_and_cache_mla[v3-bf16-page64-padding-bfloat16]"),
@@ -370,6 +380,13 @@ def test_mutants_pass_the_cases_their_bug_does_not_touch():
             ChunkMergeWithoutInfGuard(),
             case_by_id("chunked_prefill_attention[first-chunks-only-bfloat16]"),
             backend_name="m",
+        ).verdict
+        == "pass"
+    )
+    # a writer of vLLM 0.33's raw scales passes the case that asks for them
+    assert (
+        run_case(
+            WriterIgnoresScaleRule(), case_by_id("concat_and_cache_mla[v32-fp8-ds-mla-656-bfloat16]"), backend_name="m"
         ).verdict
         == "pass"
     )

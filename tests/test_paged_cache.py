@@ -84,6 +84,59 @@ def test_concat_and_cache_mla_fp8_ds_mla_record():
     assert torch.count_nonzero(new.view(4, 656)[1:3]) == 0
 
 
+def test_fp8_ds_mla_scales_by_vllm_version_worked_example():
+    """vLLM's ``test_sparse_flashmla_decode_matches_cache_writer_scales`` (``tests/kernels/attention/
+    test_flashmla_sparse.py``, after PR #49435): ``kv_c`` all 336 with its last 128 values 0, ``k_pe`` 0, ``k_scale``
+    1. ``336 / 448 = 0.75`` is not a power of two: vLLM 0.33 stores it raw, vLLM after the PR stores ``1.0``, and the
+    zero group ``FLT_MIN`` vs ``2^-13`` (the ``1e-4`` floor)."""
+    kv_c = torch.full((1, 512), 336.0, dtype=torch.bfloat16)
+    kv_c[:, -128:] = 0
+    k_pe = torch.zeros(1, 64, dtype=torch.bfloat16)
+    cache = torch.zeros(1, 64, 656, dtype=torch.uint8)
+    kw = dict(kv_cache_dtype="fp8_ds_mla", scale=torch.ones(1))
+    scales = {}
+    for pow2 in (False, True):
+        new = concat_and_cache_mla(kv_c, k_pe, cache, torch.zeros(1, dtype=torch.int64), pow2_scales=pow2, **kw)
+        scales[pow2] = new[0, 0, 512:528].contiguous().view(torch.float32).tolist()
+        nope = new[0, 0, :512].contiguous().view(torch.float8_e4m3fn).float()
+        # e4m3(336 / 0.75) = 448 exactly; e4m3(336 / 1) is a tie between 320 and 352, to even: 320
+        assert torch.equal(nope[:384], torch.full((384,), 320.0 if pow2 else 448.0))
+    assert scales[False] == [0.75, 0.75, 0.75, torch.finfo(torch.float32).tiny]
+    assert scales[True] == [1.0, 1.0, 1.0, 2.0**-13]
+    with pytest.raises(ValueError, match="pow2_scales"):  # per-tensor fp8 has no group scales
+        concat_and_cache_mla(
+            kv_c, k_pe, cache[..., :576], torch.zeros(1), kv_cache_dtype="fp8", scale=1.0, pow2_scales=True
+        )
+    with pytest.raises(TypeError, match="pow2_scales"):
+        concat_and_cache_mla(kv_c, k_pe, cache, torch.zeros(1), kv_cache_dtype="fp8_ds_mla", pow2_scales=1)
+
+
+@given(st.integers(0, 2**16), st.floats(-20, 8))
+def test_pow2_scales_round_the_raw_scale_up_to_a_power_of_two(seed, log_mag):
+    """For any entries, the two writers store the same RoPE bytes, and each power-of-two group scale is the raw
+    scale ``amax / 448`` rounded up to the next power of two (at least ``2^-13``): ``raw <= pow2 < 2 max(raw,
+    1e-4)``, so no value saturates and the fp8 values still dequantize within the spec's error bound."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(3, 576, generator=g, dtype=F64) * 2.0**log_mag).to(torch.bfloat16)
+    cache = torch.zeros(1, 4, 656, dtype=torch.uint8)
+    slots = torch.tensor([2, -1, 0])
+    raw, pow2 = (
+        concat_and_cache_mla(x[:, :512], x[:, 512:], cache, slots, kv_cache_dtype="fp8_ds_mla", pow2_scales=p).view(
+            4, 656
+        )[[2, 0]]
+        for p in (False, True)
+    )
+    assert torch.equal(raw[:, 528:], pow2[:, 528:])
+    s_raw = cache_layouts.dequantize(raw, "fp8_ds_mla_v32").scales
+    back = cache_layouts.dequantize(pow2, "fp8_ds_mla_v32")
+    s = back.scales
+    assert torch.equal(torch.exp2(torch.log2(s).round()), s)  # powers of two
+    assert bool((s >= s_raw).all() and (s >= 2.0**-13).all() and (s < 2 * s_raw.clamp_min(1e-4)).all())
+    kept = x[[0, 2]].to(F64)
+    bound = cache_layouts.error_bound(kept, "fp8_ds_mla_v32", pow2_scales=True)
+    assert bool(((back.entries - kept).abs() <= bound).all())
+
+
 def test_fp8_ds_mla_rope_in_the_input_dtype_and_vllms_k_scale():
     """vLLM's ``concat_and_cache_ds_mla_kernel`` copies ``k_pe`` into bytes 528..655 as its ``scalar_t`` (bf16 or
     fp16: it checks ``kv_c.itemsize() == 2``), and FlashMLA's ``tests/quant.py`` views them as

@@ -2,13 +2,14 @@
 
 Written the way the kernels work, independently of the spec functions (which the harness compares against):
 writers quantize in fp32 (``x / s`` then a saturating cast to e4m3, as vLLM's ``scaled_convert``; fp32 scales
-``amax / 448``; e8m0 scales from ``frexp``), gathers index the block table, chunked prefill runs the context
-chunk by chunk through :meth:`mla_prefill` and folds the parts with :meth:`merge_attn_states` (outputs in the case
-dtype, LSE in fp32), a mixed batch writes its new tokens into the cache, then runs the decodes through
-:meth:`mla_absorbed` and the prefills through the chunked path with the context read through the block table, and
-the batch metadata is computed with tensor ops (``searchsorted`` for the request of each
-token). Only the layout *records* (:class:`~mlaspec.spec.cache_layouts.CacheLayout`: offsets, dtypes, group sizes)
-and the plain input records (``Request``, ``ChunkPlan``, ``CommonAttentionMetadata``) are shared with the spec.
+``amax / 448``, or powers of two ``2^ceil(log2(max(amax / 448, 1e-4)))`` when asked; e8m0 scales from ``frexp``),
+gathers index the block table, chunked prefill runs the context chunk by chunk through :meth:`mla_prefill` and
+folds the parts with :meth:`merge_attn_states` (outputs in the case dtype, LSE in fp32), a mixed batch writes its
+new tokens into the cache, then runs the decodes through :meth:`mla_absorbed` and the prefills through the chunked
+path with the context read through the block table, and the batch metadata is computed with tensor ops
+(``searchsorted`` for the request of each token). Only the layout *records*
+(:class:`~mlaspec.spec.cache_layouts.CacheLayout`: offsets, dtypes, group sizes) and the plain input records
+(``Request``, ``ChunkPlan``, ``CommonAttentionMetadata``) are shared with the spec.
 
 The small ``_``-methods are the places real kernels get wrong; the serving mutants
 (``tests/test_mutants_serving.py``) override them.
@@ -23,6 +24,13 @@ import torch
 
 from mlaspec.spec.cache_layouts import LAYOUTS, CacheLayout
 from mlaspec.spec.chunked_context import ChunkPlan
+
+
+def _ceil_log2(y: torch.Tensor) -> torch.Tensor:
+    """``ceil(log2(y))`` of ``y > 0`` (int32): ``y = m 2^e`` with ``m`` in ``[0.5, 1)``, one less at a power of two."""
+    m, e = torch.frexp(y)
+    return torch.where(m == 0.5, e - 1, e)
+
 
 _FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -75,6 +83,12 @@ class TorchServing:
         """vLLM's fp32 group scale of the 656-byte layout: ``max(amax / 448, FLT_MIN)``, divided in fp32."""
         return (amax / max_q).clamp_min(torch.finfo(torch.float32).tiny)
 
+    def _pow2_scale(self, amax: torch.Tensor, max_q: float) -> torch.Tensor:
+        """vLLM's group scale after PR #49435 (FlashMLA ``tests/quant.py``): ``2^ceil(log2(max(amax / 448, 1e-4)))``,
+        the exponent read off ``frexp`` (fp32 ``log2`` can land on ``k`` just above ``2^k``)."""
+        pow2 = torch.exp2(_ceil_log2((amax / max_q).clamp_min(1e-4)))
+        return torch.where(torch.isfinite(amax), pow2, amax)  # inf / NaN stay (log2 of them would)
+
     def _token_requests(self, query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """The request of every packed token: ``b`` with ``qsl[b] <= t < qsl[b + 1]``."""
         return torch.searchsorted(query_start_loc[1:].long(), torch.arange(num_tokens), right=True)
@@ -89,8 +103,9 @@ class TorchServing:
         return torch.where(j < data, t * data + j, block_size * data + t * tail + (j - data))
 
     # -- quantization ---------------------------------------------------------------------------------------
-    def _encode(self, x: torch.Tensor, layout: CacheLayout, scale) -> torch.Tensor:
-        """``[T, D]`` entries -> ``[T, token_bytes]`` uint8 records, in fp32 as a kernel does."""
+    def _encode(self, x: torch.Tensor, layout: CacheLayout, scale, pow2_scales: bool = False) -> torch.Tensor:
+        """``[T, D]`` entries -> ``[T, token_bytes]`` uint8 records, in fp32 as a kernel does (``pow2_scales``:
+        power-of-two fp32 group scales, :meth:`_pow2_scale`)."""
         x = x.float()
         t = x.shape[0]
         out = torch.zeros(t, layout.token_bytes, dtype=torch.uint8, device=x.device)
@@ -110,14 +125,13 @@ class TorchServing:
                 amax = g.abs().amax(-1)
                 sf = layout.field(f.scale_field)
                 if sf.dtype == "e8m0":
-                    y = amax.clamp_min(layout.scale_rule.amax_floor) / layout.scale_rule.max_q
-                    m, e = torch.frexp(y)
-                    e = torch.where(m == 0.5, e - 1, e)  # ceil(log2 y), exact at powers of two
+                    e = _ceil_log2(amax.clamp_min(layout.scale_rule.amax_floor) / layout.scale_rule.max_q)
                     code = (e + 127).clamp(0, 255)
                     s = torch.exp2(code.float() - 127)
                     out[:, sf.offset : sf.end] = code.to(torch.uint8)
                 else:
-                    s = self._fp32_scale(amax, layout.scale_rule.max_q)
+                    rule = self._pow2_scale if pow2_scales else self._fp32_scale
+                    s = rule(amax, layout.scale_rule.max_q)
                     out[:, sf.offset : sf.end] = _u8(s).reshape(t, -1)
                 q = (g / self._scale_for_group(s)[..., None]).clamp(-top, top).reshape(t, b - a)
             out[:, f.offset : f.end] = _u8(q.to(_FP8[f.dtype]))
@@ -155,7 +169,9 @@ class TorchServing:
         return (self._decode(raw, _layout(layout), scale),)
 
     # -- paged cache ----------------------------------------------------------------------------------------
-    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
+    def concat_and_cache_mla(
+        self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None, pow2_scales=False
+    ):
         new = kv_cache.clone()
         flat = new.view(kv_cache.shape[0] * kv_cache.shape[1], -1)
         s = slot_mapping.long()
@@ -167,7 +183,7 @@ class TorchServing:
             name = _CACHE_DTYPES[kv_cache_dtype]
             if kv_cache_dtype == "fp8_ds_mla":  # the RoPE in the input dtype; vLLM's k_scale is not read
                 name, scale = ("fp8_ds_mla_v32_fp16" if k_pe.dtype == torch.float16 else name), None
-            flat[s[keep]] = self._encode(x, LAYOUTS[name], scale)
+            flat[s[keep]] = self._encode(x, LAYOUTS[name], scale, pow2_scales)
         return (new,)
 
     def gather_cache(

@@ -14,7 +14,10 @@ here are bytes or integers, so most ops judge with a ``compare`` hook rather tha
   - ``kv_cache_dtype="auto"`` caches, scale bytes, bf16 RoPE and pad bytes must be exact: they are deterministic
     functions of the inputs (a group's amax is exact, ``fp32(amax / 448)`` and ``ceil(log2(amax / 448))`` are
     correctly rounded, a bf16 copy rounds to nearest even). A power-of-two scale where vLLM stores ``amax / 448``
-    fails here: the inputs plant a group of amax 336 (``336 / 448 = 0.75``, not a power of two);
+    fails here: the inputs plant a group of amax 336 (``336 / 448 = 0.75``, not a power of two). Which rule is right
+    is the case's: ``concat_and_cache_mla``'s parameter ``writer`` names the vLLM version whose ``fp8_ds_mla`` writer
+    the case asks for (:data:`CONCAT_WRITERS`: ``"vllm-0.33"`` raw ``amax / 448``, the default; ``"vllm-pow2"``
+    power-of-two scales, vLLM PR #49435), passed to the spec as ``pow2_scales`` and named in the case;
   - fp8 values are judged *after dequantization* against the entry: a kernel divides in fp32 first and can land
     one fp8 step from the spec at a tie, so the per-element budget is the spec's documented error bound
     (:func:`~mlaspec.spec.cache_layouts.error_bound`) plus ``2^-22 |x|`` for the fp32 division (or the
@@ -181,10 +184,13 @@ def _judge_records(
     x: torch.Tensor,
     layout: cl.CacheLayout | None,
     scale,
+    *,
+    pow2_scales: bool = False,
 ) -> tuple:
     """Judge a written cache given as records ``[NB * P, token_bytes]`` uint8 (see the module docstring).
 
-    ``slots [W]`` are the written records, ``x [W, D]`` their entries.
+    ``slots [W]`` are the written records, ``x [W, D]`` their entries; ``pow2_scales`` the scale rule they were
+    written under (it sets the error bound of the fp8 values).
     """
     metrics, worst, reasons = [], {}, []
     written = torch.zeros(got.shape[0], dtype=torch.bool)
@@ -226,7 +232,7 @@ def _judge_records(
                 cols[f.elements[0] : f.elements[1]] = True
         xs = x.to(torch.float64)
         deq = cl.dequantize(g.contiguous(), layout, scale=scale).entries
-        bound = cl.error_bound(xs, layout, scale=scale) + DIVISION * xs.abs()
+        bound = cl.error_bound(xs, layout, scale=scale, pow2_scales=pow2_scales) + DIVISION * xs.abs()
         err = torch.where(torch.isnan(deq), math.inf, (deq - xs).abs())[:, cols]
         ratio = torch.where(err > 0, err / bound[:, cols].clamp_min(1e-300), 0.0)
         w = ratio.max().item()
@@ -266,6 +272,12 @@ def _slots(c: Case, t: int, total: int, pad: int) -> torch.Tensor:
     return torch.cat([perm, torch.full((pad,), -1)]).to(torch.int64)
 
 
+CONCAT_WRITERS = {"vllm-0.33": False, "vllm-pow2": True}
+"""``concat_and_cache_mla``'s case parameter ``writer`` (:mod:`~mlaspec.conformance.ops.writers`) -> the spec's
+``pow2_scales``: vLLM 0.33.0's raw ``amax / 448`` group scales, or vLLM's power-of-two scales after PR #49435
+(https://github.com/vllm-project/vllm/pull/49435). Only ``fp8_ds_mla`` has group scales."""
+
+
 def _concat_inputs(c: Case) -> dict:
     p = c.params
     t, blk, nb, kind = p["T"], p["P"], p["NB"], p["kv_cache_dtype"]
@@ -283,6 +295,7 @@ def _concat_inputs(c: Case) -> dict:
         slot_mapping=_slots(c, t, nb * blk, p.get("pad", 0)),
         kv_cache_dtype=kind,
         scale=scale,
+        pow2_scales=CONCAT_WRITERS[p.get("writer", "vllm-0.33")],
     )
 
 
@@ -306,6 +319,7 @@ def _concat_compare(kw, got, ref):
         x,
         QUANTIZED_CACHE.get(kw["kv_cache_dtype"]),
         kw["scale"],
+        pow2_scales=kw["pow2_scales"],
     )
 
 
@@ -879,6 +893,19 @@ def _concat_and_cache_mla_cases(scale: Scale) -> list[tuple[str, dict]]:
                 kv_cache_dtype="fp8_ds_mla",
             ),
         ),
+        # the same record as vLLM writes it after PR #49435: power-of-two group scales (the amax-336 group stores
+        # 1.0, not vLLM 0.33's 0.75)
+        (
+            "v32-fp8-ds-mla-656-writer-vllm-pow2",
+            dict(
+                T=300 if full else 13,
+                pad=4,
+                P=64 if full else 16,
+                NB=12 if full else 3,
+                kv_cache_dtype="fp8_ds_mla",
+                writer="vllm-pow2",
+            ),
+        ),
         # page sizes other than 64: one token a page (slot = page), and 128-token pages
         ("page1-fp8-per-tensor", dict(T=13, pad=2, P=1, NB=16, kv_cache_dtype="fp8", scale=0.09375)),
         ("page128-bf16", dict(T=150, pad=5, P=128, NB=2, kv_cache_dtype="auto")),
@@ -888,7 +915,7 @@ def _concat_and_cache_mla_cases(scale: Scale) -> list[tuple[str, dict]]:
 @st.composite
 def _concat_and_cache_mla_params(draw) -> dict:
     """A paged cache of a few blocks, ``T`` tokens of which the last ``pad`` are padding (slot ``-1``), in every
-    cache dtype (the per-tensor fp8 ones with a drawn scale)."""
+    cache dtype (the per-tensor fp8 ones with a drawn scale, ``fp8_ds_mla`` with a drawn ``writer``)."""
     block = draw(st.sampled_from([1, 2, 4, 16]))
     blocks = draw(st.integers(2 if block == 1 else 1, LIMITS["blocks"]))  # the last slot stays unused
     pad = draw(st.integers(0, 3))
@@ -897,6 +924,8 @@ def _concat_and_cache_mla_params(draw) -> dict:
     p = dict(T=t, pad=pad, P=block, NB=blocks, kv_cache_dtype=kind)
     if kind in ("fp8", "fp8_e5m2"):
         p["scale"] = draw(st.sampled_from([0.09375, 0.5, 1.0, 2.0]))
+    if kind == "fp8_ds_mla":
+        p["writer"] = draw(st.sampled_from(sorted(CONCAT_WRITERS)))
     return p
 
 

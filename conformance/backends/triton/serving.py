@@ -1,7 +1,8 @@
 """Harness-facing methods for the cache kernels of :mod:`mlaspec.impl.cache` (a mixin of ``TritonBackend``).
 
 * ``concat_and_cache_mla``: ``"auto"`` (a cast), ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (per-tensor scale) and
-  ``"fp8_ds_mla"`` (the 656-byte token) into a copy of the cache, ``slot -1`` skipped;
+  ``"fp8_ds_mla"`` (the 656-byte token, with vLLM 0.33's raw or, for the case ``writer="vllm-pow2"``, vLLM's
+  power-of-two group scales) into a copy of the cache, ``slot -1`` skipped;
 * ``gather_cache``: ``cp_gather_cache`` with ``seq_starts`` (and ``gather_and_maybe_dequant_cache``'s block-aligned
   form), bit for bit, any cache dtype;
 * ``quantize`` / ``dequantize`` / ``write_pages``: every layout the writer's plan expresses
@@ -67,7 +68,9 @@ class TritonServing:
         return None
 
     # -- ops -----------------------------------------------------------------------------------------------------
-    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None):
+    def concat_and_cache_mla(
+        self, kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None, pow2_scales=False
+    ):
         dev = self.device
         return concat_and_cache_mla(
             kv_c.to(dev),
@@ -76,6 +79,7 @@ class TritonServing:
             slot_mapping.to(dev),
             kv_cache_dtype=kv_cache_dtype,
             scale=scale,
+            pow2_scales=pow2_scales,
         )
 
     def gather_cache(
