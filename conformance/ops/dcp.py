@@ -135,6 +135,29 @@ def _cases(scale: Scale) -> list[tuple[str, dict]]:
             dict(B=3, S_q=2, S_kv=long, seq_lens=[long, 1, 130], H_q=16, world_size=8, interleave=64, **v3),
         ),
         ("yarn-dcp4-i64", dict(B=2, S_q=1, S_kv=long, H_q=16, world_size=4, interleave=64, scale=_V3_SCALE, **v3)),
+        # whole ranks without a key: every request shorter than one round, or than one run of 64
+        (
+            "short-dcp8-i1-idle-ranks",
+            dict(B=2, S_q=1, S_kv=7, seq_lens=[7, 3], H_q=16, world_size=8, interleave=1, **v3),
+        ),
+        (
+            "short-dcp2-i64-idle-rank",
+            dict(B=2, S_q=1, S_kv=60, seq_lens=[60, 33], H_q=16, world_size=2, interleave=64, **v3),
+        ),
+        ("mtp4-dcp8-i1", dict(B=2, S_q=4, S_kv=ctx, H_q=16, world_size=8, interleave=1, **v3)),
+        (
+            "tp1-128-heads-ragged-dcp4-i16",
+            dict(
+                B=3,
+                S_q=1,
+                S_kv=long,
+                seq_lens=[long, 16, 47],
+                H_q=128 if full else 32,
+                world_size=4,
+                interleave=16,
+                **v3,
+            ),
+        ),
         (
             "noncausal-dcp2-i1",
             dict(B=2, S_q=2, S_kv=ctx, H_q=16, world_size=2, interleave=1, D_qk=576, D_v=512, causal=False),
