@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from mlaspec.conformance.backend import load_backend
-from mlaspec.conformance.backends.common import dcp_decode_by_ranks
 from mlaspec.conformance.backends.torch_eager import TorchBackend
 from mlaspec.conformance.cases import curated_cases
 from mlaspec.conformance.runner import run_case
@@ -31,9 +30,6 @@ class CombineBaseTwo(TorchBackend):
     def dcp_combine(self, outs, lses):
         got = dcp.dcp_combine(outs, lses, lse_base=2)
         return got.out.to(outs.dtype), got.lse.float()
-
-    def dcp_decode(self, q, kv, **kw):
-        return dcp_decode_by_ranks(self, q, kv, **kw)
 
 
 class EmptyShareWeightOne(TorchBackend):

@@ -173,6 +173,23 @@ def pad_last(x: torch.Tensor, multiple: int, value) -> torch.Tensor:
     return torch.cat([x, x.new_full((*x.shape[:-1], target - k), value)], dim=-1)
 
 
+class DCPByRanks:
+    """Mixin: the ``dcp_decode`` op of any backend with an ``mla_decode`` (:func:`dcp_decode_by_ranks`)."""
+
+    def dcp_decode(self, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave):
+        return dcp_decode_by_ranks(
+            self,
+            q,
+            kv,
+            d_v=d_v,
+            scale=scale,
+            causal=causal,
+            seq_lens=seq_lens,
+            world_size=world_size,
+            interleave=interleave,
+        )
+
+
 def dcp_decode_by_ranks(backend, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave):
     """``dcp_decode`` built from a backend's ``mla_decode``: every rank's share (:func:`mlaspec.spec.dcp.dcp_shard`)
     decoded by the backend, then combined by the backend's ``dcp_combine(outs, lses) -> (out, lse)`` if it has one,

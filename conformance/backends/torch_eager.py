@@ -15,13 +15,13 @@ import torch
 from mlaspec.spec.attention import causal_mask, seq_lens_mask
 
 from ..ops import OPS
-from .common import dcp_decode_by_ranks
+from .common import DCPByRanks
 from .torch_fp8 import TorchFP8
 from .torch_serving import TorchServing
 from .torch_sparse import TorchSparse
 
 
-class TorchBackend(TorchServing, TorchSparse, TorchFP8):
+class TorchBackend(TorchServing, TorchSparse, TorchFP8, DCPByRanks):
     name = "torch"
     version = f"torch {torch.__version__}"
     dtypes = frozenset({"bfloat16", "float16", "float32"})
@@ -59,19 +59,6 @@ class TorchBackend(TorchServing, TorchSparse, TorchFP8):
             return self.attention(q, k, k[..., :d_v], scale=scale, causal=causal)
         mask = seq_lens_mask(seq_lens, q.shape[1], kv.shape[1], causal=causal)
         return self.attention(q, k, k[..., :d_v], scale=scale, mask=mask)
-
-    def dcp_decode(self, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave):
-        return dcp_decode_by_ranks(
-            self,
-            q,
-            kv,
-            d_v=d_v,
-            scale=scale,
-            causal=causal,
-            seq_lens=seq_lens,
-            world_size=world_size,
-            interleave=interleave,
-        )
 
     def mla_prefill(self, q_nope, q_pe, kv_c, k_pe, W_UK, W_UV, *, scale, causal=False):
         dtype = q_nope.dtype

@@ -73,5 +73,5 @@ def implemented_ops(backend: object, among: Iterable[str] | None = None) -> froz
     return frozenset(name for name in names if name in OPS and callable(getattr(backend, name, None)))
 
 
-for _op in [*_DENSE, *_FP8_DECODE, *_SERVING, *_SPARSE, *_INDEXER, *_DCP]:
+for _op in [*_DENSE, *_DCP, *_FP8_DECODE, *_SERVING, *_SPARSE, *_INDEXER]:
     register(_op)

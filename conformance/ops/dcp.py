@@ -15,6 +15,9 @@ a factor in ``[e^-2δ, e^2δ]`` (only their spread counts), so::
 
     |out - ref| <= e^(2δ) Σ_r c_r β_r + (e^(2δ) - 1) Σ_r c_r |o_r| + 2 u |ref|     (the last: the combine's rounding)
     |lse - ref| <= δ + 2 (N_cp ε32 + ε32 |ref|)                                     (log-sum-exp is 1-Lipschitz)
+
+A backend that declares ``lse_in_query_dtype`` (:mod:`mlaspec.conformance.numerics`) adds each partial LSE's rounding
+``u |lse_r|`` to ``δ_r``: how far that precision carries through the combine is then part of the budget.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from mlaspec.spec.dcp import (
 from mlaspec.spec.forms import mqa_latent_attention
 
 from ..cases import Case
+from ..numerics import lse_rounded
 from .common import EPS32, LIMITS, Op, Scale, attention_bounds, randn
 
 _V3_SCALE = MLAConfig.deepseek_v3().softmax_scale
@@ -89,6 +93,8 @@ def dcp_bounds(kw: dict, ref: tuple, u: float) -> tuple[torch.Tensor, torch.Tens
     """The combined output's and LSE's budgets from each rank's (module docstring)."""
     parts = [_rank_bounds(kw, r, u) for r in range(kw["world_size"])]
     outs, lses, betas, deltas = (torch.stack(x) for x in zip(*parts))  # [N_cp, ...]
+    if lse_rounded():  # a declared LSE in the query dtype (vLLM's Triton decode): each partial's one rounding
+        deltas = deltas + u * lses.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
     c, _ = dcp_correction(lses)  # [N_cp, B, H_q, S_q]
     delta = torch.where(c > 0, deltas, 0.0).amax(0)  # [B, H_q, S_q]: the ranks with keys
     c_o = c.transpose(2, 3)[..., None]  # [N_cp, B, S_q, H_q, 1]

@@ -34,7 +34,7 @@ from mlaspec.impl.layer import absorb_query, unabsorb_output
 from mlaspec.impl.merge import merge_attn_states as _merge
 from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen
 
-from ..common import dcp_decode_by_ranks
+from ..common import DCPByRanks
 
 __all__ = ["DENSE_OPS", "TritonDense", "interpreted", "pow2_at_least_16"]
 
@@ -54,7 +54,7 @@ def _absorbed_by_decode(lkv: int, r: int) -> bool:
     return pow2_at_least_16(lkv) and pow2_at_least_16(r)
 
 
-class TritonDense:
+class TritonDense(DCPByRanks):
     """Dense attention, the MLA decode / prefill / absorbed forms and the merge; expects ``self.device`` and
     ``self.prefill_config`` (set by ``TritonBackend.__init__``)."""
 
@@ -166,19 +166,6 @@ class TritonDense:
         n, b, s_q, h, d = outs.shape
         got = _dcp_combine(outs.reshape(n, b * s_q, h, d), lses.transpose(2, 3).reshape(n, b * s_q, h))
         return got.out.reshape(b, s_q, h, d), got.lse.reshape(b, s_q, h).transpose(1, 2)
-
-    def dcp_decode(self, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave):
-        return dcp_decode_by_ranks(
-            self,
-            q,
-            kv,
-            d_v=d_v,
-            scale=scale,
-            causal=causal,
-            seq_lens=seq_lens,
-            world_size=world_size,
-            interleave=interleave,
-        )
 
 
 DENSE_OPS = implemented_ops(TritonDense)
