@@ -142,3 +142,17 @@ def test_bad_group_arguments(bad):
     kw = dict(world_size=2, interleave=1) | bad
     with pytest.raises(ValueError, match=next(iter(bad if "rank" not in bad else {"rank": 0}))):
         dcp.dcp_local_seq_lens(torch.tensor([3]), **kw)
+
+
+def test_pictures_draw_what_they_are_given():
+    """The sharding figure labels each interleave row with the ranks' local lengths; the error figure has a line per
+    series."""
+    from mlaspec.conformance.viz.dcp import draw_dcp_error, draw_dcp_sharding
+
+    fig = draw_dcp_sharding(10, 4, [1, 2])
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["I = 1   local lens [3, 3, 2, 2]", "I = 2   local lens [4, 2, 2, 2]"]
+    err = draw_dcp_error({"a": {1: 1e-3, 2: 2e-3}, "b": {1: 1e-6, 4: 1e-6}})
+    assert len(err.axes[0].get_lines()) == 2
+    with pytest.raises(ValueError, match="interleaves"):
+        draw_dcp_sharding(10, 4, [])

@@ -1,9 +1,9 @@
 """Decode context parallelism as a picture: which rank stores each token of a request
-(:func:`mlaspec.spec.dcp.dcp_owner`), one row per interleave size."""
+(:func:`mlaspec.spec.dcp.dcp_owner`), one row per interleave size; and the combined error against the world size."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib
 
@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from mlaspec.spec.dcp import dcp_local_seq_lens, dcp_owner
 
-__all__ = ["draw_dcp_sharding"]
+__all__ = ["draw_dcp_error", "draw_dcp_sharding"]
 
 
 def draw_dcp_sharding(seq_len: int, world_size: int, interleaves: Sequence[int]) -> Figure:
@@ -39,4 +39,26 @@ def draw_dcp_sharding(seq_len: int, world_size: int, interleaves: Sequence[int])
     ax.set_xticks(range(0, seq_len, max(1, seq_len // 16)))
     ax.set_xlabel("global token position t (the number: the rank that stores it)")
     ax.set_title(f"DCP sharding of a {seq_len}-token request over N_cp = {world_size} ranks")
+    return fig
+
+
+def draw_dcp_error(errors: Mapping[str, Mapping[int, float]], *, ylabel: str = "max |out - ref| / max |ref|") -> Figure:
+    """The combined output's error against the world size ``N_cp``, one line per series (a backend and dtype):
+    ``errors[label][N_cp] = error``."""
+    if not errors:
+        raise ValueError("errors must hold at least one series")
+    fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
+    for label, series in errors.items():
+        n = sorted(series)
+        ax.plot(n, [series[k] for k in n], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(
+        sorted({k for s in errors.values() for k in s}),
+        [str(k) for k in sorted({k for s in errors.values() for k in s})],
+    )
+    ax.set_xlabel("N_cp (ranks)")
+    ax.set_ylabel(ylabel)
+    ax.set_title("DCP decode: combined error against the world size")
+    ax.legend(fontsize=8)
     return fig
