@@ -250,6 +250,36 @@ VALID = {
     ),
     "indexer.decode_context_lens_flattened": lambda: dict(seq_lens=ints(10, 7), decode_lens=ints(2, 1)),
     "indexer.decode_context_lens_native": lambda: dict(seq_lens=ints(10, 7), next_n=2),
+    # dcp
+    "dcp.dcp_owner": lambda: dict(positions=torch.arange(5), world_size=2, interleave=2),
+    "dcp.dcp_local_seq_lens": lambda: dict(seq_lens=ints(10, 3), world_size=4, interleave=2, rank=1),
+    "dcp.dcp_query_prefix_lens": lambda: dict(seq_lens=ints(5, 1), s_q=2, causal=True),
+    "dcp.dcp_shard": lambda: dict(kv=randn(2, 5, 3), seq_lens=ints(5, 2), world_size=2, rank=1, interleave=2),
+    "dcp.dcp_partial_attention": lambda: dict(
+        q=randn(2, 2, 2, 3, seed=1),
+        kv=randn(2, 5, 3),
+        seq_lens=ints(5, 2),
+        world_size=2,
+        rank=1,
+        interleave=2,
+        d_v=2,
+        scale=0.5,
+        causal=True,
+    ),
+    "dcp.dcp_attention": lambda: dict(
+        q=randn(2, 2, 2, 3, seed=1),
+        kv=randn(2, 5, 3),
+        seq_lens=ints(5, 2),
+        world_size=2,
+        interleave=2,
+        d_v=2,
+        scale=0.5,
+        causal=True,
+    ),
+    "dcp.dcp_correction": lambda: dict(lses=randn(2, 1, 2, 3), lse_base=math.e),
+    "dcp.dcp_combine": lambda: dict(outs=randn(2, 1, 3, 2, 4), lses=randn(2, 1, 2, 3, seed=1), lse_base=math.e),
+    "dcp.dcp_combine_ag_rs": lambda: dict(outs=randn(2, 1, 3, 2, 4), lses=randn(2, 1, 2, 3, seed=1), lse_base=math.e),
+    "dcp.dcp_combine_a2a": lambda: dict(outs=randn(2, 1, 3, 2, 4), lses=randn(2, 1, 2, 3, seed=1), lse_base=math.e),
     # layer, merge, projections, rope
     "layer.mla_layer": lambda: dict(
         hidden=randn(3, _CONFIG.hidden_size), positions=torch.arange(3), weights=_WEIGHTS, config=_CONFIG, form="mha"
@@ -462,6 +492,10 @@ for _f, _a in (
     ("read_tokens", "slots"),
 ):
     _allow(f"cache_layouts.{_f}", _a, _FREE_ROWS, "size")
+_allow("dcp.dcp_owner", "positions", _ANY_SHAPE + ": each element is a position", "rank", "size")
+_allow("dcp.dcp_local_seq_lens", "seq_lens", _ANY_SHAPE + ": each element is a prefix length", "rank", "size")
+_allow("dcp.dcp_query_prefix_lens", "seq_lens", _FREE_ROWS, "size")
+_allow("dcp.dcp_correction", "lses", "N_cp, B, H_q and S_q are all bound by lses alone", "size")
 _allow("forms.absorb_query", "W_UK", "Lkv is bound by W_UK alone", "size")
 _allow("forms.unabsorb_output", "o_latent", "leading dimensions are free", "rank", "size")
 _allow("indexer.decode_context_lens_native", "seq_lens", _FREE_ROWS, "size")

@@ -14,7 +14,7 @@ from mlaspec.conformance.ops import OPS
 
 HERE = Path(__file__).parent
 DOC = HERE.parent / "docs" / "mutants.md"
-FILES = ("test_mutants_dense.py", "test_mutants_serving.py", "test_mutants_sparse.py")
+FILES = ("test_mutants_dense.py", "test_mutants_serving.py", "test_mutants_sparse.py", "test_mutants_dcp.py")
 START, END = "<!-- MUTANTS START -->\n", "<!-- MUTANTS END -->"
 
 

@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from .common import case_param, import_first, ln_to_log2, log2_to_ln, page_kv, require_cuda
+from .common import DCPByRanks, case_param, import_first, ln_to_log2, log2_to_ln, page_kv, require_cuda
 
 __all__ = ["FlashInferBackend", "page_table_csr"]
 
@@ -46,11 +46,11 @@ def page_table_csr(block_table: torch.Tensor, seqlens: torch.Tensor, page_size: 
     return indptr, indices
 
 
-class FlashInferBackend:
+class FlashInferBackend(DCPByRanks):
     """FlashInfer's ``BatchMLAPagedAttentionWrapper`` and ``merge_state`` (see the module docstring)."""
 
     name = "flashinfer"
-    ops = frozenset({"mla_decode", "merge_attn_states"})
+    ops = frozenset({"mla_decode", "dcp_decode", "merge_attn_states"})
     dtypes = frozenset({"bfloat16", "float16"})
 
     def __init__(self, device: str | None = None):
@@ -66,7 +66,7 @@ class FlashInferBackend:
         self._workspace = None
 
     def unsupported(self, case) -> str | None:
-        if case.op == "mla_decode":
+        if case.op in ("mla_decode", "dcp_decode"):
             d, d_v = case_param(case, "D_qk"), case_param(case, "D_v", default=512)
             if d_v != 512 or d - d_v not in (0, 64):
                 return f"FlashInfer MLA takes head_dim_ckv 512 and head_dim_kpe 64 (or 0), case has {d}/{d_v}"

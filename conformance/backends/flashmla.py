@@ -51,7 +51,7 @@ import torch
 from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.sliding_window import v4_attention_indices
 
-from .common import case_param, cuda_capability, import_first, pad_heads, pad_last, page_kv, require_cuda
+from .common import DCPByRanks, case_param, cuda_capability, import_first, pad_heads, pad_last, page_kv, require_cuda
 
 __all__ = ["FlashMLABackend", "quantize_sparse_cache"]
 
@@ -92,11 +92,11 @@ def _next_count(h: int, counts: tuple[int, ...]) -> int | None:
     return next((c for c in counts if c >= h), None)
 
 
-class FlashMLABackend:
+class FlashMLABackend(DCPByRanks):
     """FlashMLA's dense decode, sparse decode (fp8 cache) and sparse prefill (see the module docstring)."""
 
     name = "flashmla"
-    ops = frozenset({"mla_decode", "mla_decode_fp8", "sparse_decode", "sparse_prefill", "v4_attention"})
+    ops = frozenset({"mla_decode", "dcp_decode", "mla_decode_fp8", "sparse_decode", "sparse_prefill", "v4_attention"})
     dtypes = frozenset({"bfloat16", "float16"})
     # the dense fp8 kernel multiplies e4m3 q and cache bytes with Hopper's fp8 MMA (run_mha_fwd_splitkv_mla<
     # float_e4m3_t, bfloat16_t, 576>): ~14 accumulator bits, and rounds its softmax weights P to e4m3 for P V
@@ -127,7 +127,7 @@ class FlashMLABackend:
             return f"FlashMLA needs d_v 512 ('Only head_size_v == 512'), case has {d_v}"
         if case.op == "mla_decode_fp8":
             return self._fp8_unsupported(case)
-        if case.op == "mla_decode":
+        if case.op in ("mla_decode", "dcp_decode"):
             if not self.sm90:
                 return "FlashMLA dense decode is SM90a only ('Dense decode MLA is only supported on SM90a')"
             if case_param(case, "B", default=1) < 1:

@@ -26,16 +26,16 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .common import case_param
+from .common import DCPByRanks, case_param
 
 __all__ = ["TorchSDPABackend"]
 
 
-class TorchSDPABackend:
+class TorchSDPABackend(DCPByRanks):
     """``attention`` and ``mla_decode`` through FlexAttention (default) or SDPA (see the module docstring)."""
 
     name = "torch_sdpa"
-    ops = frozenset({"attention", "mla_decode"})
+    ops = frozenset({"attention", "mla_decode", "dcp_decode"})
     dtypes = frozenset({"bfloat16", "float16", "float32"})
 
     def __init__(self, device: str | None = None, mode: str | None = None):
@@ -67,7 +67,7 @@ class TorchSDPABackend:
             dims = [case_param(case, d, default=16) for d in ("D_qk", "D_v")]
             if min(dims) < 16:
                 return f"FlexAttention on CUDA needs head dims >= 16 (torch's Triton template), got {dims}"
-            if case.op == "mla_decode" and case_param(case, "H_q", default=16) > 64:
+            if case.op in ("mla_decode", "dcp_decode") and case_param(case, "H_q", default=16) > 64:
                 return (
                     "FlexAttention on CUDA runs out of shared memory at D_qk 576 with more than 64 query heads "
                     "per KV head"

@@ -68,7 +68,7 @@ import torch
 from mlaspec.spec.batch import CommonAttentionMetadata as SpecMetadata
 from mlaspec.spec.batch import Request, request_region
 
-from .common import importable, page_kv
+from .common import DCPByRanks, importable, page_kv
 
 __all__ = ["VLLMBackend", "find_vllm_source", "load_vllm_file", "load_vllm_utils", "to_vllm_metadata"]
 
@@ -77,7 +77,7 @@ FILES = ("triton_merge_attn_states.py", "triton_decode_attention.py")
 UTILS = "vllm/v1/attention/backends/utils.py"
 BACKEND = "vllm/v1/attention/backend.py"  # defines CommonAttentionMetadata
 SOURCES = (*(f"{OPS_DIR}/{f}" for f in FILES), UTILS, BACKEND)
-KERNEL_OPS = frozenset({"merge_attn_states", "mla_decode"})
+KERNEL_OPS = frozenset({"merge_attn_states", "mla_decode", "dcp_decode"})
 METADATA_OPS = frozenset(
     {
         "split_decodes_and_prefills",
@@ -328,7 +328,7 @@ def num_kv_splits(max_seq_len: int, sm_count: int) -> int:
     return min(ideal, sm_count * _SPLIT_OCCUPANCY_MULTIPLIER)
 
 
-class VLLMBackend:
+class VLLMBackend(DCPByRanks):
     """vLLM 0.33's Triton kernels and batch-metadata helpers (see the module docstring)."""
 
     name = "vllm"
@@ -374,7 +374,7 @@ class VLLMBackend:
         self.page = int(os.environ.get("MLASPEC_VLLM_PAGE", "64"))
         self.version = "vllm " + ", ".join(where) + (" (fp32 LSE)" if self.lse_fp32 else "")
         # vLLM's own buffer holds the LSE in the query dtype: declared (mlaspec.conformance.numerics)
-        self.numerics = {} if self.lse_fp32 else {"mla_decode": ("lse_in_query_dtype",)}
+        self.numerics = {} if self.lse_fp32 else dict.fromkeys(("mla_decode", "dcp_decode"), ("lse_in_query_dtype",))
 
     def _load_kernels(self, root: Path | None, where: list[str]) -> str | None:
         try:

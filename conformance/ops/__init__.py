@@ -41,6 +41,7 @@ A case passes when every element is within its bound and ±inf/NaN positions agr
 from collections.abc import Iterable
 
 from .common import DTYPES, EPS32, LIMITS, Op, Scale, unit_roundoff
+from .dcp import OPS as _DCP
 from .dense import OPS as _DENSE
 from .fp8_decode import OPS as _FP8_DECODE
 from .indexer import OPS as _INDEXER
@@ -72,5 +73,5 @@ def implemented_ops(backend: object, among: Iterable[str] | None = None) -> froz
     return frozenset(name for name in names if name in OPS and callable(getattr(backend, name, None)))
 
 
-for _op in [*_DENSE, *_FP8_DECODE, *_SERVING, *_SPARSE, *_INDEXER]:
+for _op in [*_DENSE, *_DCP, *_FP8_DECODE, *_SERVING, *_SPARSE, *_INDEXER]:
     register(_op)

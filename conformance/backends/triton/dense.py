@@ -17,6 +17,9 @@ back:
   when ``Lkv`` and ``D_rope`` are powers of two >= 16 (DeepSeek's 512 + 64), else the varlen kernel as MQA (one KV
   head, ``v = kv_c``) when ``Lkv + D_rope <= 256``; other widths are a named limit.
 * ``merge_attn_states``: :func:`mlaspec.impl.merge.merge_attn_states` directly.
+* ``dcp_decode``: our DCP path, the paged decode kernel on each rank's share
+  (:func:`mlaspec.conformance.backends.common.dcp_decode_by_ranks`) and the Triton combine
+  :func:`mlaspec.impl.dcp.dcp_combine` (``dcp_combine`` below) in place of the spec's.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ import torch
 
 from mlaspec.conformance.ops import implemented_ops
 from mlaspec.impl import decode as _decode
+from mlaspec.impl.dcp import dcp_combine as _dcp_combine
 from mlaspec.impl.decode import mla_decode_paged, page_cache
 from mlaspec.impl.layer import absorb_query, unabsorb_output
 from mlaspec.impl.merge import merge_attn_states as _merge
 from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen
+
+from ..common import DCPByRanks
 
 __all__ = ["DENSE_OPS", "TritonDense", "interpreted", "pow2_at_least_16"]
 
@@ -48,7 +54,7 @@ def _absorbed_by_decode(lkv: int, r: int) -> bool:
     return pow2_at_least_16(lkv) and pow2_at_least_16(r)
 
 
-class TritonDense:
+class TritonDense(DCPByRanks):
     """Dense attention, the MLA decode / prefill / absorbed forms and the merge; expects ``self.device`` and
     ``self.prefill_config`` (set by ``TritonBackend.__init__``)."""
 
@@ -152,6 +158,14 @@ class TritonDense:
     def merge_attn_states(self, prefix_output, prefix_lse, suffix_output, suffix_lse):
         args = (t.to(self.device) for t in (prefix_output, prefix_lse, suffix_output, suffix_lse))
         return tuple(_merge(*args))
+
+    # -- decode context parallelism ------------------------------------------------------------------------------
+    def dcp_combine(self, outs, lses):
+        """The Triton combine on the stacked partials ``outs [N_cp, B, S_q, H_q, D_v]``, ``lses [N_cp, B, H_q,
+        S_q]`` (rows ``B * S_q``, vLLM's ``[N, B, H, D]`` / ``[N, B, H]``)."""
+        n, b, s_q, h, d = outs.shape
+        got = _dcp_combine(outs.reshape(n, b * s_q, h, d), lses.transpose(2, 3).reshape(n, b * s_q, h))
+        return got.out.reshape(b, s_q, h, d), got.lse.reshape(b, s_q, h).transpose(1, 2)
 
 
 DENSE_OPS = implemented_ops(TritonDense)
