@@ -15,6 +15,10 @@ of ``S_q`` sees the prefix ``n = seq_len - S_q + 1 + i``, so its local length is
 - S_q + 1 + i``: the causal mask on a rank is *not* bottom-right aligned), and a chunk ``[a, b)`` of a chunked
 prefill's context (``local(b) - local(a)`` keys, starting at local key ``local(a)``).
 
+**Pages.** Every rank keeps the request's one block table; block ``j`` of it holds, on rank ``r``, that rank's
+local keys ``[j P, (j + 1) P)``: a rank pages its local sequence exactly as a single device pages a whole one
+(:func:`dcp_slot_mapping`; vLLM's "virtual block" of ``P N_cp`` global positions, ``vllm/v1/worker/block_table.py``).
+
 **Combine.** Rank ``r`` returns ``o_r`` (normalised over its keys) and ``lse_r`` (natural log; an empty share gives
 ``o_r = 0`` and ``lse_r = -inf``). With ``lse = log Σ_r exp(lse_r)`` the single-device result is::
 
@@ -42,6 +46,7 @@ import torch
 from .attention import AttentionOutput
 from .checks import FLOAT, INT, Dims, boolean, choice, in_range, positive_int
 from .forms import mqa_latent_attention
+from .paged_cache import slot_mapping_from_block_table
 
 __all__ = [
     "DCPShard",
@@ -55,6 +60,7 @@ __all__ = [
     "dcp_partial_attention",
     "dcp_query_prefix_lens",
     "dcp_shard",
+    "dcp_slot_mapping",
 ]
 
 
@@ -332,3 +338,51 @@ def dcp_attention(
         for r in range(world_size)
     ]
     return dcp_combine(torch.stack([p.out for p in parts]), torch.stack([p.lse for p in parts]))
+
+
+def dcp_slot_mapping(
+    block_table: torch.Tensor,
+    block_size: int,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    world_size: int,
+    rank: int,
+    interleave: int = 1,
+) -> torch.Tensor:
+    """Slot of every scheduled token in rank ``rank``'s cache, ``-1`` for a token another rank stores, as vLLM's
+    slot mapping under DCP (``vllm/v1/worker/block_table.py``, ``ComputeSlotMappingKernel``).
+
+    vLLM computes it through a *virtual block* of ``P N_cp`` global positions::
+
+        vb, vo = pos // (P * N_cp), pos % (P * N_cp)
+        local  = (vo // I) % N_cp == rank
+        slot   = block_table[b, vb] * P + vo // (N_cp * I) * I + vo % I      (-1 where not local)
+
+    which is the single-device slot mapping (:func:`~mlaspec.spec.paged_cache.slot_mapping_from_block_table`) of
+    the token's *local* position ``local(pos)`` (:func:`dcp_local_seq_lens`: the keys the rank holds before it),
+    because with ``I`` dividing ``P`` every virtual block deals each rank exactly ``P`` keys. The spec computes the
+    latter; tests/test_dcp.py checks it equals the former.
+
+    Args:
+        block_table: ``[B, max_blocks]`` int, the request's block table (the same on every rank).
+        block_size: ``P``; ``interleave`` must divide it (vLLM asserts the same).
+        query_start_loc: ``[B + 1]`` int, as :func:`~mlaspec.spec.paged_cache.slot_mapping_from_block_table`.
+        positions: ``[T]`` int, non-negative global positions.
+        world_size, rank, interleave: as :func:`dcp_owner`.
+
+    Returns:
+        ``[T]`` int64 slots, ``-1`` where the token is stored on another rank.
+
+    Example: ``P = 2``, ``N_cp = 2``, ``I = 1``, block table ``[[5, 9]]``, positions ``0..5``: rank 0 stores tokens
+    0, 2, 4 at local positions 0, 1, 2, i.e. slots ``[10, -1, 11, -1, 18, -1]``.
+    """
+    _group(world_size, interleave, rank)
+    block_size = positive_int("block_size", block_size)
+    if block_size % interleave:
+        raise ValueError(f"interleave must divide block_size, got interleave={interleave}, block_size={block_size}")
+    owned = dcp_owner(positions, world_size=world_size, interleave=interleave) == rank  # checks positions
+    local = dcp_local_seq_lens(positions, world_size=world_size, interleave=interleave, rank=rank)
+    local = torch.where(owned, local, 0)  # another rank's token: no local position to page (masked below)
+    slots = slot_mapping_from_block_table(block_table, block_size, query_start_loc, local).slot_mapping
+    return torch.where(owned, slots, -1)

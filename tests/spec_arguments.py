@@ -253,6 +253,15 @@ VALID = {
     # dcp
     "dcp.dcp_owner": lambda: dict(positions=torch.arange(5), world_size=2, interleave=2),
     "dcp.dcp_local_seq_lens": lambda: dict(seq_lens=ints(10, 3), world_size=4, interleave=2, rank=1),
+    "dcp.dcp_slot_mapping": lambda: dict(
+        block_table=torch.tensor([[5, 9]], dtype=I32),
+        block_size=2,
+        query_start_loc=ints(0, 6),
+        positions=torch.arange(6),
+        world_size=2,
+        rank=0,
+        interleave=1,
+    ),
     "dcp.dcp_query_prefix_lens": lambda: dict(seq_lens=ints(5, 1), s_q=2, causal=True),
     "dcp.dcp_shard": lambda: dict(kv=randn(2, 5, 3), seq_lens=ints(5, 2), world_size=2, rank=1, interleave=2),
     "dcp.dcp_partial_attention": lambda: dict(

@@ -156,3 +156,59 @@ def test_pictures_draw_what_they_are_given():
     assert len(err.axes[0].get_lines()) == 2
     with pytest.raises(ValueError, match="interleaves"):
         draw_dcp_sharding(10, 4, [])
+
+
+# -- pages: a rank pages its local sequence as one device pages a whole one -------------------------------------------
+def test_slot_mapping_worked_example():
+    table = torch.tensor([[5, 9]], dtype=torch.int32)
+    qsl = torch.tensor([0, 6], dtype=torch.int32)
+    slots = [
+        dcp.dcp_slot_mapping(table, 2, qsl, torch.arange(6), world_size=2, rank=r, interleave=1).tolist()
+        for r in (0, 1)
+    ]
+    assert slots == [[10, -1, 11, -1, 18, -1], [-1, 10, -1, 11, -1, 18]]
+
+
+def _vllm_slots(table, block_size, qsl, positions, world_size, rank, interleave):
+    """vLLM's formula, written out as ``vllm/v1/worker/block_table.py`` computes it (the virtual block)."""
+    req = torch.repeat_interleave(torch.arange(len(qsl) - 1), (qsl[1:] - qsl[:-1]).long())
+    vb, vo = positions // (block_size * world_size), positions % (block_size * world_size)
+    local = (vo // interleave) % world_size == rank
+    slots = table[req, vb].long() * block_size + vo // (world_size * interleave) * interleave + vo % interleave
+    return torch.where(local, slots, -1)
+
+
+@given(
+    st.integers(1, 8),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([8, 16, 64]),
+    st.lists(st.integers(1, 200), min_size=1, max_size=4),
+    st.data(),
+)
+def test_slot_mapping_is_vllms_virtual_block(world_size, interleave, block_size, lens, data):
+    rank = data.draw(st.integers(0, world_size - 1))
+    blocks = max(-(-n // (block_size * world_size)) for n in lens)
+    table = torch.randperm(len(lens) * blocks * 2)[: len(lens) * blocks].reshape(len(lens), blocks).to(torch.int32)
+    positions = torch.cat([torch.arange(n) for n in lens])
+    qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    slots = dcp.dcp_slot_mapping(
+        table, block_size, qsl, positions, world_size=world_size, rank=rank, interleave=interleave
+    )
+    assert torch.equal(slots, _vllm_slots(table, block_size, qsl, positions, world_size, rank, interleave))
+    owned = slots[slots >= 0]
+    assert owned.unique().numel() == owned.numel()  # no two tokens share a slot
+    local = dcp.dcp_local_seq_lens(torch.tensor(lens), world_size=world_size, interleave=interleave, rank=rank)
+    assert owned.numel() == int(local.sum())  # every key the rank holds has a slot
+
+
+def test_slot_mapping_names_a_bad_interleave():
+    with pytest.raises(ValueError, match="interleave must divide block_size"):
+        dcp.dcp_slot_mapping(
+            torch.zeros(1, 1, dtype=torch.int32),
+            6,
+            torch.tensor([0, 1]),
+            torch.arange(1),
+            world_size=2,
+            rank=0,
+            interleave=4,
+        )
