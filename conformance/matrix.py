@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -41,7 +42,6 @@ KNOWN_BACKENDS = {
     "vllm": "mlaspec.conformance.backends.vllm:VLLMBackend",
 }
 PACKAGES = ("torch", "triton", "flashinfer-python", "vllm", "deep_gemm", "flash_mla")
-MARK = {"pass": "✅", "fail": "❌", "error": "💥", "crash": "💥", "timeout": "💥", "skip": "➖", "unavailable": "·"}
 
 
 def _resolve(name: str) -> str:
@@ -132,18 +132,41 @@ def run_matrix(
     return data
 
 
+COLOUR = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#bc4c00", "crash": "#bc4c00", "timeout": "#bc4c00"}
+
+
+def _word(verdict: str) -> str:
+    """A verdict as a coloured word (the colour is decoration: the word reads without it)."""
+    colour = COLOUR.get(verdict)
+    return f'<span style="color:{colour}"><b>{verdict}</b></span>' if colour else verdict
+
+
 def _cell(res: dict | None, usable: bool) -> str:
     if not usable or res is None:
-        return MARK["unavailable"]
+        return "n/a"
     v, w = res["verdict"], res["worst"]
     declared = "†" if res.get("numerics") else ""  # judged under the backend's declared numerics
     if v in ("pass", "fail") and w is not None:
-        return f"{MARK[v]} {'nonfinite' if w == float('inf') else f'{w:.2g}'}{declared}"
-    return MARK[v] + declared
+        return f"{_word(v)} {'nonfinite' if w == float('inf') else f'{w:.2g}'}{declared}"
+    return _word(v) + declared
+
+
+def _no_paths(text: str) -> str:
+    """``text`` with each absolute path cut to its last two parts, as code (no machine paths on the page)."""
+    return re.sub(r"/(?:[^\s,()/]+/)*([^\s,()/]+/[^\s,()/]+)", lambda m: f"`{m.group(1)}`", text)
+
+
+def _reasons(results: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for r in results:
+        if r["verdict"] == "skip":
+            counts[r["reason"]] = counts.get(r["reason"], 0) + 1
+    return "; ".join(f"{n} x {reason}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def matrix_markdown(data: dict) -> str:
-    """The matrix as a markdown page (see the module docstring)."""
+    """The matrix as a markdown page: the environment, a summary per backend, then one table per op with a column
+    for each backend that runs it, then every failure with its reproducer and the skips counted by reason."""
     names = list(data["backends"])
     env = data["environment"]
     lines = [
@@ -151,10 +174,8 @@ def matrix_markdown(data: dict) -> str:
         "",
         f"Every curated case (scale `{data['scale']}`, dtypes {', '.join(data['dtypes'])}) on every backend. "
         "A cell is the verdict and the worst `|error| / bound` over the case's outputs (pass needs <= 1; "
-        "`nonfinite` = a NaN/±inf position differs from the spec). "
-        f"{MARK['pass']} pass, {MARK['fail']} fail, {MARK['error']} error (raised, wrong shape), "
-        f"{MARK['skip']} skipped (the backend declares the case unsupported: reason below), "
-        f"{MARK['unavailable']} backend not usable here. "
+        "`nonfinite` = a NaN/±inf position differs from the spec); `skip`: the backend declares the case unsupported "
+        "(the reasons are counted below); `n/a`: the backend is not usable here or did not run the case. "
         "† judged under the arithmetic the backend declares for the op (`mlaspec.conformance.numerics`: the "
         "budget term it changes, no other; `mlaspec check --strict-numerics` judges against the exact spec).",
         "",
@@ -164,7 +185,7 @@ def matrix_markdown(data: dict) -> str:
         "## Environment",
         "",
     ]
-    lines += [f"- **{k}**: {v}" for k, v in env.items()]
+    lines += [f"- **{k}**: {_no_paths(str(v))}" for k, v in env.items()]
     lines += [
         "",
         "## Backends",
@@ -175,11 +196,11 @@ def matrix_markdown(data: dict) -> str:
     for n in names:
         e = data["backends"][n]
         if not e["usable"]:
-            lines.append(f"| `{n}` | not usable: {e['reason']} | | | | |")
+            lines.append(f"| `{n}` | not usable: {_no_paths(e['reason'])} | | | | |")
             continue
         c = {v: sum(r["verdict"] == v for r in e["results"]) for v in ("pass", "fail", "error", "skip")}
         c["error"] += sum(r["verdict"] in ("crash", "timeout") for r in e["results"])
-        lines.append(f"| `{n}` | {e['version']} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} |")
+        lines.append(f"| `{n}` | {_no_paths(e['version'])} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} |")
     for n in names:
         declared: dict[tuple[str, ...], list[str]] = {}
         for r in data["backends"][n]["results"]:
@@ -187,28 +208,38 @@ def matrix_markdown(data: dict) -> str:
                 declared.setdefault(tuple(r["numerics"]), []).append(r["op"])
         for numerics, ops in declared.items():
             lines.append(f"\n† `{n}` declares {', '.join(numerics)} for {', '.join(ops)}.")
-    lines += [
-        "",
-        "## Matrix",
-        "",
-        "| op | case | " + " | ".join(f"`{n}`" for n in names) + " |",
-        "| --- | --- | " + " | ".join("---" for _ in names) + " |",
-    ]
+    lines += ["", "## By op", ""]
     by = {n: {r["case_id"]: r for r in data["backends"][n]["results"]} for n in names}
-    for c in data["cases"]:
-        case = c["id"].split("[", 1)[1].rstrip("]")
-        cells = [_cell(by[n].get(c["id"]), data["backends"][n]["usable"]) for n in names]
-        lines.append(f"| {c['op']} | {case} | " + " | ".join(cells) + " |")
-    lines += ["", "## Failures, errors and skips", ""]
+    ops = list(dict.fromkeys(c["op"] for c in data["cases"]))
+    for op in ops:
+        cases = [c for c in data["cases"] if c["op"] == op]
+        runs = [n for n in names if any(by[n].get(c["id"], {}).get("verdict", "skip") != "skip" for c in cases)]
+        others = [n for n in names if n not in runs]
+        lines += [f"### `{op}`", ""]
+        if not runs:
+            lines += ["No backend runs it here.", ""]
+            continue
+        lines += ["| case | " + " | ".join(f"`{n}`" for n in runs) + " |", "| --- |" + " --- |" * len(runs)]
+        for c in cases:
+            case = c["id"].split("[", 1)[1].rstrip("]")
+            cells = [_cell(by[n].get(c["id"]), data["backends"][n]["usable"]) for n in runs]
+            lines.append(f"| {case} | " + " | ".join(cells) + " |")
+        if others:
+            lines += ["", "Not run by " + ", ".join(f"`{n}`" for n in others) + "."]
+        lines.append("")
+    lines += ["## Failures, errors and skips", ""]
     for n in names:
-        bad = [r for r in data["backends"][n]["results"] if r["verdict"] != "pass"]
-        if not bad:
+        results = data["backends"][n]["results"]
+        bad = [r for r in results if r["verdict"] in FAILED]
+        skips = _reasons(results)
+        if not bad and not skips:
             continue
         lines += [f"### `{n}`", ""]
         for r in bad:
             reason = r["reason"].replace("|", "\\|").replace("\n", " ")
-            tail = f" — rerun: `{r['repro']}`" if r["verdict"] in FAILED else ""
-            lines.append(f"- {MARK[r['verdict']]} `{r['case_id']}`: {reason}{tail}")
+            lines.append(f"- {_word(r['verdict'])} `{r['case_id']}`: {reason} — rerun: `{r['repro']}`")
+        if skips:
+            lines.append(f"- skipped: {skips}")
         lines.append("")
     return "\n".join(lines) + "\n"
 
