@@ -195,3 +195,15 @@ def test_report_with_pictures_renders_in_a_browser(tmp_path):
     expected = sum(bool(r.figure) + len(r.figures) for r in results)
     assert expected == 4 and len(images) == expected
     assert all(i["complete"] and i["width"] > 0 for i in images), images
+
+
+@pytest.mark.parametrize("shape", [(16, 1), (1, 1), (3, 7), (128, 40)])
+def test_heat_map_ticks_are_whole_heads_and_positions(shape):
+    from mlaspec.conformance.viz.errors import draw_error_heatmaps
+
+    fig = draw_error_heatmaps({"out": torch.full(shape, 2.0)})
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    for ticks, n in ((ax.get_xticks(), shape[1]), (ax.get_yticks(), shape[0])):
+        visible = [t for t in ticks if -0.5 <= t <= n - 0.5]
+        assert visible and all(float(t).is_integer() for t in visible), (shape, list(ticks))
