@@ -26,3 +26,35 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+# `pytest -m "not slow"`: a contributor's quick run. The slow set is whole files that run kernels through the Triton
+# interpreter, drive a backend through every curated case (the mutation corpus, the sensitivity probes, isolation's
+# worker processes, the plugin's pytest-in-pytest) or open a browser. CI runs everything.
+SLOW_FILES = frozenset(
+    {
+        "test_impl_dcp.py",
+        "test_impl_indexer.py",
+        "test_impl_interpreter.py",
+        "test_impl_layer.py",
+        "test_impl_ops.py",
+        "test_impl_serving.py",
+        "test_impl_sparse.py",
+        "test_isolation.py",
+        "test_mutants_dcp.py",
+        "test_mutants_dense.py",
+        "test_mutants_serving.py",
+        "test_mutants_sparse.py",
+        "test_plugin.py",
+        "test_report_browser.py",
+        "test_sensitivity.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
