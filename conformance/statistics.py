@@ -112,6 +112,8 @@ def rounding_statistics(
     output dtype's unit roundoff); otherwise every element is its own row (``β_r = e_r``, an additive offset;
     floor half the mean budget, as for an LSE).
     """
+    if ref.numel() == 0:  # nothing to judge (an empty output)
+        return Statistics(0.0, math.inf, 0, 0, 1.0, 0.0, 1.0)
     finite = torch.isfinite(ref)
     r = torch.where(finite, ref, 0.0)
     if relative and ref.dim() >= 1:

@@ -127,3 +127,9 @@ def test_judge_passes_a_correctly_rounded_output():
     verdict, reason, metrics, _, _ = judge(("out",), (ref.to(torch.bfloat16),), (ref,), (bound,), u=U_BF16)
     assert verdict == "pass", reason
     assert {m.name for m in metrics} == {"max_error/bound", "bias/floor", "rms/budget"}
+
+
+def test_an_empty_output_has_nothing_to_judge():
+    empty = torch.zeros(3, 0, dtype=torch.float64)
+    s = rounding_statistics(empty, empty, empty, relative=True, u=U_BF16)
+    assert not s.biased and not s.noisy and s.rows == 0
