@@ -11,7 +11,7 @@ from mlaspec.conformance import numerics
 from mlaspec.conformance.backends.flashmla import quantize_sparse_cache
 from mlaspec.conformance.backends.torch_eager import TorchBackend
 from mlaspec.conformance.backends.torch_fp8 import decode_records
-from mlaspec.conformance.cases import Case, case_by_id
+from mlaspec.conformance.cases import Case, case_by_id, curated_cases
 from mlaspec.conformance.ops.common import EPS32, gamma
 from mlaspec.conformance.runner import run_case
 from mlaspec.conformance.statistics import rounding_statistics
@@ -245,10 +245,17 @@ class PFlushedInE4M3(PInE4M3):
         return super()._weights(torch.where(p < 2.0**-6, 0.0, p))
 
 
-def test_declared_e4m3_weights_pass_and_strict_numerics_fails_them():
-    assert run_case(PInE4M3(), FP8_DECODE, backend_name="p-e4m3").verdict == "pass"
-    strict = run_case(PInE4M3(), FP8_DECODE, backend_name="p-e4m3", strict_numerics=True)
+@pytest.mark.parametrize(
+    "case", curated_cases(dtypes=("bfloat16", "float16"), ops=("mla_decode_fp8",)), ids=lambda c: c.id
+)
+def test_declared_e4m3_weights_pass_and_strict_numerics_fails_them(case):
+    r = run_case(PInE4M3(), case, backend_name="p-e4m3")
+    assert r.verdict == "pass", r.reason
+    strict = run_case(PInE4M3(), case, backend_name="p-e4m3", strict_numerics=True)
     assert strict.verdict == "fail" and "not assumed the p_in_e4m3 that p-e4m3 declares" in strict.reason
+
+
+def test_the_weights_format_follows_the_declaration():
     with numerics.assuming(("p_in_e4m3",)):
         assert numerics.p_format() == "e4m3"
     assert numerics.p_format() is None
