@@ -33,6 +33,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # worker processes, the plugin's pytest-in-pytest) or open a browser. CI runs everything.
 SLOW_FILES = frozenset(
     {
+        "test_docs_offline.py",
         "test_impl_dcp.py",
         "test_impl_indexer.py",
         "test_impl_interpreter.py",

@@ -37,9 +37,9 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM
 
 
 class DevTools:
-    """A minimal DevTools-protocol client of one headless Chromium over a pipe."""
+    """A minimal DevTools-protocol client of one headless Chromium over a pipe; ``flags`` go after ``FLAGS``."""
 
-    def __init__(self, user_data_dir: Path):
+    def __init__(self, user_data_dir: Path, flags: tuple[str, ...] = ()):
         cmd_r, self._cmd_w = os.pipe()  # we write commands, Chromium reads them on fd 3
         self._res_r, res_w = os.pipe()  # Chromium writes replies and events on fd 4
 
@@ -49,7 +49,7 @@ class DevTools:
             os.dup2(b, 4)
 
         self.proc = subprocess.Popen(
-            [CHROMIUM, *FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-pipe", "about:blank"],
+            [CHROMIUM, *FLAGS, *flags, f"--user-data-dir={user_data_dir}", "--remote-debugging-pipe", "about:blank"],
             pass_fds=(3, 4),
             preexec_fn=on_fds_3_and_4,
             stdout=subprocess.DEVNULL,
