@@ -5,8 +5,9 @@ headless Chromium, to which every other host is unreachable, opens each page tha
 formulas, the notebooks' ``$`` math). On each, MathJax must have loaded from the site itself (docs/hooks/mathjax.py
 copies the pinned npm package in) and typeset every formula: each arithmatex element holds an ``mjx-container``, no raw
 TeX (``$``, ``\\(``, ``\\command{``) is left in the visible text, and no formula's MathML holds an error or a backslash
-shown as text (``\\texttt{kv\\_c\\_normed}`` without MathJax's ``textmacros`` shows ``kv\\_c\\_normed``). Skips only
-where Chromium is absent, like ``test_report_browser.py``, whose DevTools client it drives.
+shown as text (``\\texttt{kv\\_c\\_normed}`` without MathJax's ``textmacros`` shows ``kv\\_c\\_normed``). Skips
+where Chromium, the docs extra or the npm package is absent (the README's test command installs neither of the last
+two), except under ``MLASPEC_REQUIRE_DOCS=1`` (CI), where it fails; its DevTools client is ``test_report_browser.py``'s.
 """
 
 import contextlib
@@ -25,9 +26,25 @@ import pytest
 
 from tests.test_report_browser import CHROMIUM, DevTools
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install chromium)")
-
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _missing_toolchain() -> str | None:
+    """Why the docs cannot be built and opened here (Chromium, the docs extra, the npm package), or None."""
+    if not os.path.exists(CHROMIUM):
+        return f"{CHROMIUM} is absent (apt-get install chromium)"
+    if importlib.util.find_spec("mkdocs") is None:
+        return "the docs extra is not installed (pip install -e '.[docs]')"
+    if not (ROOT / "node_modules" / "mathjax").is_dir():
+        return "the pinned MathJax package is not installed (npm ci)"
+    return None
+
+
+# The README's test command installs neither the docs extra nor MathJax: skipped there with the reason. CI installs
+# both and sets MLASPEC_REQUIRE_DOCS=1, where a missing piece fails instead of skipping.
+if _missing_toolchain() and os.environ.get("MLASPEC_REQUIRE_DOCS") == "1":
+    raise RuntimeError(f"MLASPEC_REQUIRE_DOCS=1 but {_missing_toolchain()}")
+pytestmark = pytest.mark.skipif(_missing_toolchain() is not None, reason=str(_missing_toolchain()))
 # The network off: every request goes to a proxy at the discard port, where nothing listens, and no name resolves.
 # Chromium never proxies loopback addresses, so the local server stays reachable.
 OFFLINE = ("--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
