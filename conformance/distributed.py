@@ -344,7 +344,7 @@ class RankGroup:
         if silent:
             outcome = self._silent_outcome(silent, seconds)
             self._restart()  # the survivors may be stuck in a collective: a new group for the next case
-            outcome.reason += "; ".join([""] + [f"rank {r} raised {m}" for r, m in raised.items()])
+            outcome.reason += "".join(f"; meanwhile rank {r} raised {m}" for r, m in raised.items())
             return outcome
         if raised:
             own = {r: m for r, m in raised.items() if not replies[r][2]} or raised
