@@ -116,21 +116,28 @@ def _lse_ag_out_rs(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, 
     return mine, total[:, _head_slice(out.shape[2])].float()
 
 
-def _lse_a2a(out: torch.Tensor, lse: torch.Tensor, combine) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's ``dcp_a2a_lse_reduce`` on this rank: all-to-all of the head slices of the partial output and its LSE,
-    then ``combine(outs [N, B, S_q, H_q/N, D_v], lses [N, B, H_q/N, S_q])`` (the backend's ``dcp_combine``)."""
-    sent = (_by_head_slices(out, 2), _by_head_slices(lse, 1))
+def _lse_a2a(out: torch.Tensor, lse: torch.Tensor, combine, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's ``dcp_a2a_lse_reduce`` on this rank: all-to-all (on ``device``) of the head slices of the partial output
+    and its LSE, then ``combine(outs [N, B, S_q, H_q/N, D_v], lses [N, B, H_q/N, S_q])`` (the backend's
+    ``dcp_combine``, on ``out``'s device)."""
+    sent = (_by_head_slices(out, 2).to(device), _by_head_slices(lse, 1).to(device))
     got = tuple(torch.empty_like(x) for x in sent)
     for recv, send in zip(got, sent):
         dist.all_to_all_single(recv, send)
-    return combine(*got)
+    return combine(*(x.to(out.device) for x in got))
 
 
-def combine_over_group(out: torch.Tensor, lse: torch.Tensor, combine=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's heads of the combined result, from its partial ``out [B, S_q, H_q, D_v]``, ``lse [B, H_q, S_q]``
-    (on the group's device): :func:`_lse_a2a` with ``combine`` (a backend's ``dcp_combine``), else
-    :func:`_lse_ag_out_rs`. ``H_q`` must be divisible by the world size."""
-    return _lse_ag_out_rs(out, lse) if combine is None else _lse_a2a(out, lse, combine)
+def combine_over_group(
+    out: torch.Tensor, lse: torch.Tensor, combine=None, *, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's heads of the combined result, from its partial ``out [B, S_q, H_q, D_v]``, ``lse [B, H_q, S_q]``:
+    :func:`_lse_a2a` with ``combine`` (a backend's ``dcp_combine``, run where ``out`` is), else
+    :func:`_lse_ag_out_rs`. The collectives run on ``device`` (default ``out``'s; gloo's is the CPU). ``H_q`` must
+    be divisible by the world size. Returns ``out [B, S_q, H_q/N, D_v]``, ``lse [B, H_q/N, S_q]`` on ``device``."""
+    device = out.device if device is None else device
+    if combine is not None:
+        return tuple(t.to(device) for t in _lse_a2a(out, lse, combine, device))
+    return _lse_ag_out_rs(out.to(device), lse.to(device))
 
 
 def gather_heads(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,9 +164,8 @@ class _Rank:
             part, failure = None, exc
         if not _all_ok(failure is None, self.device):
             raise failure or PeerFailed("another rank failed its decode; this rank skipped the combine")
-        out, lse = (t.to(self.device) for t in part)
         combine = getattr(self.backend, "dcp_combine", None)
-        mine = combine_over_group(out, lse, combine if callable(combine) else None)
+        mine = combine_over_group(*part, combine if callable(combine) else None, device=self.device)
         out, lse = gather_heads(*mine)
         return out.to(q.dtype), lse
 
