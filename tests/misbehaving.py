@@ -142,6 +142,13 @@ class RankDies(_MisbehavingRank):
         os._exit(3)
 
 
+class RankHangs(_MisbehavingRank):
+    def misbehave(self, q, kv, **kw):
+        import time
+
+        time.sleep(3600)  # rank 0 waits in the group's collective meanwhile
+
+
 class WithCombine(TorchBackend):
     """Honest, with a ``dcp_combine`` of its own: the group combines by all-to-all and this (the spec's combine)."""
 

@@ -45,10 +45,11 @@ def test_two_processes_give_the_simulated_ranks_verdicts(tmp_path, misbehaving, 
     [
         ("RankRaises", "error", "rank 1: RuntimeError: rank one's kernel refused the shard"),
         ("RankDies", "crash", "rank 1 exited with status 3 during the call"),
+        ("RankHangs", "timeout", "timed out after 8 s: rank 1 gave no answer"),
     ],
 )
 def test_a_misbehaving_rank_fails_only_its_case(tmp_path, misbehaving, adapter, verdict, reason):
-    status, by_case = _check(tmp_path, f"misbehaving:{adapter}", "--dcp", "2")
+    status, by_case = _check(tmp_path, f"misbehaving:{adapter}", "--dcp", "2", "--timeout", "8")
     assert status == EXIT_FAILED
     assert list(by_case) == DCP2  # the cases after the bad one ran, on a new group after a death
     assert by_case[BAD]["verdict"] == verdict and reason in by_case[BAD]["reason"], by_case[BAD]
