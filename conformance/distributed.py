@@ -155,13 +155,11 @@ class _Rank:
 
     def dcp_decode(self, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave):
         args = dict(d_v=d_v, scale=scale, causal=causal, seq_lens=seq_lens, world_size=world_size)
+        part, failure = None, None
         try:
-            part, failure = (
-                dcp_rank_decode(self.backend, q, kv, **args, interleave=interleave, rank=dist.get_rank()),
-                None,
-            )
+            part = dcp_rank_decode(self.backend, q, kv, **args, interleave=interleave, rank=dist.get_rank())
         except Exception as exc:  # reported by this rank; the others learn of it below and stop too
-            part, failure = None, exc
+            failure = exc
         if not _all_ok(failure is None, self.device):
             raise failure or PeerFailed("another rank failed its decode; this rank skipped the combine")
         combine = getattr(self.backend, "dcp_combine", None)
