@@ -38,13 +38,17 @@ class UsageError(Exception):
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_EMPTY = 0, 1, 2, 3
 
 
-def _load(name: str, *, isolated: bool, timeout: float | None):
-    """The backend ``name``, in a worker process (``isolated``) or in this one; a usage error when it cannot be
-    loaded."""
+def _load(name: str, *, isolated: bool, timeout: float | None, dcp: int | None = None):
+    """The backend ``name``, in a worker process (``isolated``), in ``dcp`` processes of one group
+    (:class:`~mlaspec.conformance.distributed.RankGroup`) or in this one; a usage error when it cannot be loaded."""
     from .backend import load_backend
     from .worker import WorkerBackend
 
     try:
+        if dcp:
+            from .distributed import RankGroup
+
+            return RankGroup(name, dcp, timeout=timeout)
         return WorkerBackend(name, timeout=timeout) if isolated else load_backend(name)
     except Exception as exc:  # not importable, no such attribute, raises on construction
         message = str(exc).splitlines()[0] if isolated else f"{type(exc).__name__}: {exc}"
@@ -73,9 +77,11 @@ def _check(args: argparse.Namespace) -> int:
     from .cases import case_by_id, curated_cases
     from .ops import DTYPES, OPS
     from .report import compact_summary, environment, header_line, summary_table, write_html
-    from .runner import run_cases
+    from .runner import repro_options, run_cases
 
     ops = _names(args.ops, tuple(OPS), "op")
+    if args.dcp is not None:
+        ops = _dcp_ops(args, ops)
     dtypes = _names(args.dtypes, tuple(DTYPES), "dtype")
     if args.params is not None or args.op is not None:
         if args.generated:
@@ -93,7 +99,7 @@ def _check(args: argparse.Namespace) -> int:
         announced = len(cases)  # the curated ones are not announced, the generated ones after them are
         if args.generated:
             cases += _generated_cases(args.generated, dtypes, args.seed, ops)
-    backend = _load(args.backend, isolated=args.isolation == "process", timeout=args.timeout)
+    backend = _load(args.backend, isolated=args.isolation == "process", timeout=args.timeout, dcp=args.dcp)
     try:
         out_dir = Path(args.report)
         for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
@@ -103,7 +109,8 @@ def _check(args: argparse.Namespace) -> int:
 
         def announce(i: int, case) -> None:
             if i >= announced:  # the reproducer first: a crash must not take it along
-                print(f"[{i + 1:>3}/{len(cases)}] RUN   {case.repro(args.backend, args.scale)}", flush=True)
+                repro = case.repro(args.backend, args.scale) + repro_options(backend)
+                print(f"[{i + 1:>3}/{len(cases)}] RUN   {repro}", flush=True)
 
         tty = sys.stdout.isatty() and not args.verbose
 
@@ -175,6 +182,17 @@ def _verdict(
         print("NOTHING CHECKED: no case ran (none selected, or every one skipped); --allow-empty accepts that")
         return EXIT_EMPTY
     return EXIT_OK
+
+
+def _dcp_ops(args: argparse.Namespace, ops: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The ops of a ``--dcp N`` run: ``dcp_decode`` only, on ``N >= 2`` processes of the backend."""
+    if args.dcp < 2:
+        raise UsageError(f"--dcp must be >= 2 (the simulated ranks of --ops dcp_decode need no flag), got {args.dcp}")
+    if args.isolation != "process":
+        raise UsageError("--dcp runs the backend in its own processes; --isolation none does not go with it")
+    if ops is not None and set(ops) != {"dcp_decode"}:
+        raise UsageError(f"--dcp runs dcp_decode only, got --ops {','.join(ops)}")
+    return ("dcp_decode",)
 
 
 def _param_cases(args: argparse.Namespace) -> list:
@@ -338,6 +356,13 @@ def parser() -> argparse.ArgumentParser:
         default="process",
         help="process (default): the backend runs in a worker process, so a crash, exit or hang fails only its "
         "case; none: in this process (for a debugger)",
+    )
+    check.add_argument(
+        "--dcp",
+        type=int,
+        metavar="N",
+        help="run the dcp_decode cases of N_cp=N on N processes of one torch.distributed group (NCCL with a GPU "
+        "per rank, else gloo), combined by real collectives (mlaspec.conformance.distributed)",
     )
     check.add_argument(
         "--verbose", action="store_true", help="a line per case and the full table (default: failures and counts)"

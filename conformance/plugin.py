@@ -12,7 +12,8 @@ the one-line reproducer.
 Options (group ``mlaspec``): ``--mla-backend NAME`` (or ``MLASPEC_BACKEND``), ``--mla-scale tiny|full``,
 ``--mla-dtypes bfloat16,float16``, ``--mla-report DIR`` (``results.jsonl`` streamed per case and ``report.html``, as
 ``mlaspec check`` writes them; one ``results-<worker>.jsonl`` per pytest-xdist worker, merged into one report),
-``--mla-timeout SECONDS`` (per case), ``--mla-examples N`` and ``--mla-seed S`` (generated cases), ``--mla-device``
+``--mla-timeout SECONDS`` (per case), ``--mla-examples N`` and ``--mla-seed S`` (generated cases), ``--mla-dcp N``
+(the ``dcp_decode`` cases of ``N_cp = N`` on ``N`` processes, :mod:`mlaspec.conformance.distributed`), ``--mla-device``
 (``cuda`` spreads xdist workers over the visible GPUs: worker ``gwN`` gets ``MLASPEC_DEVICE=cuda:<N % n_gpus>``).
 
 The plugin is registered under the ``pytest11`` entry point ``mlaspec``, so it loads in every pytest run where
@@ -104,6 +105,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="seed of the generated cases (default: 0): the same seed draws the same cases",
     )
     group.addoption(
+        "--mla-dcp",
+        metavar="N",
+        type=int,
+        default=None,
+        help="run the dcp_decode cases of N_cp=N on N processes of one torch.distributed group, combined by real "
+        "collectives (mlaspec check --dcp N; every other case is skipped)",
+    )
+    group.addoption(
         "--mla-device",
         metavar="DEVICE",
         default=None,
@@ -124,6 +133,7 @@ class _State:
     worker: str | None  # pytest-xdist worker id ("gw0"), None in the controller or without xdist
     isolation: str = "process"
     strict_numerics: bool = False
+    dcp: int | None = None
     planned: list[str] = field(default_factory=list)
     markers_registered: bool = False
     _backend: Any = None
@@ -152,6 +162,7 @@ class _State:
             worker,
             opt("mla_isolation"),
             opt("mla_strict_numerics"),
+            opt("mla_dcp"),
         )
 
     @property
@@ -166,7 +177,13 @@ class _State:
             from .worker import WorkerBackend
 
             try:
-                if self.isolation == "process":
+                if self.dcp is not None:
+                    from .distributed import RankGroup
+
+                    if self.dcp < 2 or self.isolation != "process":
+                        raise ValueError("--mla-dcp needs N >= 2 and --mla-isolation process")
+                    self._backend = RankGroup(self.backend_name, self.dcp, timeout=self.timeout)
+                elif self.isolation == "process":
                     self._backend = WorkerBackend(self.backend_name, timeout=self.timeout)
                 else:
                     self._backend = load_backend(self.backend_name)

@@ -20,12 +20,13 @@ import torch
 
 from .backend import Backend, skip_reason
 from .cases import Case
+from .distributed import RankGroup
 from .numerics import assuming, declared
 from .ops import DTYPES, OPS, unit_roundoff
 from .verdict import Result, judge
 from .worker import Outcome, WorkerBackend, error_message, invoke
 
-__all__ = ["run_case", "run_cases"]
+__all__ = ["repro_options", "run_case", "run_cases"]
 
 
 class CaseTimeout(Exception):
@@ -61,6 +62,12 @@ def _error_map(name: str, ratio: torch.Tensor) -> torch.Tensor:
     return ratio.reshape(-1, ratio.shape[-1]) if ratio.dim() else ratio.reshape(1, 1)  # [rows, columns]
 
 
+def repro_options(backend: Backend) -> str:
+    """What a reproducer adds to ``mlaspec check --backend NAME`` to rerun on the same kind of backend: `` --dcp N``
+    for a :class:`~mlaspec.conformance.distributed.RankGroup`, nothing otherwise."""
+    return f" --dcp {backend.world_size}" if isinstance(backend, RankGroup) else ""
+
+
 def _call(backend: Backend, case: Case, inputs: dict, writes: tuple[str, ...], timeout: float | None) -> Outcome:
     """Run ``case`` in this process (:func:`~mlaspec.conformance.worker.invoke`), under a Python-level timeout
     (SIGALRM: it cannot stop native code, a worker process can)."""
@@ -87,8 +94,9 @@ def run_case(
 ) -> Result:
     """Judge ``backend`` on ``case``; the result's ``repro`` is :meth:`Case.repro` of ``backend_name``.
 
-    ``backend`` is an adapter object (run in this process) or a :class:`~mlaspec.conformance.worker.WorkerBackend`
-    (run in its worker process, while this process computes the reference). Whatever the backend does, the case
+    ``backend`` is an adapter object (run in this process), a :class:`~mlaspec.conformance.worker.WorkerBackend`
+    (run in its worker process, while this process computes the reference) or a
+    :class:`~mlaspec.conformance.distributed.RankGroup` (``dcp_decode`` on its processes). Whatever it does, the case
     gets exactly one verdict: ``pass``, ``fail`` (numbers, non-finite pattern, or the input contract broken),
     ``error`` (it raised, or returned what cannot be judged), ``crash`` (its worker died), ``timeout`` or ``skip``.
 
@@ -96,7 +104,8 @@ def run_case(
     (:mod:`mlaspec.conformance.numerics`; recorded in ``result.numerics``), or the exact spec's with
     ``strict_numerics``.
     """
-    result = Result(case.id, case.op, case.dtype, "skip", repro=case.repro(backend_name, scale))
+    repro = case.repro(backend_name, scale) + repro_options(backend)
+    result = Result(case.id, case.op, case.dtype, "skip", repro=repro)
     try:
         reason = skip_reason(backend, case)
     except Exception as exc:  # a backend's unsupported() that raises (or whose worker dies) is its error
@@ -111,7 +120,7 @@ def run_case(
     except ValueError as exc:
         result.verdict, result.reason = "error", str(exc)
         return result
-    isolated = isinstance(backend, WorkerBackend)
+    isolated = isinstance(backend, WorkerBackend | RankGroup)
     if isolated:
         backend.send(case, op.writes)  # the worker computes while the reference is computed here
     u = unit_roundoff(DTYPES[case.dtype])

@@ -30,9 +30,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # `pytest -m "not slow"`: a contributor's quick run. The slow set is whole files that run kernels through the Triton
 # interpreter, drive a backend through every curated case (the mutation corpus, the sensitivity probes, isolation's
-# worker processes, the plugin's pytest-in-pytest) or open a browser. CI runs everything.
+# worker processes, DCP's rank processes, the plugin's pytest-in-pytest) or open a browser. CI runs everything.
 SLOW_FILES = frozenset(
     {
+        "test_distributed.py",
         "test_docs_offline.py",
         "test_impl_dcp.py",
         "test_impl_indexer.py",

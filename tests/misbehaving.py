@@ -117,3 +117,43 @@ class CudaIllegalAccess(_Misbehaving):
         x[torch.tensor([1 << 40], device="cuda")] += 1
         torch.cuda.synchronize()
         return self.honest(q, k, v, **kw)
+
+
+# -- DCP ranks (``mlaspec check --dcp 2``): rank 1 misbehaves in ``mla_decode`` on ``BAD_DCP`` --------------------
+BAD_DCP = "length-1-dcp2"  # dcp_decode[length-1-dcp2-<dtype>]: B = 3 requests of one key, the only such shard
+
+
+class _MisbehavingRank(TorchBackend):
+    def mla_decode(self, q, kv, **kw):
+        import torch.distributed as dist
+
+        if kv.shape[:2] == (3, 1) and dist.is_initialized() and dist.get_rank() == 1:
+            return self.misbehave(q, kv, **kw)
+        return super().mla_decode(q, kv, **kw)
+
+
+class RankRaises(_MisbehavingRank):
+    def misbehave(self, q, kv, **kw):
+        raise RuntimeError("rank one's kernel refused the shard")
+
+
+class RankDies(_MisbehavingRank):
+    def misbehave(self, q, kv, **kw):
+        os._exit(3)
+
+
+class RankHangs(_MisbehavingRank):
+    def misbehave(self, q, kv, **kw):
+        import time
+
+        time.sleep(3600)  # rank 0 waits in the group's collective meanwhile
+
+
+class WithCombine(TorchBackend):
+    """Honest, with a ``dcp_combine`` of its own: the group combines by all-to-all and this (the spec's combine)."""
+
+    def dcp_combine(self, outs, lses):
+        from mlaspec.spec.dcp import dcp_combine
+
+        got = dcp_combine(outs, lses)
+        return got.out.to(outs.dtype), got.lse.float()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-SCRIPTS = ("common", "decode", "sparse", "indexer", "suite", "cost_model")
+SCRIPTS = ("common", "decode", "sparse", "indexer", "suite", "cost_model", "dcp")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -42,7 +42,7 @@ def _rows(common):
 
 
 def test_scripts_import_without_running(bench):
-    for name in ("decode", "sparse", "indexer", "suite"):
+    for name in ("decode", "sparse", "indexer", "suite", "dcp"):
         assert callable(bench[name].main)
     assert set(bench["suite"].KERNELS) == set(bench["common"].REFERENCE)
 
@@ -101,3 +101,22 @@ def test_figures_and_results_files(bench, tmp_path):
     assert data["environment"]["gpu"] == "test card"
     assert data["rows"][1]["ratio"] == pytest.approx(0.5) and data["rows"][1]["reference"] == "flashmla"
     assert (tmp_path / "bench.md").read_text() == text
+
+
+def test_dcp_skips_with_a_message_where_gpus_are_missing(bench, capsys):
+    import torch
+
+    n = torch.cuda.device_count() + 1  # one more GPU than this machine has
+    assert bench["dcp"].main(["--world-size", str(n)]) == 0
+    assert f"skipped: DCP over {n} GPUs needs as many" in capsys.readouterr().out
+
+
+def test_dcp_speedup_table(bench):
+    Row, dcp = bench["common"].Row, bench["dcp"]
+    shape = {"H": 128, "B": 2, "S_kv": 1 << 20}
+    rows = [
+        Row(dcp.KERNEL, "triton 1 GPU", shape, 1e-3, 0, 0),
+        Row(dcp.KERNEL, "triton DCP2", shape, 0.5e-3, 0, 0),
+        Row(dcp.KERNEL, "triton DCP2 collectives", shape, 0.1e-3, 0, 0),
+    ]
+    assert dcp.speedup_table(rows, 2).splitlines()[2] == "| 2 | 1048576 | 2000 | 4000 | 2.00x | 100 | 20% |"

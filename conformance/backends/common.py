@@ -24,6 +24,8 @@ __all__ = [
     "PagedKV",
     "case_param",
     "cuda_capability",
+    "dcp_decode_by_ranks",
+    "dcp_rank_decode",
     "import_first",
     "importable",
     "ln_to_log2",
@@ -190,34 +192,37 @@ class DCPByRanks:
         )
 
 
-def dcp_decode_by_ranks(backend, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave):
-    """``dcp_decode`` built from a backend's ``mla_decode``: every rank's share (:func:`mlaspec.spec.dcp.dcp_shard`)
-    decoded by the backend, then combined by the backend's ``dcp_combine(outs, lses) -> (out, lse)`` if it has one,
-    the spec's :func:`~mlaspec.spec.dcp.dcp_combine` otherwise (float64, cast back to ``q``'s dtype / fp32).
-
-    Each query token becomes its own ``S_q = 1`` row with the local length of *its* prefix
-    (:func:`~mlaspec.spec.dcp.dcp_query_prefix_lens`): on a rank, MTP's causal mask is not bottom-right aligned to
-    the rank's last key, so a kernel's ``causal`` would be wrong there (vLLM's DCP backends decode the same way, one
-    row per query token). ``q [B, S_q, H_q, D_qk]``, ``kv [B, S_kv, D_qk]``, ``seq_lens [B]`` int.
-    Returns ``out [B, S_q, H_q, d_v]`` (``q``'s dtype), ``lse [B, H_q, S_q]`` fp32, natural log.
-    """
+def dcp_rank_decode(backend, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave, rank):
+    """Rank ``rank``'s partial of a DCP decode by the backend's ``mla_decode``: its share
+    (:func:`mlaspec.spec.dcp.dcp_shard`) decoded with one ``S_q = 1`` row per query token and the local length of
+    *its* prefix (:func:`~mlaspec.spec.dcp.dcp_query_prefix_lens`): on a rank, MTP's causal mask is not bottom-right
+    aligned to the rank's last key, so a kernel's ``causal`` would be wrong there (vLLM's DCP backends decode the same
+    way, one row per query token). ``q [B, S_q, H_q, D_qk]``, ``kv [B, S_kv, D_qk]``, ``seq_lens [B]`` int.
+    Returns ``out [B, S_q, H_q, d_v]`` and ``lse [B, H_q, S_q]``, as the backend returns them."""
     b, s_q, h_q, _ = q.shape
     prefix = dcp.dcp_query_prefix_lens(seq_lens.cpu(), s_q, causal=causal)  # [B, S_q]
-    outs, lses = [], []
-    for rank in range(world_size):
-        shard = dcp.dcp_shard(kv, seq_lens.cpu(), world_size=world_size, rank=rank, interleave=interleave)
-        local = dcp.dcp_local_seq_lens(prefix, world_size=world_size, interleave=interleave, rank=rank)
-        rows_kv = shard.kv.repeat_interleave(s_q, dim=0).contiguous()  # [B * S_q, S_loc, D_qk]
-        out, lse = backend.mla_decode(
-            q.reshape(b * s_q, 1, h_q, -1),
-            rows_kv,
-            d_v=d_v,
-            scale=scale,
-            causal=False,
-            seq_lens=local.reshape(-1).to(torch.int32).to(q.device),
-        )
-        outs.append(out.reshape(b, s_q, h_q, d_v))
-        lses.append(lse.reshape(b, s_q, h_q).transpose(1, 2))
+    shard = dcp.dcp_shard(kv, seq_lens.cpu(), world_size=world_size, rank=rank, interleave=interleave)
+    local = dcp.dcp_local_seq_lens(prefix, world_size=world_size, interleave=interleave, rank=rank)
+    rows_kv = shard.kv.repeat_interleave(s_q, dim=0).contiguous()  # [B * S_q, S_loc, D_qk]
+    out, lse = backend.mla_decode(
+        q.reshape(b * s_q, 1, h_q, -1),
+        rows_kv,
+        d_v=d_v,
+        scale=scale,
+        causal=False,
+        seq_lens=local.reshape(-1).to(torch.int32).to(q.device),
+    )
+    return out.reshape(b, s_q, h_q, d_v), lse.reshape(b, s_q, h_q).transpose(1, 2)
+
+
+def dcp_decode_by_ranks(backend, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave):
+    """``dcp_decode`` built from a backend's ``mla_decode``: every rank's :func:`dcp_rank_decode` on this device,
+    then combined by the backend's ``dcp_combine(outs, lses) -> (out, lse)`` if it has one, the spec's
+    :func:`~mlaspec.spec.dcp.dcp_combine` otherwise (float64, cast back to ``q``'s dtype / fp32).
+    Returns ``out [B, S_q, H_q, d_v]`` (``q``'s dtype), ``lse [B, H_q, S_q]`` fp32, natural log.
+    """
+    args = dict(d_v=d_v, scale=scale, causal=causal, seq_lens=seq_lens, world_size=world_size, interleave=interleave)
+    outs, lses = zip(*(dcp_rank_decode(backend, q, kv, **args, rank=rank) for rank in range(world_size)))
     combine = getattr(backend, "dcp_combine", None)
     if callable(combine):
         return combine(torch.stack(outs), torch.stack(lses))

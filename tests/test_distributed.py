@@ -1,0 +1,65 @@
+"""DCP across real processes (``mlaspec check --dcp 2``, :mod:`mlaspec.conformance.distributed`): two ranks in a gloo
+group on the CPU give the verdicts of the simulated ranks, through both of vLLM's combines; a rank that raises or
+dies fails its case, named, and the run goes on."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mlaspec.conformance.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from mlaspec.conformance.report import read_jsonl
+
+TESTS = Path(__file__).resolve().parent
+DCP2 = [f"dcp_decode[{name}-bfloat16]" for name in ("length-1-dcp2", "short-dcp2-i64-idle-rank", "mtp4-dcp2-i16")]
+BAD = DCP2[0]  # misbehaving.BAD_DCP
+
+
+@pytest.fixture
+def misbehaving(monkeypatch):
+    """``tests/misbehaving.py`` importable by the ranks (PYTHONPATH) and here."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(TESTS))
+
+
+def _check(out: Path, backend: str, *extra: str) -> tuple[int, dict[str, dict]]:
+    argv = ["check", "--backend", backend, "--ops", "dcp_decode", "--report", str(out), "--timeout", "60"]
+    status = main([*argv, *(a for c in DCP2 for a in ("--case", c)), *extra])
+    _, records = read_jsonl(out / "results.jsonl")
+    return status, {r["case_id"]: r for r in records}
+
+
+@pytest.mark.parametrize("backend", ["torch", "misbehaving:WithCombine"])  # all-gather + reduce-scatter; all-to-all
+def test_two_processes_give_the_simulated_ranks_verdicts(tmp_path, misbehaving, backend):
+    status, real = _check(tmp_path / "dcp", backend, "--dcp", "2")
+    _, simulated = _check(tmp_path / "sim", backend)
+    assert status == EXIT_OK
+    assert {c: r["verdict"] for c, r in real.items()} == {c: r["verdict"] for c, r in simulated.items()}
+    assert {r["verdict"] for r in real.values()} == {"pass"}
+    assert all(r["repro"].endswith(" --dcp 2") for r in real.values())
+    assert "2 ranks over gloo" in (tmp_path / "dcp" / "environment.json").read_text()
+
+
+@pytest.mark.parametrize(
+    "adapter, verdict, reason",
+    [
+        ("RankRaises", "error", "rank 1: RuntimeError: rank one's kernel refused the shard"),
+        ("RankDies", "crash", "rank 1 exited with status 3 during the call"),
+        ("RankHangs", "timeout", "timed out after 8 s: rank 1 gave no answer"),
+    ],
+)
+def test_a_misbehaving_rank_fails_only_its_case(tmp_path, misbehaving, adapter, verdict, reason):
+    status, by_case = _check(tmp_path, f"misbehaving:{adapter}", "--dcp", "2", "--timeout", "8")
+    assert status == EXIT_FAILED
+    assert list(by_case) == DCP2  # the cases after the bad one ran, on a new group after a death
+    assert by_case[BAD]["verdict"] == verdict and reason in by_case[BAD]["reason"], by_case[BAD]
+    if verdict == "error":  # the rank that stopped only because rank 1 failed is not blamed
+        assert "rank 0" not in by_case[BAD]["reason"]
+    assert {by_case[c]["verdict"] for c in DCP2[1:]} == {"pass"}
+
+
+@pytest.mark.parametrize(
+    "extra", [("--dcp", "1"), ("--dcp", "2", "--ops", "attention"), ("--dcp", "2", "--isolation", "none")]
+)
+def test_dcp_usage_errors(tmp_path, extra):
+    assert main(["check", "--report", str(tmp_path), *extra]) == EXIT_USAGE
