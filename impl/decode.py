@@ -326,18 +326,23 @@ class DecodeConfig(NamedTuple):
 def decode_config(rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False) -> DecodeConfig:
     """The tile for ``rows = S_q * H_q`` query rows (``fp8``: over the per-tensor fp8 cache).
 
-    bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys, 8 warps so the ``[64, 512]`` fp32
-    accumulator is 128 registers a thread, 2 stages: ``q`` (72 KB) stays in shared memory and two 72 KB key tiles
-    are in flight (216 KB of the 227 KB an H100/H200 block may use). fp32 inputs (exact ``ieee`` dots, not tf32)
-    take half-size tiles. fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion fits the registers
-    (64-key tiles spill ~500 bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K keys 35.7 ->
-    18.5 us, B = 64, 4K 185 -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
+    bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys. 64 rows: 8 warps, so the ``[64, 512]``
+    fp32 accumulator is 128 registers a thread, 2 stages (two 72 KB key tiles in flight), whole key blocks through TMA
+    (H200, 128 heads, B = 1, 64K keys: 85.0 -> 82.5 us; B = 2, 32K: 86.2 -> 83.4 us). <= 32 rows: 4 warps and 3
+    stages (16 heads, B = 1, 64K keys: 41.3 us at 8 warps and 2 stages, 40.2 us; TMA: 41.0). fp32 inputs (exact
+    ``ieee`` dots, not tf32) take half-size tiles. fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion
+    fits the registers (64-key tiles spill ~500 bytes a thread, triton 3.6): 16 heads, B = 1, 1K keys 35.7 -> 18.5 us,
+    B = 64, 4K 185 -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
+    ``benchmarks/decode_tune.py`` measures these.
     """
-    big = dtype == torch.float32
-    block_m = min(32 if big else 64, max(16, triton.next_power_of_2(rows)))
-    block_n = min(16 if big else 32 if fp8 and block_m <= 16 else 64, page_size)
-    num_warps = 8 if block_m >= 64 else 4
-    return DecodeConfig(block_m, block_n, num_warps, 1 if big else 2)
+    if dtype == torch.float32:
+        block_m = min(32, max(16, triton.next_power_of_2(rows)))
+        return DecodeConfig(block_m, min(16, page_size), 4, 1)
+    block_m = min(64, max(16, triton.next_power_of_2(rows)))
+    block_n = min(32 if fp8 and block_m <= 16 else 64, page_size)
+    if block_m >= 64:
+        return DecodeConfig(block_m, block_n, 8, 2, tma=not fp8)
+    return DecodeConfig(block_m, block_n, 4, 2 if fp8 else 3)
 
 
 def num_splits_heuristic(
@@ -357,7 +362,8 @@ def num_splits_heuristic(
     of shared memory). A split count whose programs spill into a last, partial wave pays for a whole wave, so this
     takes whole waves: ``floor(waves * num_sms / (batch * row_blocks))`` splits. One wave when the programs are
     compute-heavy (``rows_per_block`` > 32 query rows), two when they are light and memory-bound (DeepSeek-V3 at TP8:
-    16 heads) and each split still streams at least 8 key blocks. Never fewer than ``min_blocks_per_split`` key
+    16 heads) and each split still streams at least 4 key blocks (16 heads, B = 2, 64K keys: 66 splits 61.9 us,
+    132 splits 59.8; B = 1: 132 splits 40.2 us, 264 splits 43.8). Never fewer than ``min_blocks_per_split`` key
     blocks per split (the query load and the epilogue stay small next to the streaming), nor more than
     ``max_splits`` (the combine kernel reads one partial output per split).
 
@@ -369,7 +375,7 @@ def num_splits_heuristic(
     if per_wave == 0:
         return 1
     splits = per_wave
-    if rows_per_block <= 32 and key_blocks // (2 * per_wave) >= 8:
+    if rows_per_block <= 32 and key_blocks // (2 * per_wave) >= 4:
         splits = 2 * per_wave
     return max(1, min(splits, key_blocks // min_blocks_per_split, max_splits))
 
