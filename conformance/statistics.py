@@ -57,8 +57,10 @@ RELATIVE_FLOOR_MIN = 2.0**-18
 
 def sign_test_p(positive: int, n: int) -> float:
     """The two-sided sign-test p-value of ``positive`` successes in ``n`` fair coin flips:
-    ``min(1, 2 P(Binomial(n, 1/2) >= max(positive, n - positive)))``; 1 for ``n = 0``. Exact up to ``n = 2000``,
-    through ``lgamma`` (relative error ~1e-7) above."""
+    ``min(1, 2 P(Binomial(n, 1/2) >= max(positive, n - positive)))``; 1 for ``n = 0``. Exact up to ``n = 2000``;
+    above, the tail's first term through ``math.lgamma`` and the rest as ratios of consecutive terms, summed until
+    they no longer count (relative error below 1e-9; ``torch.lgamma`` was off by 3e-4 at ``n = 2094``, found by the
+    ``thorough`` hypothesis profile)."""
     if n < 0 or not 0 <= positive <= n:
         raise ValueError(f"need 0 <= positive <= n, got positive = {positive}, n = {n}")
     m = max(positive, n - positive)
@@ -66,9 +68,14 @@ def sign_test_p(positive: int, n: int) -> float:
         return 1.0
     if n <= 2000:  # exact
         return min(1.0, 2 * sum(math.comb(n, i) for i in range(m, n + 1)) / 2**n)
-    i = torch.arange(m, n + 1, dtype=torch.float64)
-    log_terms = torch.lgamma(torch.tensor(n + 1.0)) - torch.lgamma(i + 1) - torch.lgamma(n - i + 1) - n * math.log(2)
-    return min(1.0, 2 * math.exp(torch.logsumexp(log_terms, 0).item()))
+    log_first = math.lgamma(n + 1) - math.lgamma(m + 1) - math.lgamma(n - m + 1) - n * math.log(2)
+    total, term = 0.0, 1.0  # the tail in units of its first term C(n, m) / 2^n; terms shrink as i grows past n/2
+    for i in range(m, n + 1):
+        total += term
+        term *= (n - i) / (i + 1)
+        if term < 1e-17 * total:
+            break
+    return min(1.0, 2 * math.exp(log_first) * total)
 
 
 class Statistics:

@@ -27,6 +27,13 @@ def test_sign_test_p_is_the_binomial_tail(kn):
     assert sign_test_p(k, n) == pytest.approx(_exact_p(k, n), rel=1e-6)
 
 
+@pytest.mark.parametrize("n", [2001, 2094, 5000, 20001])
+@pytest.mark.parametrize("share", [0.4355, 0.5, 0.51, 0.53, 0.56, 0.6, 1.0])
+def test_sign_test_p_past_the_exact_range(n, share):
+    k = round(share * n)
+    assert sign_test_p(k, n) == pytest.approx(_exact_p(k, n), rel=1e-9)
+
+
 def test_sign_test_needs_21_rows_for_one_in_a_million():
     assert sign_test_p(20, 20) > ALPHA  # 2 * 2^-20
     assert sign_test_p(21, 21) <= ALPHA
