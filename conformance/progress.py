@@ -61,10 +61,11 @@ class Progress:
         err: TextIO | None = None,
     ):
         self.n, self.announced, self.repro, self.verbose = n, announced, repro, verbose
-        self.out = out or sys.stdout
+        self.out = sys.stdout if out is None else out
         self.results: list[Result] = []
+        self.failed = 0
         self.every = max(self.FEWEST_BETWEEN_COUNTS, math.ceil(n / 10))
-        err = err or sys.stderr
+        err = sys.stderr if err is None else err
         self.bar = None
         if draws_a_bar(err):
             from tqdm import tqdm
@@ -99,11 +100,11 @@ class Progress:
     def after(self, i: int, result: Result) -> None:
         """Case ``i`` has its verdict: a line when it is worth one, the bar one step on (or a count line)."""
         self.results.append(result)
+        self.failed += result.verdict in FAILED
         if self.verbose or i >= self.announced or result.verdict not in ("pass", "skip"):
             self.write(f"{self._position(i)} {result.verdict.upper():<5} {result.case_id}")
         if self.bar is not None:
-            failed = sum(r.verdict in FAILED for r in self.results)
-            self.bar.set_postfix_str(f"{failed} failed" if failed else "", refresh=False)
+            self.bar.set_postfix_str(f"{self.failed} failed" if self.failed else "", refresh=False)
             self.bar.update(1)
         elif not self.verbose and (i + 1) % self.every == 0 and i + 1 < self.n:
             self.write(f"{self._position(i)} {verdict_counts(self.results)}")
