@@ -15,10 +15,16 @@
 cases drawn by hypothesis from a fixed seed (``--seed``, default 0): the same command draws the same cases again.
 ``--op`` with ``--params`` runs one case that is not in the curated list (a generated case's reproducer).
 
-Before each generated or ``--params`` case runs, its reproducer is printed (``[ i/n] RUN   mlaspec check ...``): a
-kernel that corrupts the CUDA context (an illegal address) may take the process down with it, and then the last
-line is the command that reruns the culprit alone. When CUDA is available and its context no longer works after a
-case, the run stops there (every later launch would fail), says how many cases were not run, and exits 1.
+While the cases run (:class:`~mlaspec.conformance.progress.Progress`), a terminal shows one progress bar on stderr
+naming the case in flight, and a log (stderr not a terminal) a count line every tenth of the run; stdout gets a line
+for each case that did not pass or skip. Then come the failures, each with its rerun line, then the counts with the
+skips grouped by reason; ``--verbose`` adds a line per case and the full table.
+
+Before each generated or ``--params`` case runs, its reproducer is printed on stdout
+(``[ i/n] RUN   mlaspec check ...``): a kernel that corrupts the CUDA context (an illegal address) may take the
+process down with it, and then the last line is the command that reruns the culprit alone (a curated case's id,
+which is its reproducer, stays on the bar). When CUDA is available and its context no longer works after a case, the
+run stops there (every later launch would fail), says how many cases were not run, and exits 1.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ def _names(text: str | None, known, what: str) -> tuple[str, ...] | None:
 def _check(args: argparse.Namespace) -> int:
     from .cases import case_by_id, curated_cases
     from .ops import DTYPES, OPS
+    from .progress import Progress
     from .report import compact_summary, environment, header_line, summary_table, write_html
     from .runner import repro_options, run_cases
 
@@ -107,20 +114,12 @@ def _check(args: argparse.Namespace) -> int:
         env = environment()
         print(f"mlaspec check: backend {backend.name} ({backend.version}), {len(cases)} cases, report in {out_dir}/")
 
-        def announce(i: int, case) -> None:
-            if i >= announced:  # the reproducer first: a crash must not take it along
-                repro = case.repro(args.backend, args.scale) + repro_options(backend)
-                print(f"[{i + 1:>3}/{len(cases)}] RUN   {repro}", flush=True)
-
-        tty = sys.stdout.isatty() and not args.verbose
-
-        def progress(i: int, r) -> None:
-            line = f"[{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}"
-            if args.verbose or i >= announced or r.verdict not in ("pass", "skip"):
-                print(("\r\033[K" if tty else "") + line, flush=True)  # a verdict worth a line of its own
-            elif tty:  # one progress line, rewritten in place
-                print(f"\r\033[K{line}", end="", flush=True)
-
+        progress = Progress(
+            len(cases),
+            announced=announced,
+            repro=lambda c: c.repro(args.backend, args.scale) + repro_options(backend),
+            verbose=args.verbose,
+        )
         lost: list[str] = []
 
         def context_lost(i: int, r) -> bool:
@@ -128,27 +127,28 @@ def _check(args: argparse.Namespace) -> int:
             if broken:
                 not_run = len(cases) - i - 1
                 lost.append(f"CUDA context lost after {r.case_id} ({broken}); the {not_run} cases after it not run")
-                print(lost[0], flush=True)
+                progress.write(lost[0])
             return bool(broken)
 
-        results = run_cases(
-            backend,
-            cases,
-            backend_name=args.backend,
-            out_dir=out_dir,
-            scale=args.scale,
-            timeout=args.timeout,
-            on_result=progress,
-            before=announce,
-            stop=context_lost,
-            header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
-            strict_numerics=args.strict_numerics,
-        )
+        with progress:
+            results = run_cases(
+                backend,
+                cases,
+                backend_name=args.backend,
+                out_dir=out_dir,
+                scale=args.scale,
+                timeout=args.timeout,
+                on_result=progress.after,
+                before=progress.before,
+                stop=context_lost,
+                header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
+                strict_numerics=args.strict_numerics,
+            )
     finally:
         if hasattr(backend, "close"):
             backend.close()
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
-    print("\r\033[K" if tty else "")
+    print()
     if args.verbose:
         print(summary_table(results) + "\n")
     page = write_html(results, out_dir, backend=args.backend, version=backend.version, env=env)

@@ -60,7 +60,14 @@ def test_harness_cases(case):
     assert r.verdict == "pass", f"{case.id}: {r.verdict}: {r.reason}"
 
 
+SATURATING = 6e4
+"""Past every per-tensor range of :data:`CONCAT_KINDS` (e4m3's 448 and e5m2's 57344 at a scale <= 0.5), and finite
+in fp16 (65504): 1e6 was an fp16 ``inf``, which checks ``inf`` handling, not saturation."""
+
+
 def _entries(seed, t, dtype):
+    """``[t, 576]`` in ``dtype``: per-token magnitudes ``2^k``, and groups planted at amax 336, 0, ``~1e-4`` (fp8
+    subnormals), 448 and :data:`SATURATING`; every value finite in ``dtype``."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, 576, generator=g, dtype=torch.float64)
     x *= torch.exp2(torch.randint(-6, 7, (t, 1), generator=g).double())
@@ -72,21 +79,30 @@ def _entries(seed, t, dtype):
         x[2, :128] *= 1e-4  # subnormal fp8
     if t > 3:
         x[3, 200] = -448.0
-        x[3, 0] = 1e6  # past any per-tensor range: saturation
+        x[3, 0] = SATURATING  # past any per-tensor range: saturation
     return x.to(dtype)
 
 
-@pytest.mark.parametrize(
-    "kind,scale,pow2",
-    [
-        ("auto", None, False),
-        ("fp8", 0.09375, False),
-        ("fp8_e4m3", 0.3, False),
-        ("fp8_e5m2", 0.5, False),
-        ("fp8_ds_mla", None, False),
-        ("fp8_ds_mla", None, True),  # vLLM's power-of-two scales after PR #49435
-    ],
-)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_entries_are_finite_and_saturate_every_per_tensor_format(dtype):
+    x = _entries(11, 11, dtype)
+    assert torch.isfinite(x).all()
+    scales = [scale for _, scale, _ in CONCAT_KINDS if scale is not None]
+    fp8_max = max(torch.finfo(f).max for f in (torch.float8_e4m3fn, torch.float8_e5m2))  # e5m2: 57344
+    assert all(float(x[3, 0]) / s > fp8_max for s in scales)
+
+
+CONCAT_KINDS = [
+    ("auto", None, False),
+    ("fp8", 0.09375, False),
+    ("fp8_e4m3", 0.3, False),
+    ("fp8_e5m2", 0.5, False),
+    ("fp8_ds_mla", None, False),
+    ("fp8_ds_mla", None, True),  # vLLM's power-of-two scales after PR #49435
+]
+
+
+@pytest.mark.parametrize("kind,scale,pow2", CONCAT_KINDS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_concat_and_cache_bytes_equal_the_spec(kind, scale, pow2, dtype):
     t, p, nb = 11, 8, 3
@@ -180,6 +196,14 @@ def _e8m0_problem(draw):
             x[row, cols] = x[row, cols].clamp(-400 * 2.0**k, 400 * 2.0**k)
             x[row, cols.start] = -448 * 2.0**k
     return lay, x.to(dtype)
+
+
+@given(_e8m0_problem())
+def test_e8m0_problems_are_finite_in_their_dtype(problem):
+    """The strategy plants amaxes of ``448 * 2^k`` only where the case dtype holds them (fp16's -inf made a NaN
+    scale: issue 21)."""
+    _, x = problem
+    assert torch.isfinite(x).all(), x.dtype
 
 
 @given(_e8m0_problem())
