@@ -18,6 +18,14 @@ a factor in ``[e^-2δ, e^2δ]`` (only their spread counts), so::
 
 A backend that declares ``lse_in_query_dtype`` (:mod:`mlaspec.conformance.numerics`) adds each partial LSE's rounding
 ``u |lse_r|`` to ``δ_r``: how far that precision carries through the combine is then part of the budget.
+
+``dcp_decode_fp8`` is the same over an fp8 cache: ``mla_decode_fp8``'s arguments (vLLM's per-tensor e4m3 records,
+``k_scale``, ``q_scale``; :mod:`~mlaspec.conformance.ops.fp8_decode`) plus the group, each rank's share of the records
+through the backend's ``mla_decode_fp8`` (:class:`mlaspec.conformance.backends.common.DCPFP8ByRanks`), judged against
+single-device attention over the dequantized cache. ``β_r``, ``δ_r`` are ``mla_decode_fp8``'s
+(:func:`~mlaspec.conformance.ops.fp8_decode.latent_bounds`) under the numerics the backend declares for
+``dcp_decode_fp8`` (FlashMLA: those of its ``mla_decode_fp8``, whose ``fp8_mma_accumulation`` makes ``δ_r`` tens of
+nats at DeepSeek's logit sizes, and so ``e^(2δ)`` this budget vacuous: docs/dcp.md).
 """
 
 from __future__ import annotations
