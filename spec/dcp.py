@@ -144,9 +144,9 @@ def dcp_query_prefix_lens(seq_lens: torch.Tensor, s_q: int, *, causal: bool) -> 
 
 
 class DCPShard(NamedTuple):
-    """One rank's share of a padded batch: ``kv [B, S_loc, D_qk]`` (its tokens in global order, zero past
-    ``seq_lens``) and ``seq_lens [B]`` int64, ``positions [B, S_loc]`` int64 (each local key's global position,
-    ``-1`` past ``seq_lens``)."""
+    """One rank's share of a padded batch: ``kv [B, S_loc, D_qk]`` (or ``[B, S_loc, token_bytes]`` uint8 records;
+    its tokens in global order, zero past ``seq_lens``) and ``seq_lens [B]`` int64, ``positions [B, S_loc]`` int64
+    (each local key's global position, ``-1`` past ``seq_lens``)."""
 
     kv: torch.Tensor
     seq_lens: torch.Tensor
@@ -157,7 +157,9 @@ def dcp_shard(kv: torch.Tensor, seq_lens: torch.Tensor, *, world_size: int, rank
     """The keys rank ``rank`` stores: request ``b``'s tokens ``t < seq_lens[b]`` with ``dcp_owner(t) == rank``.
 
     Args:
-        kv: ``[B, S_kv, D_qk]`` float, the cache entries of the whole (unsharded) batch.
+        kv: ``[B, S_kv, D_qk]`` float, the cache entries of the whole (unsharded) batch; or ``[B, S_kv,
+            token_bytes]`` uint8, its fp8 cache records (:mod:`~mlaspec.spec.cache_layouts`): a rank stores each
+            of its tokens' records whole, scales included.
         seq_lens: ``[B]`` int in ``[0, S_kv]``.
         world_size, interleave: as :func:`dcp_owner`. rank: in ``[0, world_size)``.
 
@@ -166,7 +168,7 @@ def dcp_shard(kv: torch.Tensor, seq_lens: torch.Tensor, *, world_size: int, rank
         still has a well-formed, empty cache).
     """
     dims = Dims()
-    dims.tensor("kv", kv, ("B", "S_kv", "D_qk"), FLOAT)
+    dims.tensor("kv", kv, ("B", "S_kv", "D_qk"), FLOAT + (torch.uint8,))
     dims.tensor("seq_lens", seq_lens, ("B",), INT)
     in_range("seq_lens", seq_lens, 0, dims["S_kv"] + 1)
     local = dcp_local_seq_lens(seq_lens, world_size=world_size, interleave=interleave, rank=rank).cpu()

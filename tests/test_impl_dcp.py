@@ -1,5 +1,6 @@
 """The Triton DCP combine (impl/dcp.py) through Triton's interpreter, against the float64 spec combine, and the
-``dcp_decode`` op run by the ``triton`` adapter (paged decode per rank + this combine). fp16 / fp32 only (the
+``dcp_decode`` / ``dcp_decode_fp8`` ops run by the ``triton`` adapter (paged decode per rank, over the cache entries
+or the fp8 records, + this combine). fp16 / fp32 only (the
 interpreter's bf16 ``tl.dot`` is wrong, and the op's decode multiplies matrices)."""
 
 import math
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from mlaspec.conformance.backends.triton import TritonBackend
 from mlaspec.conformance.cases import Case
 from mlaspec.conformance.ops import unit_roundoff
+from mlaspec.conformance.ops.dcp import FP8_CACHE
 from mlaspec.conformance.runner import run_case
 from mlaspec.impl.dcp import dcp_combine
 from mlaspec.spec import dcp as spec_dcp
@@ -91,5 +93,20 @@ def test_base_two_differs_from_natural():
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_dcp_decode_op_triton(name, params, dtype):
     case = Case("dcp_decode", name, dtype, dict(params, D_qk=576, D_v=512, causal=True))
+    result = run_case(TritonBackend(), case, backend_name="triton")
+    assert result.verdict == "pass", result.reason
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("ragged-dcp4-i16", dict(B=3, S_q=1, S_kv=40, seq_lens=[40, 0, 17], H_q=16, world_size=4, interleave=16)),
+        ("mtp2-dcp2-i1", dict(B=2, S_q=2, S_kv=37, H_q=16, world_size=2, interleave=1)),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_dcp_decode_fp8_op_triton(name, params, dtype):
+    """Each rank's share of vLLM's per-tensor fp8 records through the fp8 paged decode, then the Triton combine."""
+    case = Case("dcp_decode_fp8", name, dtype, dict(params, D_qk=576, D_v=512, causal=True, **FP8_CACHE))
     result = run_case(TritonBackend(), case, backend_name="triton")
     assert result.verdict == "pass", result.reason

@@ -5,12 +5,14 @@ the harness must fail (or error) it on at least one curated case, with a reprodu
 the spec itself pass every ``dcp_decode`` case.
 """
 
+from types import MappingProxyType
+
 import pytest
 import torch
 
 from mlaspec.conformance.backend import load_backend
 from mlaspec.conformance.backends.torch_eager import TorchBackend
-from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.cases import case_by_id, curated_cases
 from mlaspec.conformance.runner import run_case
 from mlaspec.spec import dcp
 
@@ -61,10 +63,35 @@ class RankLocalCausal(TorchBackend):
         return got.out.to(q.dtype), got.lse.float()
 
 
+class DescaleTwiceOnOneRank(TorchBackend):
+    """One rank dequantizes its share of the fp8 cache twice (``e4m3 * k_scale * k_scale``: its records dequantized
+    on the way to the kernel and the kernel's ``descale_k`` on top), so its keys and values shrink by ``k_scale`` and
+    its partial is wrong while every other rank's is right. The bug class: an fp8 MLA cache's descales applied on
+    the wrong path (sglang#34765: K descale restored only in BMM1, V descale omitted, writes at unit scale)."""
+
+    source = "https://github.com/sgl-project/sglang/pull/34765"
+    shapes = "DCP over an fp8 cache whose k_scale is not 1"
+    _rank = None  # inside dcp_decode_fp8: the rank whose share the next mla_decode_fp8 decodes
+
+    def dcp_decode_fp8(self, q, kv_cache, **kw):
+        self._rank = 0
+        try:
+            return super().dcp_decode_fp8(q, kv_cache, **kw)
+        finally:
+            self._rank = None
+
+    def mla_decode_fp8(self, q, kv_cache, *, k_scale, **kw):
+        twice = self._rank == 0
+        if self._rank is not None:
+            self._rank += 1
+        return super().mla_decode_fp8(q, kv_cache, k_scale=k_scale * k_scale if twice else k_scale, **kw)
+
+
 MUTANTS = [
     (CombineBaseTwo, "dcp_decode"),
     (EmptyShareWeightOne, "dcp_decode"),
     (RankLocalCausal, "dcp_decode"),
+    (DescaleTwiceOnOneRank, "dcp_decode_fp8"),
 ]
 
 
@@ -84,10 +111,30 @@ def test_every_mutant_names_its_report_and_shapes():
         assert isinstance(mutant.shapes, str) and mutant.shapes, mutant.__name__
 
 
+@pytest.mark.parametrize("op", ["dcp_decode", "dcp_decode_fp8"])
 @pytest.mark.parametrize("backend", ["spec", "torch"])
-def test_builtin_backends_pass_dcp_cases(backend):
+def test_builtin_backends_pass_dcp_cases(backend, op):
     b = load_backend(backend)
-    assert "dcp_decode" in b.ops
-    for case in _cases("dcp_decode", ("bfloat16", "float32")):
+    assert op in b.ops
+    for case in _cases(op, ("bfloat16", "float32")):
         r = run_case(b, case, backend_name=backend)
         assert r.verdict == "pass", (case.id, r.reason)
+
+
+def test_the_declared_numerics_of_mla_decode_fp8_carry_into_dcp_decode_fp8():
+    """FlashMLA's fp8 decode declares fp8_mma_accumulation: each partial LSE may be off by its (wide) budget, and the
+    combined output's budget carries that (``e^(2δ)``). A torch fp8 decode whose every partial LSE leans low by 0.1
+    (FlashMLA's measured lean, docs/backends.md) with the weights of that lean (a common shift: the output is right)
+    passes under the declaration and fails the exact LSE budget."""
+
+    class LeansLow(TorchBackend):
+        numerics = MappingProxyType({"dcp_decode_fp8": ("fp8_mma_accumulation", "p_in_e4m3")})
+
+        def mla_decode_fp8(self, q, kv_cache, **kw):
+            out, lse = super().mla_decode_fp8(q, kv_cache, **kw)
+            return out, lse - 0.1
+
+    case = case_by_id("dcp_decode_fp8[v3-tp8-dcp4-i16-bfloat16]")
+    assert run_case(LeansLow(), case, backend_name="leans").verdict == "pass"
+    strict = run_case(LeansLow(), case, backend_name="leans", strict_numerics=True)
+    assert strict.verdict == "fail" and "lse" in strict.reason

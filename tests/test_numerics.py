@@ -15,7 +15,7 @@ from mlaspec.conformance.cases import Case, case_by_id, curated_cases
 from mlaspec.conformance.ops.common import EPS32, gamma
 from mlaspec.conformance.runner import run_case
 from mlaspec.conformance.statistics import rounding_statistics
-from mlaspec.spec.attention import causal_mask
+from mlaspec.spec.attention import seq_lens_mask
 
 # 64 rows of 40 keys: enough rows for the bias check to see a lean
 CASE = Case("indexer_logits", "rows-64", "bfloat16", dict(H=4, D=32, query_lens=[12, 20, 32], seq_lens=[40, 33, 40]))
@@ -225,16 +225,17 @@ class PInE4M3(TorchBackend):
     def _weights(self, p: torch.Tensor) -> torch.Tensor:
         return p.to(torch.float8_e4m3fn).float()
 
-    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
+    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False, seq_lens=None):
         kv = decode_records(kv_cache, layout, k_scale)
+        (b, s_q), s_kv = q.shape[:2], kv.shape[1]
+        lens = torch.full((b,), s_kv) if seq_lens is None else seq_lens
         s = torch.einsum("bqhd,bkd->bhqk", q.float(), kv) * scale
-        if causal:
-            s = s.masked_fill(~causal_mask(q.shape[1], kv.shape[1]), -math.inf)
-        m = s.amax(-1, keepdim=True)
+        s = s.masked_fill(~seq_lens_mask(lens, s_q, s_kv, causal=causal)[:, None], -math.inf)
+        m = s.amax(-1, keepdim=True).nan_to_num(neginf=0.0)  # a row without keys: p = 0, out 0, lse -inf
         p = torch.exp(s - m)
         ell = p.sum(-1)
         out = torch.einsum("bhqk,bkd->bqhd", self._weights(p), kv[..., :d_v])
-        return (out / ell.transpose(1, 2)[..., None]).to(q.dtype), torch.log(ell) + m[..., 0]
+        return (out / ell.transpose(1, 2)[..., None]).nan_to_num(0.0).to(q.dtype), torch.log(ell) + m[..., 0]
 
 
 class PFlushedInE4M3(PInE4M3):

@@ -23,6 +23,7 @@ __all__ = [
     "LN2",
     "PagedKV",
     "case_param",
+    "combine_partials",
     "cuda_capability",
     "dcp_decode_by_ranks",
     "dcp_rank_decode",
@@ -33,6 +34,7 @@ __all__ = [
     "pad_heads",
     "pad_last",
     "page_kv",
+    "rank_partial",
     "require_cuda",
     "round_up",
 ]
@@ -192,39 +194,77 @@ class DCPByRanks:
         )
 
 
-def dcp_rank_decode(backend, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave, rank):
-    """Rank ``rank``'s partial of a DCP decode by the backend's ``mla_decode``: its share
-    (:func:`mlaspec.spec.dcp.dcp_shard`) decoded with one ``S_q = 1`` row per query token and the local length of
-    *its* prefix (:func:`~mlaspec.spec.dcp.dcp_query_prefix_lens`): on a rank, MTP's causal mask is not bottom-right
-    aligned to the rank's last key, so a kernel's ``causal`` would be wrong there (vLLM's DCP backends decode the same
-    way, one row per query token). ``q [B, S_q, H_q, D_qk]``, ``kv [B, S_kv, D_qk]``, ``seq_lens [B]`` int.
+class DCPFP8ByRanks:
+    """Mixin: the ``dcp_decode_fp8`` op of any backend with an ``mla_decode_fp8``: each rank's share of the fp8
+    records through the backend's ``mla_decode_fp8`` (:func:`rank_partial`), the layout and both scales the same on
+    every rank (one per-tensor ``k_scale`` for the whole cache, vLLM's layer scale), combined as ``dcp_decode``."""
+
+    def dcp_decode_fp8(
+        self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal, seq_lens, world_size, interleave
+    ):
+        def decode(rows_q, rows_kv, local):
+            return self.mla_decode_fp8(
+                rows_q,
+                rows_kv,
+                layout=layout,
+                k_scale=k_scale,
+                q_scale=q_scale,
+                d_v=d_v,
+                scale=scale,
+                causal=False,
+                seq_lens=local,
+            )
+
+        group = dict(causal=causal, seq_lens=seq_lens, world_size=world_size, interleave=interleave)
+        parts = [rank_partial(decode, q, kv_cache, **group, rank=rank) for rank in range(world_size)]
+        return combine_partials(self, q, parts)
+
+
+def rank_partial(decode, q, kv, *, causal, seq_lens, world_size, interleave, rank):
+    """Rank ``rank``'s partial of a DCP decode: its share of ``kv`` (:func:`mlaspec.spec.dcp.dcp_shard`: cache
+    entries, or an fp8 cache's uint8 records) through ``decode(q_rows, kv_rows, local_seq_lens) -> (out, lse)`` (a
+    backend's decode), with one ``S_q = 1`` row per query token and the local length of *its* prefix
+    (:func:`~mlaspec.spec.dcp.dcp_query_prefix_lens`): on a rank, MTP's causal mask is not bottom-right aligned to the
+    rank's last key, so a kernel's ``causal`` would be wrong there (vLLM's DCP backends decode the same way, one row
+    per query token). ``q [B, S_q, H_q, D_qk]``, ``kv [B, S_kv, *entry]``, ``seq_lens [B]`` int.
     Returns ``out [B, S_q, H_q, d_v]`` and ``lse [B, H_q, S_q]``, as the backend returns them."""
     b, s_q, h_q, _ = q.shape
     prefix = dcp.dcp_query_prefix_lens(seq_lens.cpu(), s_q, causal=causal)  # [B, S_q]
     shard = dcp.dcp_shard(kv, seq_lens.cpu(), world_size=world_size, rank=rank, interleave=interleave)
     local = dcp.dcp_local_seq_lens(prefix, world_size=world_size, interleave=interleave, rank=rank)
-    rows_kv = shard.kv.repeat_interleave(s_q, dim=0).contiguous()  # [B * S_q, S_loc, D_qk]
-    out, lse = backend.mla_decode(
-        q.reshape(b * s_q, 1, h_q, -1),
-        rows_kv,
-        d_v=d_v,
-        scale=scale,
-        causal=False,
-        seq_lens=local.reshape(-1).to(torch.int32).to(q.device),
-    )
-    return out.reshape(b, s_q, h_q, d_v), lse.reshape(b, s_q, h_q).transpose(1, 2)
+    rows_kv = shard.kv.repeat_interleave(s_q, dim=0).contiguous()  # [B * S_q, S_loc, *entry]
+    out, lse = decode(q.reshape(b * s_q, 1, h_q, -1), rows_kv, local.reshape(-1).to(torch.int32).to(q.device))
+    return out.reshape(b, s_q, h_q, -1), lse.reshape(b, s_q, h_q).transpose(1, 2)
+
+
+def dcp_rank_decode(backend, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave, rank):
+    """Rank ``rank``'s partial of a DCP decode by the backend's ``mla_decode`` (:func:`rank_partial`).
+    ``kv [B, S_kv, D_qk]``; returns ``out [B, S_q, H_q, d_v]`` and ``lse [B, H_q, S_q]``, as the backend returns
+    them."""
+
+    def decode(rows_q, rows_kv, local):
+        return backend.mla_decode(rows_q, rows_kv, d_v=d_v, scale=scale, causal=False, seq_lens=local)
+
+    group = dict(causal=causal, seq_lens=seq_lens, world_size=world_size, interleave=interleave)
+    return rank_partial(decode, q, kv, **group, rank=rank)
+
+
+def combine_partials(backend, q, parts):
+    """The ranks' partials ``[(out [B, S_q, H_q, d_v], lse [B, H_q, S_q]), ...]`` combined by the backend's
+    ``dcp_combine(outs, lses) -> (out, lse)`` if it has one, the spec's :func:`~mlaspec.spec.dcp.dcp_combine`
+    otherwise (float64, cast back to ``q``'s dtype / fp32). Returns ``out`` and the natural-log ``lse``."""
+    outs, lses = (torch.stack(x) for x in zip(*parts))
+    combine = getattr(backend, "dcp_combine", None)
+    if callable(combine):
+        return combine(outs, lses)
+    got = dcp.dcp_combine(outs, lses)
+    return got.out.to(q.dtype), got.lse.to(torch.float32)
 
 
 def dcp_decode_by_ranks(backend, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave):
     """``dcp_decode`` built from a backend's ``mla_decode``: every rank's :func:`dcp_rank_decode` on this device,
-    then combined by the backend's ``dcp_combine(outs, lses) -> (out, lse)`` if it has one, the spec's
-    :func:`~mlaspec.spec.dcp.dcp_combine` otherwise (float64, cast back to ``q``'s dtype / fp32).
-    Returns ``out [B, S_q, H_q, d_v]`` (``q``'s dtype), ``lse [B, H_q, S_q]`` fp32, natural log.
+    then :func:`combine_partials`. Returns ``out [B, S_q, H_q, d_v]`` (``q``'s dtype), ``lse [B, H_q, S_q]`` fp32,
+    natural log.
     """
     args = dict(d_v=d_v, scale=scale, causal=causal, seq_lens=seq_lens, world_size=world_size, interleave=interleave)
-    outs, lses = zip(*(dcp_rank_decode(backend, q, kv, **args, rank=rank) for rank in range(world_size)))
-    combine = getattr(backend, "dcp_combine", None)
-    if callable(combine):
-        return combine(torch.stack(outs), torch.stack(lses))
-    got = dcp.dcp_combine(torch.stack(outs), torch.stack(lses))
-    return got.out.to(q.dtype), got.lse.to(torch.float32)
+    return combine_partials(backend, q, [dcp_rank_decode(backend, q, kv, **args, rank=r) for r in range(world_size)])

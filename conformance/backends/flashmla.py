@@ -26,10 +26,14 @@ vLLM 0.33.0 wheel ships: ``pip install vllm==0.33.0``). Ops:
   reaches the scheduler config and the sparse kernel). The cache is vLLM's per-tensor e4m3 cache (576 B per token,
   paged 64 per block, NaN bytes ``0xFF`` in unused slots), viewed as ``float8_e4m3fn``; ``q`` is quantized to e4m3
   with ``q_scale`` as vLLM's ``_DecodeConcatQuantFP8`` does (exact for the op's inputs); ``descale_q`` /
-  ``descale_k`` are ``[1]`` fp32; metadata from ``get_mla_decoding_metadata_dense_fp8(seqlens, S_q * H_q, 1)``.
+  ``descale_k`` are ``[1]`` fp32; ``seq_lens`` (optional) is the kernel's ``cache_seqlens``; metadata from
+  ``get_mla_decoding_metadata_dense_fp8(seqlens, S_q * H_q, 1)``.
   SM90 only ("Dense FP8 MLA is only supported on SM90"), bf16 output only (the library instantiates
   ``run_mha_fwd_splitkv_mla<float_e4m3_t, bfloat16_t, 576>``), the 656-byte ``fp8_ds_mla`` layout is not read
   by it (vLLM maps fp8 caches to ``fp8_ds_mla`` only for ``FLASHMLA_SPARSE``).
+* ``dcp_decode`` / ``dcp_decode_fp8``: each rank's share through ``mla_decode`` / ``mla_decode_fp8`` with its local
+  ``cache_seqlens``, combined by the spec's combine (:class:`~mlaspec.conformance.backends.common.DCPByRanks`,
+  :class:`~mlaspec.conformance.backends.common.DCPFP8ByRanks`); the fp8 one declares what ``mla_decode_fp8`` does.
 
 Translations that change nothing (each is what vLLM's ``flashmla_sparse.py`` does too, or exact by the spec):
 query heads are zero-padded to a count the kernel has (sparse decode 64/128; sparse prefill 8/16/32/64/128 on
@@ -51,7 +55,17 @@ import torch
 from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.sliding_window import v4_attention_indices
 
-from .common import DCPByRanks, case_param, cuda_capability, import_first, pad_heads, pad_last, page_kv, require_cuda
+from .common import (
+    DCPByRanks,
+    DCPFP8ByRanks,
+    case_param,
+    cuda_capability,
+    import_first,
+    pad_heads,
+    pad_last,
+    page_kv,
+    require_cuda,
+)
 
 __all__ = ["FlashMLABackend", "quantize_sparse_cache"]
 
@@ -92,20 +106,33 @@ def _next_count(h: int, counts: tuple[int, ...]) -> int | None:
     return next((c for c in counts if c >= h), None)
 
 
-class FlashMLABackend(DCPByRanks):
+class FlashMLABackend(DCPByRanks, DCPFP8ByRanks):
     """FlashMLA's dense decode, sparse decode (fp8 cache) and sparse prefill (see the module docstring)."""
 
     name = "flashmla"
-    ops = frozenset({"mla_decode", "dcp_decode", "mla_decode_fp8", "sparse_decode", "sparse_prefill", "v4_attention"})
+    ops = frozenset(
+        {
+            "mla_decode",
+            "dcp_decode",
+            "mla_decode_fp8",
+            "dcp_decode_fp8",
+            "sparse_decode",
+            "sparse_prefill",
+            "v4_attention",
+        }
+    )
     dtypes = frozenset({"bfloat16", "float16"})
     # the dense fp8 kernel multiplies e4m3 q and cache bytes with Hopper's fp8 MMA (run_mha_fwd_splitkv_mla<
     # float_e4m3_t, bfloat16_t, 576>): ~14 accumulator bits, and rounds its softmax weights P to e4m3 for P V
     # (vllm-project/FlashMLA csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:384-385); the SM90 sparse decode
     # reads each 128-group's fp32 scale as bf16 and dequantizes as a bf16 product (csrc/sm90/decode/sparse_fp8/
     # splitkv_mla.cuh:550, components/dequant.h:25), exact only on power-of-two scales (mlaspec.conformance.numerics,
-    # docs/backends.md)
+    # docs/backends.md); dcp_decode_fp8 runs the same fp8 kernel on every rank's share, so the same departures
     numerics = MappingProxyType(
-        {"mla_decode_fp8": ("fp8_mma_accumulation", "p_in_e4m3"), "sparse_decode": ("scales_in_bf16",)}
+        {
+            **dict.fromkeys(("mla_decode_fp8", "dcp_decode_fp8"), ("fp8_mma_accumulation", "p_in_e4m3")),
+            "sparse_decode": ("scales_in_bf16",),
+        }
     )
 
     def __init__(self, device: str | None = None):
@@ -125,7 +152,7 @@ class FlashMLABackend(DCPByRanks):
             return f"FlashMLA needs D_qk 576 or 512 (csrc/api: 'Only head_size_k == 576 or 512'), case has {d}"
         if d_v != 512:
             return f"FlashMLA needs d_v 512 ('Only head_size_v == 512'), case has {d_v}"
-        if case.op == "mla_decode_fp8":
+        if case.op in ("mla_decode_fp8", "dcp_decode_fp8"):
             return self._fp8_unsupported(case)
         if case.op in ("mla_decode", "dcp_decode"):
             if not self.sm90:
@@ -198,12 +225,13 @@ class FlashMLABackend(DCPByRanks):
             return str(exc)
         return None
 
-    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
+    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False, seq_lens=None):
         if layout != "fp8_e4m3_per_tensor":
             raise ValueError(f"layout must be fp8_e4m3_per_tensor for FlashMLA's dense fp8 kernel, got {layout!r}")
         ext, dev = self._fp8_ext(), self.device
         b, s_q, h, d = q.shape
-        paged = page_kv(kv_cache.to(dev), PAGE, seed=b * 7919 + kv_cache.shape[1], fill=0xFF)  # 0xFF: e4m3 NaN
+        seed = b * 7919 + kv_cache.shape[1]
+        paged = page_kv(kv_cache.to(dev), PAGE, seqlens=seq_lens, seed=seed, fill=0xFF)  # 0xFF: e4m3 NaN; cache_seqlens
         cache = paged.cache.view(torch.float8_e4m3fn).unsqueeze(2)  # [NB, 64, 1, 576]
         q8 = (q.to(dev, torch.float32) / q_scale).to(torch.float8_e4m3fn).contiguous()  # exact for the op's q
         descale_q = torch.tensor([q_scale], dtype=torch.float32, device=dev)

@@ -15,13 +15,13 @@ import torch
 from mlaspec.spec.attention import causal_mask, seq_lens_mask
 
 from ..ops import OPS
-from .common import DCPByRanks
+from .common import DCPByRanks, DCPFP8ByRanks
 from .torch_fp8 import TorchFP8
 from .torch_serving import TorchServing
 from .torch_sparse import TorchSparse
 
 
-class TorchBackend(TorchServing, TorchSparse, TorchFP8, DCPByRanks):
+class TorchBackend(TorchServing, TorchSparse, TorchFP8, DCPByRanks, DCPFP8ByRanks):
     name = "torch"
     version = f"torch {torch.__version__}"
     dtypes = frozenset({"bfloat16", "float16", "float32"})

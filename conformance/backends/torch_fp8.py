@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from mlaspec.spec.attention import causal_mask
+from mlaspec.spec.attention import causal_mask, seq_lens_mask
 
 __all__ = ["TorchFP8", "decode_records"]
 
@@ -30,12 +30,16 @@ def decode_records(raw: torch.Tensor, layout: str, k_scale: float | None) -> tor
 
 
 class TorchFP8:
-    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
+    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False, seq_lens=None):
         dtype = q.dtype
         dev = getattr(self, "device", q.device)
         kv = decode_records(kv_cache.to(dev), layout, k_scale)  # [B, S_kv, 576] fp32
         s = torch.einsum("bqhd,bkd->bhqk", q.to(dev).float(), kv) * scale
-        if causal:
+        if seq_lens is not None:  # [B, S_q, S_kv]: request b's first seq_lens[b] keys, causal to its own end
+            s = s.masked_fill(
+                ~seq_lens_mask(seq_lens, q.shape[1], kv.shape[1], causal=causal)[:, None].to(dev), -math.inf
+            )
+        elif causal:
             s = s.masked_fill(~causal_mask(q.shape[1], kv.shape[1], device=dev), -math.inf)
         lse = torch.logsumexp(s, -1)
         p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dtype).float()  # p in the case dtype

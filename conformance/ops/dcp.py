@@ -18,6 +18,14 @@ a factor in ``[e^-2δ, e^2δ]`` (only their spread counts), so::
 
 A backend that declares ``lse_in_query_dtype`` (:mod:`mlaspec.conformance.numerics`) adds each partial LSE's rounding
 ``u |lse_r|`` to ``δ_r``: how far that precision carries through the combine is then part of the budget.
+
+``dcp_decode_fp8`` is the same over an fp8 cache: ``mla_decode_fp8``'s arguments (vLLM's per-tensor e4m3 records,
+``k_scale``, ``q_scale``; :mod:`~mlaspec.conformance.ops.fp8_decode`) plus the group, each rank's share of the records
+through the backend's ``mla_decode_fp8`` (:class:`mlaspec.conformance.backends.common.DCPFP8ByRanks`), judged against
+single-device attention over the dequantized cache. ``β_r``, ``δ_r`` are ``mla_decode_fp8``'s
+(:func:`~mlaspec.conformance.ops.fp8_decode.latent_bounds`) under the numerics the backend declares for
+``dcp_decode_fp8`` (FlashMLA: those of its ``mla_decode_fp8``, whose ``fp8_mma_accumulation`` makes ``δ_r`` tens of
+nats at DeepSeek's logit sizes, and so ``e^(2δ)`` this budget vacuous: docs/dcp.md).
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ from mlaspec.spec.forms import mqa_latent_attention
 
 from ..cases import Case
 from ..numerics import lse_rounded
-from .common import EPS32, LIMITS, Op, Scale, attention_bounds, randn
+from .common import EPS32, LIMITS, Op, Scale, randn
+from .fp8_decode import dequantized_entries, fp8_decode_inputs, latent_bounds, mla_decode_fp8_reference
 
 _V3_SCALE = MLAConfig.deepseek_v3().softmax_scale
 
@@ -64,12 +73,14 @@ def _inputs(c: Case) -> dict:
     )
 
 
-def _rank_bounds(kw: dict, rank: int, u: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rank ``rank``'s exact partial ``(o_r, lse_r)`` and its budgets ``(β_r, δ_r)`` as an attention over its share."""
-    n, interleave, seq_lens = kw["world_size"], kw["interleave"], kw["seq_lens"]
+def _rank_bounds(kw: dict, kv: torch.Tensor, rank: int, u: float) -> tuple[torch.Tensor, ...]:
+    """Rank ``rank``'s exact partial ``(o_r, lse_r)`` and its budgets ``(β_r, δ_r)`` as a decode over its share of
+    the entries ``kv [B, S_kv, D_qk]`` float64 (:func:`~.fp8_decode.latent_bounds`: the dense budget, e4m3 weights
+    where declared)."""
+    n, interleave, seq_lens, q = kw["world_size"], kw["interleave"], kw["seq_lens"], kw["q"].double()
     part = dcp_partial_attention(
-        kw["q"],
-        kw["kv"],
+        q,
+        kv,
         seq_lens,
         world_size=n,
         rank=rank,
@@ -78,20 +89,18 @@ def _rank_bounds(kw: dict, rank: int, u: float) -> tuple[torch.Tensor, torch.Ten
         scale=kw["scale"],
         causal=kw["causal"],
     )
-    shard = dcp_shard(kw["kv"], seq_lens, world_size=n, rank=rank, interleave=interleave)
-    prefix = dcp_query_prefix_lens(seq_lens, kw["q"].shape[1], causal=kw["causal"])
+    shard = dcp_shard(kv, seq_lens, world_size=n, rank=rank, interleave=interleave)
+    prefix = dcp_query_prefix_lens(seq_lens, q.shape[1], causal=kw["causal"])
     visible = dcp_local_seq_lens(prefix, world_size=n, interleave=interleave, rank=rank)
-    mask = torch.arange(shard.kv.shape[1])[None, None, :] < visible[..., None]
-    k = shard.kv[:, :, None]
-    beta, delta = attention_bounds(
-        kw["q"], k, k[..., : kw["d_v"]], scale=kw["scale"], causal=False, mask=mask, ref=tuple(part), u=u
-    )
+    mask = torch.arange(shard.kv.shape[1])[None, None, :] < visible[..., None]  # [B, S_q, S_loc]
+    beta, delta = latent_bounds(q, shard.kv, d_v=kw["d_v"], scale=kw["scale"], mask=mask, ref=tuple(part), u=u)
     return part.out, part.lse, beta, delta
 
 
-def dcp_bounds(kw: dict, ref: tuple, u: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The combined output's and LSE's budgets from each rank's (module docstring)."""
-    parts = [_rank_bounds(kw, r, u) for r in range(kw["world_size"])]
+def combined_bounds(kw: dict, kv: torch.Tensor, ref: tuple, u: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The combined output's and LSE's budgets from each rank's (module docstring), ``kv [B, S_kv, D_qk]`` the
+    entries the ranks share out."""
+    parts = [_rank_bounds(kw, kv, r, u) for r in range(kw["world_size"])]
     outs, lses, betas, deltas = (torch.stack(x) for x in zip(*parts))  # [N_cp, ...]
     if lse_rounded():  # a declared LSE in the query dtype (vLLM's Triton decode): each partial's one rounding
         deltas = deltas + u * lses.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
@@ -103,6 +112,11 @@ def dcp_bounds(kw: dict, ref: tuple, u: float) -> tuple[torch.Tensor, torch.Tens
     lse_ref = ref[1].nan_to_num(0.0, posinf=0.0, neginf=0.0)
     lse_bound = delta + 2 * (kw["world_size"] * EPS32 + EPS32 * lse_ref.abs())
     return out_bound, lse_bound
+
+
+def dcp_bounds(kw: dict, ref: tuple, u: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dcp_decode``'s budgets: :func:`combined_bounds` over the op's entries ``kv``."""
+    return combined_bounds(kw, kw["kv"].double(), ref, u)
 
 
 def _cases(scale: Scale) -> list[tuple[str, dict]]:
@@ -188,6 +202,49 @@ def _params(draw) -> dict:
     )
 
 
+# -- dcp_decode_fp8: the same over an fp8 cache, each rank's share through the backend's mla_decode_fp8 ------------
+def dcp_decode_fp8_reference(
+    q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal, seq_lens, world_size, interleave
+) -> tuple:
+    """Single-device attention over the whole dequantized cache (:func:`~.fp8_decode.mla_decode_fp8_reference`)."""
+    return mla_decode_fp8_reference(
+        q,
+        kv_cache,
+        layout=layout,
+        k_scale=k_scale,
+        q_scale=q_scale,
+        d_v=d_v,
+        scale=scale,
+        causal=causal,
+        seq_lens=seq_lens,
+    )
+
+
+def _fp8_inputs(c: Case) -> dict:
+    """``mla_decode_fp8``'s inputs (:func:`~.fp8_decode.fp8_decode_inputs`: e4m3-representable ``q``, the cache
+    records) with ``seq_lens`` always given, plus the group."""
+    kw = fp8_decode_inputs(c)
+    b, s_kv = kw["kv_cache"].shape[:2]
+    kw.setdefault("seq_lens", torch.full((b,), s_kv, dtype=torch.int32))
+    return dict(kw, world_size=c.params["world_size"], interleave=c.params["interleave"])
+
+
+def dcp_fp8_bounds(kw: dict, ref: tuple, u: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dcp_decode_fp8``'s budgets: :func:`combined_bounds` over the dequantized cache, each partial's budget
+    ``mla_decode_fp8``'s (e4m3 weights and fp8 accumulation where the backend declares them; a partial LSE's
+    declared error then enters ``δ`` and grows the output's budget by ``e^(2δ)``)."""
+    return combined_bounds(kw, dequantized_entries(kw["kv_cache"], kw["layout"], kw["k_scale"]), ref, u)
+
+
+FP8_CACHE = dict(layout="fp8_e4m3_per_tensor", k_scale=0.046875, q_scale=0.15625)
+"""The fp8 cache of ``dcp_decode_fp8``'s cases: vLLM's per-tensor e4m3 cache (FlashMLA's dense fp8 kernel), the
+scales of ``mla_decode_fp8``'s cases (neither a power of two)."""
+
+
+def _fp8_cases(scale: Scale) -> list[tuple[str, dict]]:
+    return [(name, dict(p, **FP8_CACHE)) for name, p in _cases(scale)]
+
+
 OPS = [
     Op(
         "dcp_decode",
@@ -198,5 +255,16 @@ OPS = [
         spec=dcp_attention,
         cases=_cases,
         generator=_params,
-    )
+    ),
+    Op(
+        "dcp_decode_fp8",
+        _fp8_inputs,
+        dcp_decode_fp8_reference,
+        dcp_fp8_bounds,
+        doc="Decode context parallelism over an fp8 cache: mla_decode_fp8 per rank's share of the records, LSE "
+        "combine, vs single-device attention over the dequantized cache (spec.dcp)",
+        spec=dcp_attention,
+        cases=_fp8_cases,
+        generator=lambda: _params().map(lambda p: dict(p, **FP8_CACHE)),
+    ),
 ]

@@ -23,8 +23,13 @@ Inputs (``B`` requests, ``S_kv`` cached tokens each):
   enough to hold it would hide a 2% softmax-scale bug at DeepSeek's logit sizes.
 * ``k_scale`` (per-tensor layouts), ``q_scale``: floats, neither a power of two (a kernel that drops or swaps a
   descale is off by a factor the budget cannot hide).
+* ``seq_lens`` (optional, as ``mla_decode``'s): ``[B]`` int32, request ``b`` reads its first ``seq_lens[b]`` records
+  (``0`` allowed), MTP causal aligned to its own end: FlashMLA's ``cache_seqlens``, which vLLM's
+  ``flash_mla_with_kvcache_fp8(q, k_cache, block_table, cache_seqlens, ...)`` hands to ``fwd_kvcache_mla_fp8``
+  (``vllm/v1/attention/ops/flashmla.py``). What a DCP rank hands its decode (``dcp_decode_fp8``,
+  :mod:`~mlaspec.conformance.ops.dcp`): its share's local length per request.
 
-Reference: ``mqa_latent_attention(q, dequantize(kv_cache), d_v, scale, causal)`` in float64.
+Reference: ``mqa_latent_attention(q, dequantize(kv_cache), d_v, scale, causal, seq_lens)`` in float64.
 
 **Budget.** As :func:`~mlaspec.conformance.ops.common.attention_bounds` (fp32 logits, the softmax weights and the
 output rounded to the case dtype): the exact spec. A kernel that declares ``p_in_e4m3``
@@ -48,7 +53,7 @@ import math
 import torch
 
 from mlaspec.spec import cache_layouts as cl
-from mlaspec.spec.attention import attention, causal_mask
+from mlaspec.spec.attention import attention, seq_lens_mask
 from mlaspec.spec.forms import mqa_latent_attention
 
 from .. import numerics
@@ -76,7 +81,9 @@ def _writer(p: dict, layout: cl.CacheLayout) -> str:
     return p.get("writer", "flashmla" if layout is cl.FP8_DS_MLA_V32 else "vllm-per-tensor")
 
 
-def _inputs(c: Case) -> dict:
+def fp8_decode_inputs(c: Case) -> dict:
+    """``seq_lens`` (a case param, optional): per-request key counts ``[B]`` int32 (FlashMLA's ``cache_seqlens``), as
+    ``mla_decode``'s; the records past a request's length are real records it must not read."""
     p = c.params
     b, s_q, s_kv, h, d, dv = (p[k] for k in ("B", "S_q", "S_kv", "H_q", "D_qk", "D_v"))
     layout = cl.LAYOUTS[p["layout"]]
@@ -89,7 +96,7 @@ def _inputs(c: Case) -> dict:
         raise ValueError(f"writer {p['writer']!r} does not write the {layout.name} layout")
     raw = raw.reshape(b, s_kv, layout.token_bytes)
     q = fp8_query(torch.randn(b, s_q, h, d, generator=g, dtype=torch.float64) * 3.0, p["q_scale"], DTYPES[c.dtype])
-    return dict(
+    kw = dict(
         q=q,
         kv_cache=raw,
         layout=layout.name,
@@ -99,6 +106,9 @@ def _inputs(c: Case) -> dict:
         scale=p.get("scale", 192**-0.5),
         causal=p["causal"],
     )
+    if "seq_lens" in p:
+        kw["seq_lens"] = torch.tensor(p["seq_lens"], dtype=torch.int32)
+    return kw
 
 
 def dequantized_entries(kv_cache: torch.Tensor, layout: str, k_scale: float | None) -> torch.Tensor:
@@ -108,27 +118,46 @@ def dequantized_entries(kv_cache: torch.Tensor, layout: str, k_scale: float | No
     return cl.dequantize(flat, layout, scale=k_scale).entries.reshape(b, s, -1)
 
 
-def mla_decode_fp8_reference(q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False) -> tuple:
+def mla_decode_fp8_reference(
+    q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False, seq_lens=None
+) -> tuple:
     """Spec attention over the dequantized cache (``q_scale`` only tells a kernel how q was quantized)."""
     kv = dequantized_entries(kv_cache, layout, k_scale)
-    return tuple(mqa_latent_attention(q.double(), kv, d_v=d_v, scale=scale, causal=causal))
+    return tuple(mqa_latent_attention(q.double(), kv, d_v=d_v, scale=scale, causal=causal, seq_lens=seq_lens))
+
+
+def latent_bounds(q, kv, *, d_v, scale, mask, ref, u) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output and LSE budgets of MQA over cache entries (module docstring): those of
+    :func:`~.common.attention_bounds`, with e4m3 softmax weights where ``p_in_e4m3`` is declared.
+
+    ``q [B, S_q, H_q, D_qk]``, ``kv [B, S_kv, D_qk]`` float64 entries, ``mask [B, S_q, S_kv]`` bool (the keys each
+    query reads), ``ref = (out, lse)`` the spec's; returns ``out``'s ``[B, S_q, H_q, d_v]`` and ``lse``'s ``[B, H_q,
+    S_q]`` budgets."""
+    q, k = q.double(), kv[:, :, None]
+    v = k[..., :d_v]
+    out_b, lse_b = attention_bounds(q, k, v, scale=scale, causal=False, mask=mask, ref=ref, u=u)
+    if numerics.p_format() != "e4m3":  # the exact spec: p rounded to the case dtype, already in attention_bounds
+        return out_b, lse_b
+    m = attention(q, k, v.abs(), scale=scale, mask=mask).out  # [B, S_q, H, D_v]
+    s = (torch.einsum("bqhd,bkd->bhqk", q, kv) * scale).masked_fill(~mask[:, None], -math.inf)
+    ell = torch.exp(s - s.amax(-1, keepdim=True)).nan_to_num(0.0).sum(-1).clamp_min(1.0)  # [B, H, S_q]
+    total_v = torch.einsum("bqk,bkd->bqd", mask.double(), v[:, :, 0].abs())  # [B, S_q, D_v]
+    a = total_v[:, :, None] / ell.transpose(1, 2)[..., None]  # [B, S_q, H, D_v]
+    return out_b + 2 * (U_P * m + P_FLOOR * a), lse_b
+
+
+def read_keys(kw: dict) -> torch.Tensor:
+    """The keys each query of the op's arguments reads, ``[B, S_q, S_kv]`` bool: ``seq_lens`` (default ``S_kv`` for
+    every request) and ``causal`` (:func:`~mlaspec.spec.attention.seq_lens_mask`)."""
+    b, s_kv = kw["kv_cache"].shape[:2]
+    lens = kw.get("seq_lens")
+    lens = torch.full((b,), s_kv, dtype=torch.int32) if lens is None else lens
+    return seq_lens_mask(lens, kw["q"].shape[1], s_kv, causal=kw["causal"])
 
 
 def _bounds(kw, ref, u):
     kv = dequantized_entries(kw["kv_cache"], kw["layout"], kw["k_scale"])
-    q, k = kw["q"].double(), kv[:, :, None]
-    v = k[..., : kw["d_v"]]
-    out_b, lse_b = attention_bounds(q, k, v, scale=kw["scale"], causal=kw["causal"], ref=ref, u=u)
-    if numerics.p_format() != "e4m3":  # the exact spec: p rounded to the case dtype, already in attention_bounds
-        return out_b, lse_b
-    m = attention(q, k, v.abs(), scale=kw["scale"], causal=kw["causal"]).out  # [B, S_q, H, D_v]
-    s = torch.einsum("bqhd,bkd->bhqk", q, kv) * kw["scale"]
-    allowed = causal_mask(q.shape[1], kv.shape[1]) if kw["causal"] else torch.ones(q.shape[1], kv.shape[1]).bool()
-    s = s.masked_fill(~allowed, -math.inf)
-    ell = torch.exp(s - s.amax(-1, keepdim=True)).nan_to_num(0.0).sum(-1).clamp_min(1.0)  # [B, H, S_q]
-    total_v = torch.einsum("qk,bkd->bqd", allowed.double(), v[:, :, 0].abs())  # [B, S_q, D_v]
-    a = total_v[:, :, None] / ell.transpose(1, 2)[..., None]  # [B, S_q, H, D_v]
-    return out_b + 2 * (U_P * m + P_FLOOR * a), lse_b
+    return latent_bounds(kw["q"], kv, d_v=kw["d_v"], scale=kw["scale"], mask=read_keys(kw), ref=ref, u=u)
 
 
 # -- the curated cases (named after the deployments they stand for) and the generated parameters ----------------
@@ -222,13 +251,64 @@ def _mla_decode_fp8_cases(scale: Scale) -> list[tuple[str, dict]]:
                 B=2, S_q=1, S_kv=ctx, H_q=16, D_qk=576, D_v=512, causal=True, layout="fp8_ds_mla_v32", q_scale=0.15625
             ),
         ),
+        # per-request lengths (FlashMLA's cache_seqlens), an empty request, two 64-head tiles, the model's YaRN scale
+        (
+            "v3-tp1-per-tensor-ragged-yarn",
+            dict(
+                B=4,
+                S_q=1,
+                S_kv=4096 if full else 300,
+                seq_lens=[4096, 0, 1000, 3001] if full else [300, 0, 77, 193],
+                H_q=128,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                layout="fp8_e4m3_per_tensor",
+                k_scale=0.046875,
+                q_scale=0.15625,
+                scale=V3_SCALE,
+            ),
+        ),
+        # MTP over 13 64-key blocks, a request shorter than its queries (its row 0 reads no key)
+        (
+            "mtp2-per-tensor-ragged",
+            dict(
+                B=3,
+                S_q=2,
+                S_kv=max(ctx, 800),
+                seq_lens=[max(ctx, 800), 1, 650],
+                H_q=16,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                layout="fp8_e4m3_per_tensor",
+                k_scale=0.046875,
+                q_scale=0.15625,
+                scale=V3_SCALE,
+            ),
+        ),
+        (
+            "v32-656-dense-ragged",
+            dict(
+                B=3,
+                S_q=1,
+                S_kv=ctx,
+                seq_lens=[ctx, 0, ctx // 2],
+                H_q=16,
+                D_qk=576,
+                D_v=512,
+                causal=True,
+                layout="fp8_ds_mla_v32",
+                q_scale=0.15625,
+            ),
+        ),
     ]
 
 
 OPS = [
     Op(
         "mla_decode_fp8",
-        _inputs,
+        fp8_decode_inputs,
         mla_decode_fp8_reference,
         _bounds,
         doc="Absorbed-form MQA over an fp8 KV cache (per-tensor e4m3 576 B, or 656 B fp8_ds_mla), judged against "

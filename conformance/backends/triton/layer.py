@@ -15,7 +15,10 @@
   and ``fp8_ds_mla_v32`` (FlashMLA's 656 B token) :func:`mlaspec.impl.sparse.paged_decode` (the sparse kernel
   with every token named through the block table, dequantized in the kernel).
 
-All three multiply matrices in the case dtype, so their bf16 cases are skipped in the interpreter (wrong ``tl.dot``).
+* ``dcp_decode_fp8``: ``mla_decode_fp8`` on each rank's share of the records
+  (:class:`mlaspec.conformance.backends.common.DCPFP8ByRanks`) and the Triton combine, as ``dcp_decode``.
+
+All of them multiply matrices in the case dtype, so their bf16 cases are skipped in the interpreter (wrong ``tl.dot``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from mlaspec.impl.layer import chunked_prefill, mla_mixed_batch_layer
 from mlaspec.impl.sparse import fp8_keys, paged_decode
 from mlaspec.spec.chunked_context import ChunkPlan
 
+from ..common import DCPFP8ByRanks
 from .dense import interpreted
 from .dense import pow2_at_least_16 as _pow2_at_least_16
 
@@ -40,8 +44,9 @@ def _bf16_in_interpreter(case) -> str | None:
     return None
 
 
-class TritonLayer:
-    """The mixed-batch layer, its chunked prefill and the fp8 decode.
+class TritonLayer(DCPFP8ByRanks):
+    """The mixed-batch layer, its chunked prefill, the fp8 decode and its DCP (``dcp_decode_fp8``: each rank's share
+    through ``mla_decode_fp8``, combined by ``dcp_combine``, the Triton combine of :mod:`.dense`).
 
     Expects ``self.device`` (set by ``TritonBackend.__init__``)."""
 
@@ -81,6 +86,8 @@ class TritonLayer:
             return f"mla_decode_fp8 needs D_v and D_qk - D_v powers of two >= 16, got {p['D_v']}, {p['D_qk']}"
         return _bf16_in_interpreter(case)
 
+    _unsupported_dcp_decode_fp8 = _unsupported_mla_decode_fp8  # the same kernel on every rank's share
+
     # -- ops -----------------------------------------------------------------------------------------------------
     def mla_mixed_batch(
         self, q_nope, q_pe, kv_c, k_pe, metadata, kv_cache, W_UK, W_UV, *, scale, workspace_size, decode_threshold=1
@@ -108,7 +115,7 @@ class TritonLayer:
             )
         )
 
-    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False):
+    def mla_decode_fp8(self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal=False, seq_lens=None):
         if layout not in ("fp8_e4m3_per_tensor", "fp8_ds_mla_v32"):
             raise ValueError(
                 f"layout must be 'fp8_e4m3_per_tensor' (576 B) or 'fp8_ds_mla_v32' (656 B), got {layout!r}"
@@ -116,7 +123,9 @@ class TritonLayer:
         S_kv = kv_cache.shape[1]
         q, kv_cache = q.to(self.device), kv_cache.to(self.device)
         g = torch.Generator().manual_seed(S_kv)  # the page shuffle: fixed per shape
-        cache, block_table, seq_lens = page_cache(kv_cache.view(torch.uint8), page_size=64, generator=g, fill=0xFF)
+        cache, block_table, seq_lens = page_cache(
+            kv_cache.view(torch.uint8), page_size=64, generator=g, fill=0xFF, seq_lens=seq_lens
+        )
         if layout == "fp8_ds_mla_v32":
             keys = fp8_keys(cache.reshape(-1, cache.shape[-1]), "fp8_v32", page_size=64)
             return tuple(paged_decode(q, keys, block_table, seq_lens, scale=scale, d_v=d_v, causal=causal))
