@@ -4,7 +4,7 @@ card's roofline measured first in the same run.
 Kernels (``--kernels``, comma list; default all), each with its providers and counts as its script documents:
 
 * ``decode``, ``decode_fp8`` (:mod:`decode`): dense paged decode over a bf16 / per-tensor fp8 cache, heads 16 and
-  128, batch 1..128, context 1K..64K; ``triton``, ``flashmla``, ``torch``;
+  128, batch 1..128, context 1K..128K; ``triton``, ``flashmla``, ``torch``;
 * ``sparse_decode``, ``sparse_prefill`` (:mod:`sparse`): top-k 2048 over a 656-byte fp8 or bf16 cache, and the
   prefill over bf16 ``kv``; ``triton(-fp8|-bf16)``, ``flashmla``, ``torch``;
 * ``indexer``, ``topk`` (:mod:`indexer`): fp8 causal logits, H 64, D 128; ``triton``, ``deepgemm``, ``torch``; the
@@ -43,7 +43,7 @@ from common import REFERENCE, Row, describe_roofline, environment, markdown_tabl
 KERNELS = tuple(REFERENCE)
 GRIDS = {
     "full": dict(
-        decode=dict(batches=[1, 4, 64, 128], contexts=[1024, 4096, 8192, 65536], heads=[16, 128]),
+        decode=dict(batches=[1, 2, 4, 64, 128], contexts=[1024, 4096, 8192, 65536, 131072], heads=[16, 128]),
         sparse_decode=dict(batches=[1, 64, 128], heads=[16, 64, 128], topks=[2048], contexts=[8192, 65536]),
         sparse_prefill=dict(s_qs=[4096], contexts=[8192, 65536], heads=[16, 64, 128], topks=[2048]),
         indexer=dict(seqs=[1024, 4096, 8192, 16384]),
