@@ -240,3 +240,22 @@ def test_report_lists_failures_first_and_counts_skips_by_reason(tmp_path):
     assert page.index("attention[c-bfloat16]") < page.index("attention[a-bfloat16]")  # failures first
     assert "<tr><td>2</td><td>no bf16 here</td>" in page and "attention[b-bfloat16]</td><td>" not in page
     assert "rel_frobenius" not in page and "bound inf" not in page and "max_error/bound = 3" in page
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_tiny_output_may_round_to_the_subnormal_grid(dtype):
+    """An output far below the dtype's smallest normal rounds to its subnormal grid (fp16: 6.6e-9 -> 0, an absolute
+    error of up to 2^-25): the attention budget admits exactly that rounding, and not a relative error of it."""
+    from mlaspec.conformance.ops.common import attention_bounds, underflow_floor, unit_roundoff
+    from mlaspec.spec.attention import attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 2, 8, generator=g, dtype=torch.float64), torch.randn(1, 5, 2, 8, generator=g)
+    v = torch.randn(1, 5, 2, 4, generator=g, dtype=torch.float64) * 1e-8
+    ref = attention(q, k.double(), v, scale=0.3, causal=False)
+    out_bound, _ = attention_bounds(q, k.double(), v, scale=0.3, causal=False, ref=ref, u=unit_roundoff(dtype))
+    rounded = ref.out.to(dtype).double()  # what any kernel writing the exact result in `dtype` returns
+    assert bool(((rounded - ref.out).abs() <= out_bound).all())
+    assert bool((out_bound >= underflow_floor(dtype)).all())
+    if dtype == torch.float16:  # below fp16's subnormals: the bound is the floor, no more than a few of its units
+        assert float(out_bound.max()) < 4 * underflow_floor(dtype)

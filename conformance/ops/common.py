@@ -178,14 +178,22 @@ def projection_error(equation: str, x: torch.Tensor, w: torch.Tensor, u: float) 
     return (1 + u / 2) * gamma(n) * torch.einsum(equation, x.abs().double(), w.abs().double())
 
 
+def output_underflow(u: float) -> float:
+    """``η/2`` (:func:`underflow_floor`) of the case dtype whose unit roundoff is ``u`` (0 for a ``u`` of no case
+    dtype): the absolute error of rounding an output below the dtype's smallest normal (fp16: ``2^-25``, where an
+    output of ``6.6e-9`` rounds to 0 -- seen on the H200 with a per-tensor fp8 cache of scale 1)."""
+    return next((underflow_floor(dt) for dt in DTYPES.values() if unit_roundoff(dt) == u), 0.0)
+
+
 def attention_bounds(q, k, v, *, scale, causal, mask=None, ref, u, extra_logit_err=0.0, v_err=None):
     """The output and LSE budgets of attention (see :mod:`mlaspec.conformance.ops`). ``extra_logit_err``
     (``[B, H, S_q]`` or a scalar) adds to ``δs`` what perturbed ``q`` or ``k`` cost the logits; ``v_err`` (an
     elementwise bound of a perturbation of ``v``, shaped like it) adds ``Σ_j p_j v_err_j`` (the spec's weights) to
-    the output's error, inside the factor 2."""
+    the output's error, inside the factor 2. The output's rounding to the case dtype costs ``u |out| + η/2``
+    (:func:`output_underflow`)."""
     ds = logit_error(q, k, scale) + extra_logit_err  # [B, H, S_q]
     m = attention(q, k, v.abs(), scale=scale, causal=causal, mask=mask).out  # [B, S_q, H, D_v]
-    out_bound = 2 * (u * ref[0].abs() + (u + 2 * ds.transpose(1, 2)[..., None]) * m)
+    out_bound = 2 * (u * ref[0].abs() + output_underflow(u) + (u + 2 * ds.transpose(1, 2)[..., None]) * m)
     if v_err is not None:
         out_bound = out_bound + 2 * attention(q, k, v_err, scale=scale, causal=causal, mask=mask).out
     # the fp32 sum of up to S_kv exponentials (relative S_kv ε32) and its log (ε32 |lse|)
