@@ -7,6 +7,7 @@ already judged; ``mlaspec report DIR`` rebuilds the report from that file.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
@@ -18,10 +19,12 @@ from pathlib import Path
 
 import torch
 
+from . import references
 from .backend import Backend, skip_reason
 from .cases import Case
 from .numerics import assuming, declared
 from .ops import DTYPES, OPS, unit_roundoff
+from .references import ReferenceCache
 from .verdict import Result, judge
 from .worker import Outcome, WorkerBackend, error_message, invoke
 
@@ -84,6 +87,8 @@ def run_case(
     timeout: float | None = 60.0,
     figure_dir: Path | None = None,
     strict_numerics: bool = False,
+    reference_device: torch.device | str = "auto",
+    cache: ReferenceCache | None = None,
 ) -> Result:
     """Judge ``backend`` on ``case``; the result's ``repro`` is :meth:`Case.repro` of ``backend_name``.
 
@@ -95,6 +100,11 @@ def run_case(
     The budgets and the bias check follow the arithmetic the backend declares for the op
     (:mod:`mlaspec.conformance.numerics`; recorded in ``result.numerics``), or the exact spec's with
     ``strict_numerics``.
+
+    The reference and the budgets are computed on ``reference_device`` (``"auto"``: the backend's device when it is
+    CUDA, else the CPU; :func:`~mlaspec.conformance.references.reference_device`) from inputs built on the CPU, or
+    read from ``cache`` (:mod:`mlaspec.conformance.references`); the inputs are then built only where something
+    reads them (a backend in this process, an op's ``compare``, a failing case's pictures).
     """
     result = Result(case.id, case.op, case.dtype, "skip", repro=case.repro(backend_name, scale))
     try:
@@ -115,17 +125,28 @@ def run_case(
     if isolated:
         backend.send(case, op.writes)  # the worker computes while the reference is computed here
     u = unit_roundoff(DTYPES[case.dtype])
-    try:
-        inputs = op.make_inputs(case)
-        with assuming(tuple(result.numerics)):  # a departure may change the reference itself (scales read in bf16)
-            ref = tuple(op.reference(**inputs))
-            bounds = None if op.bounds is None else op.bounds(inputs, ref, u)
+
+    @functools.cache
+    def inputs() -> dict:
+        return op.make_inputs(case)
+
+    try:  # a departure may change the reference itself (scales read in bf16): the numerics are part of its key
+        ref, bounds = references.reference(
+            op,
+            case,
+            inputs,
+            u,
+            scale=scale,
+            numerics=tuple(result.numerics),
+            device=references.reference_device(reference_device, backend),
+            cache=cache,
+        )
     except Exception as exc:  # parameters the harness cannot build from: the case's error, the run goes on
         if isolated:
             backend.collect()  # the worker's answer to this case, so the next case reads its own
         result.verdict, result.reason = "error", f"the harness could not build this case: {error_message(exc)}"
         return result
-    outcome = backend.collect() if isolated else _call(backend, case, inputs, op.writes, timeout)
+    outcome = backend.collect() if isolated else _call(backend, case, inputs(), op.writes, timeout)
     result.seconds = outcome.seconds
     if outcome.kind != "ok":
         result.verdict = outcome.kind
@@ -134,7 +155,7 @@ def run_case(
     got = outcome.outputs
     try:
         with assuming(tuple(result.numerics)):
-            verdict = judge(op.outputs, got, ref, bounds, u=u) if op.compare is None else op.compare(inputs, got, ref)
+            verdict = judge(op.outputs, got, ref, bounds, u=u) if op.compare is None else op.compare(inputs(), got, ref)
     except Exception as exc:  # an output the judge cannot read is the backend's error, never the run's end
         verdict = ("error", f"the output cannot be judged: {error_message(exc)}", [], {}, {})
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict
@@ -149,7 +170,7 @@ def run_case(
             ["input contract: " + b for b in outcome.breaches] + [result.reason] * bool(result.reason)
         )
     if result.verdict == "fail" and figure_dir is not None:
-        _save_figures(result, op, case, inputs, got, ref, ratios, figure_dir)
+        _save_figures(result, op, case, inputs(), got, ref, ratios, figure_dir)
     return result
 
 
@@ -200,13 +221,16 @@ def run_cases(
     stop: Callable[[int, Result], bool] | None = None,
     header: str | None = None,
     strict_numerics: bool = False,
+    reference_device: torch.device | str = "auto",
+    cache: ReferenceCache | None = None,
 ) -> list[Result]:
     """Run every case; stream each verdict to ``out_dir/results.jsonl`` as it comes.
 
     ``before(i, case)`` is called before case ``i`` runs (``mlaspec check`` prints a reproducer there, so a case
     that kills the process leaves it as the last line); after ``on_result(i, result)``, the run ends early when
     ``stop(i, result)`` is true (a lost CUDA context, where every later launch would fail): fewer results than cases.
-    ``header`` (:func:`~mlaspec.conformance.report.header_line`) is the file's first line.
+    ``header`` (:func:`~mlaspec.conformance.report.header_line`) is the file's first line. ``reference_device``
+    and ``cache`` are :func:`run_case`'s.
     """
     results = []
     sink = None
@@ -228,6 +252,8 @@ def run_cases(
                 timeout=timeout,
                 figure_dir=None if out_dir is None else out_dir / "figures",
                 strict_numerics=strict_numerics,
+                reference_device=reference_device,
+                cache=cache,
             )
             results.append(r)
             if sink is not None:

@@ -177,6 +177,7 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
         has_unsupported=callable(getattr(backend, "unsupported", None)),
         unavailable=getattr(backend, "unavailable", None),
         numerics={op: tuple(v) for op, v in (getattr(backend, "numerics", None) or {}).items()},
+        device=str(getattr(backend, "device", None) or "") or None,
     )
     conn.send(("ready", meta))
     while True:
@@ -223,7 +224,7 @@ def _status(code: int | None) -> str:
 
 class WorkerBackend:
     """A backend, by name, in a worker process; it quacks like a backend for what the harness asks before a call
-    (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``, ``numerics``,
+    (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``, ``numerics``, ``device``,
     ``unsupported``) and runs ops through :meth:`send` / :meth:`collect`. Raises ``RuntimeError`` when the backend
     cannot be loaded (the message is the worker's)."""
 
@@ -240,6 +241,7 @@ class WorkerBackend:
         self._has_unsupported = meta["has_unsupported"]
         self.unavailable = meta["unavailable"]
         self.numerics = meta["numerics"]
+        self.device = meta["device"]  # where the backend runs (its own ``device``), or None: unknown
         self.starts = 1
 
     def _start(self) -> dict:
