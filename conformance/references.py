@@ -26,8 +26,10 @@ import functools
 import hashlib
 import inspect
 import json
+import math
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
@@ -37,7 +39,16 @@ import torch
 from .cases import Case
 from .numerics import assuming
 
-__all__ = ["ReferenceCache", "cache_dir", "cache_key", "reference_device", "spec_version", "to_device"]
+__all__ = [
+    "DEVICE_AGREEMENT",
+    "ReferenceCache",
+    "cache_dir",
+    "cache_key",
+    "device_disagreement",
+    "reference_device",
+    "spec_version",
+    "to_device",
+]
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # the mlaspec package: spec/, conformance/
 _SOURCES = ("spec/*.py", "conformance/ops/*.py", "conformance/cases.py", "conformance/numerics.py")
@@ -184,6 +195,16 @@ def compute(op, inputs: dict, u: float, numerics: tuple[str, ...], device: torch
     return to_device(ref, torch.device("cpu")), to_device(bounds, torch.device("cpu"))
 
 
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(op: str, device: torch.device, exc: Exception) -> None:
+    if (op, str(device)) not in _WARNED:
+        _WARNED.add((op, str(device)))
+        message = f"{op}: a reference could not be computed on {device} ({type(exc).__name__}: {exc}); on the CPU"
+        warnings.warn(message, stacklevel=3)
+
+
 def reference(
     op,
     case: Case,
@@ -196,12 +217,64 @@ def reference(
     cache: ReferenceCache | None,
 ) -> tuple[tuple, tuple | None]:
     """``(ref, bounds)`` of ``case`` from ``cache`` when it holds them, else computed (:func:`compute`, on the inputs
-    ``make_inputs()`` builds) and stored there."""
+    ``make_inputs()`` builds) and stored there. Where the computation raises on a device other than the CPU, it is
+    done again on the CPU with a warning, once per op (a verdict never depends on where its reference was computed;
+    ``benchmarks/reference_check.py`` shows such an op as not agreeing)."""
     key = None if cache is None else cache_key(case, scale=scale, numerics=numerics, device=device, op=op)
     hit = None if cache is None else cache.load(key)
     if hit is not None:
         return hit
-    ref, bounds = compute(op, make_inputs(), u, numerics, device)
+    try:
+        ref, bounds = compute(op, make_inputs(), u, numerics, device)
+    except Exception as exc:  # a spec path that breaks off the CPU must not change a verdict: the CPU computes it
+        if device.type == "cpu":
+            raise
+        _warn_once(op.name, device, exc)
+        device = torch.device("cpu")
+        key = None if cache is None else {**key, "device": "cpu"}
+        ref, bounds = compute(op, make_inputs(), u, numerics, device)
     if cache is not None:
         cache.store(key, ref, bounds)
     return ref, bounds
+
+
+#: How far a reference computed on another device may be from the CPU's: float64 on both, the same inputs, only the
+#: order of additions inside reductions differs (relative ``~1e-16`` per addition, ``~1e-13`` after thousands), so
+#: ``max |ref_dev - ref_cpu| / budget`` stays near ``1e-12`` at most; this bound leaves three decades of room.
+DEVICE_AGREEMENT = 1e-9
+
+
+def device_disagreement(case: Case, device: torch.device, *, numerics: tuple[str, ...] = ()) -> dict[str, float]:
+    """How far ``case``'s reference and budgets computed on ``device`` are from the CPU's, per output: ``|Δref| /
+    budget`` (``bounds`` as the CPU computes them; ``|Δref| / |ref|`` for an op judged by ``compare``, which has
+    none), and ``|Δbound| / bound``; ``inf`` where the NaN / ±inf positions, a shape or an exact (integer, bool)
+    output differ. Within :data:`DEVICE_AGREEMENT` everywhere, the device's verdicts are the CPU's."""
+    from .ops import DTYPES, OPS, unit_roundoff
+
+    op = OPS[case.op]
+    u = unit_roundoff(DTYPES[case.dtype])
+    inputs = op.make_inputs(case)
+    ref, bounds = compute(op, inputs, u, numerics, torch.device("cpu"))
+    ref_dev, bounds_dev = compute(op, op.make_inputs(case), u, numerics, device)
+    budgets = bounds or (None,) * len(ref)
+    out = {}
+    for i, (a, b, budget) in enumerate(zip(ref, ref_dev, budgets, strict=True)):
+        out[f"ref{i}"] = _relative_gap(a, b, budget)
+    for i, (a, b) in enumerate(zip(bounds or (), bounds_dev or (), strict=True)):
+        out[f"bound{i}"] = _relative_gap(a, b, None)
+    return out
+
+
+def _relative_gap(a: object, b: object, scale: torch.Tensor | None) -> float:
+    """``max |a - b| / scale`` (``scale`` default ``|a|``) over the finite entries of two float tensors; 0 or ``inf``
+    for anything else, equal or not."""
+    if not isinstance(a, torch.Tensor) or not a.dtype.is_floating_point:
+        same = torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
+        return 0.0 if same else math.inf
+    if a.shape != b.shape or not all(torch.equal(t(a), t(b)) for t in (torch.isnan, torch.isposinf, torch.isneginf)):
+        return math.inf
+    finite = torch.isfinite(a)
+    gap = torch.where(finite, (a - b).abs(), 0.0)
+    scale = a.abs() if scale is None else torch.broadcast_to(scale, a.shape)
+    ratio = torch.where(gap > 0, gap / scale.clamp_min(1e-300), 0.0)
+    return float(ratio.max()) if ratio.numel() else 0.0
