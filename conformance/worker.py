@@ -382,6 +382,11 @@ def _main() -> None:  # pragma: no cover - the worker process
     fd, backend_name = int(sys.argv[1]), sys.argv[2]
     with Connection(fd) as conn:
         _serve(backend_name, conn)
+    # done: leave without the interpreter's teardown (torch's and a backend's take a second or more, which the parent
+    # would wait for at close); the log is flushed first
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
