@@ -162,8 +162,10 @@ def reference_device(option: str | torch.device = "auto", backend: object = None
     the backend's device when it is CUDA (its ``device`` attribute, else ``$MLASPEC_DEVICE``), else the CPU."""
     if option != "auto":
         return torch.device(option)
-    named = getattr(backend, "device", None) or os.environ.get("MLASPEC_DEVICE") or "cpu"
-    device = torch.device(named)
+    env = os.environ.get("MLASPEC_DEVICE") or "cpu"
+    device = torch.device(getattr(backend, "device", None) or env)
+    if device.type == "cuda" and device.index is None and env.startswith("cuda:"):
+        device = torch.device(env)  # a backend on "cuda" runs on the worker's current device, MLASPEC_DEVICE's
     return device if device.type == "cuda" and torch.cuda.is_available() else torch.device("cpu")
 
 
