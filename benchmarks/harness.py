@@ -94,6 +94,8 @@ def environment() -> dict:
         "cpus": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(),
     }
+    if os.environ.get("OMP_NUM_THREADS"):
+        env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
     try:
