@@ -22,6 +22,7 @@ asked for, is recomputed and rewritten, never trusted.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -188,7 +189,9 @@ def compute(op, inputs: dict, u: float, numerics: tuple[str, ...], device: torch
     """``(ref, bounds)`` of ``op`` on ``inputs`` (built on the CPU), computed on ``device`` under the declared
     ``numerics``, returned on the CPU."""
     on_cpu = device.type == "cpu"
-    with assuming(numerics), torch.device(device):
+    # off the CPU, the spec's own factory calls (torch.arange, torch.zeros) land on the device too; on the CPU that
+    # context is only the default, and would cost every torch call a Python-level dispatch
+    with assuming(numerics), contextlib.nullcontext() if on_cpu else torch.device(device):
         kwargs = inputs if on_cpu else to_device(inputs, device)
         ref = tuple(op.reference(**kwargs))
         bounds = None if op.bounds is None else op.bounds(kwargs, ref, u)
@@ -222,22 +225,22 @@ def reference(
     ``make_inputs()`` builds) and stored there. Where the computation raises on a device other than the CPU, it is
     done again on the CPU with a warning, once per op (a verdict never depends on where its reference was computed;
     ``benchmarks/reference_check.py`` shows such an op as not agreeing)."""
-    key = None if cache is None else cache_key(case, scale=scale, numerics=numerics, device=device, op=op)
-    hit = None if cache is None else cache.load(key)
-    if hit is not None:
-        return hit
-    try:
-        ref, bounds = compute(op, make_inputs(), u, numerics, device)
-    except Exception as exc:  # a spec path that breaks off the CPU must not change a verdict: the CPU computes it
-        if device.type == "cpu":
-            raise
-        _warn_once(op.name, device, exc)
-        device = torch.device("cpu")
-        key = None if cache is None else {**key, "device": "cpu"}
-        ref, bounds = compute(op, make_inputs(), u, numerics, device)
-    if cache is not None:
-        cache.store(key, ref, bounds)
-    return ref, bounds
+    for where in dict.fromkeys([device, torch.device("cpu")]):  # the device, then the CPU if the spec breaks there
+        key = None if cache is None else cache_key(case, scale=scale, numerics=numerics, device=where, op=op)
+        hit = None if cache is None else cache.load(key)
+        if hit is not None:
+            return hit
+        try:
+            ref, bounds = compute(op, make_inputs(), u, numerics, where)
+        except Exception as exc:  # a spec path that breaks off the CPU must not change a verdict: the CPU computes it
+            if where.type == "cpu":
+                raise
+            _warn_once(op.name, where, exc)
+            continue
+        if cache is not None:
+            cache.store(key, ref, bounds)
+        return ref, bounds
+    raise AssertionError("unreachable: the CPU either computes or raises")
 
 
 #: How far a reference computed on another device may be from the CPU's: float64 on both, the same inputs, only the

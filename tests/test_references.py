@@ -221,3 +221,17 @@ def test_full_scale_references_agree_on_cuda(case):
 
 def test_tests_do_not_write_the_users_cache():
     assert os.environ["MLASPEC_CACHE_DIR"]
+
+
+def test_a_reference_that_breaks_on_the_device_is_computed_on_the_cpu(tmp_path, monkeypatch):
+    """The fallback: a reference that raises off the CPU (here: every one on ``meta``, which has no values) is
+    computed on the CPU with a warning, stored under the CPU's key, and read from there the next time (after the device
+    is tried again: it may work then)."""
+    case, cache, calls = case_by_id(DECODE), ReferenceCache(tmp_path), []
+    monkeypatch.setattr(references, "_WARNED", set())
+    with pytest.warns(UserWarning, match="on the CPU"):
+        first = _reference(case, cache, device="meta", calls=calls)
+    assert _bits(first) == _bits(_reference(case, None))
+    again = _reference(case, cache, device="meta", calls=calls)
+    assert _bits(again) == _bits(first)
+    assert calls == [case.id] * 3  # built for meta and for the CPU, then for meta again (the runner builds once)
