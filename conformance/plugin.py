@@ -13,7 +13,8 @@ Options (group ``mlaspec``): ``--mla-backend NAME`` (or ``MLASPEC_BACKEND``), ``
 ``--mla-dtypes bfloat16,float16``, ``--mla-report DIR`` (``results.jsonl`` streamed per case and ``report.html``, as
 ``mlaspec check`` writes them; one ``results-<worker>.jsonl`` per pytest-xdist worker, merged into one report),
 ``--mla-timeout SECONDS`` (per case), ``--mla-examples N`` and ``--mla-seed S`` (generated cases), ``--mla-device``
-(``cuda`` spreads xdist workers over the visible GPUs: worker ``gwN`` gets ``MLASPEC_DEVICE=cuda:<N % n_gpus>``).
+(``cuda`` spreads xdist workers over the visible GPUs: worker ``gwN`` gets ``MLASPEC_DEVICE=cuda:<N % n_gpus>``),
+``--mla-reference-device`` and ``--mla-no-cache`` / ini ``mla_cache`` (:mod:`mlaspec.conformance.references`).
 
 The plugin is registered under the ``pytest11`` entry point ``mlaspec``, so it loads in every pytest run where
 mlaspec is installed. There it only adds its options: it imports nothing heavy (no torch) and changes nothing
