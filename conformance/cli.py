@@ -77,6 +77,7 @@ def _check(args: argparse.Namespace) -> int:
 
     ops = _names(args.ops, tuple(OPS), "op")
     dtypes = _names(args.dtypes, tuple(DTYPES), "dtype")
+    references = _reference_options(args)
     if args.params is not None or args.op is not None:
         if args.generated:
             raise UsageError("--generated adds drawn cases to the curated ones, not to --params")
@@ -136,7 +137,7 @@ def _check(args: argparse.Namespace) -> int:
             stop=context_lost,
             header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
             strict_numerics=args.strict_numerics,
-            **_reference_options(args),
+            **references,
         )
     finally:
         if hasattr(backend, "close"):
@@ -303,6 +304,7 @@ def _report(args: argparse.Namespace) -> int:
 def _matrix(args: argparse.Namespace) -> int:
     from .matrix import merge_results_jsonl, run_matrix, write_matrix
 
+    references = _reference_options(args)
     names = [n for n in args.backends.split(",") if n]
     ops = tuple(args.ops.split(",")) if args.ops else None
     jsonl = {n: Path(args.out) / n / "results.jsonl" for n in names}
@@ -315,7 +317,7 @@ def _matrix(args: argparse.Namespace) -> int:
         ops=ops,
         timeout=args.timeout,
         progress=lambda line: print(line, flush=True),
-        **_reference_options(args),
+        **references,
     )
     if args.merge:  # the cases this run did not redo keep their lines
         for n, p in jsonl.items():

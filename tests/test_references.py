@@ -235,3 +235,9 @@ def test_a_reference_that_breaks_on_the_device_is_computed_on_the_cpu(tmp_path, 
     again = _reference(case, cache, device="meta", calls=calls)
     assert _bits(again) == _bits(first)
     assert calls == [case.id] * 3  # built for meta and for the CPU, then for meta again (the runner builds once)
+
+
+def test_a_bad_reference_device_is_a_usage_error(tmp_path, capsys):
+    assert _check(tmp_path, "--reference-device", "bogus") == 2
+    err = capsys.readouterr().err
+    assert "--reference-device must be 'auto' or a device" in err and not (tmp_path / "r").exists()
