@@ -69,6 +69,15 @@ def _file_hash(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
+def _source_file(fn: object) -> str | None:
+    """The file that defines ``fn`` (through ``functools.partial`` and decorators), None where there is none."""
+    fn = getattr(fn, "func", fn)
+    try:
+        return inspect.getsourcefile(inspect.unwrap(fn)) if fn is not None else None
+    except TypeError:  # a builtin, or a callable object: no source to hash
+        return None
+
+
 def spec_version(op=None) -> str:
     """A hash of the sources a reference and its budgets are computed from: ``spec/*.py``, ``conformance/ops/*.py``,
     ``conformance/cases.py`` (the seed) and ``conformance/numerics.py``, computed once per process; with ``op``,
@@ -77,7 +86,7 @@ def spec_version(op=None) -> str:
     extra = []
     if op is not None:
         for fn in (op.make_inputs, op.reference, op.bounds):
-            path = inspect.getsourcefile(fn) if fn is not None else None
+            path = _source_file(fn)
             if path and not Path(path).resolve().is_relative_to(_PACKAGE):
                 extra.append(_file_hash(path))
     return "-".join([_package_hash(), *extra])
