@@ -89,6 +89,7 @@ def run_case(
     strict_numerics: bool = False,
     reference_device: torch.device | str = "auto",
     cache: ReferenceCache | None = None,
+    then: Case | None = None,
 ) -> Result:
     """Judge ``backend`` on ``case``; the result's ``repro`` is :meth:`Case.repro` of ``backend_name``.
 
@@ -105,24 +106,29 @@ def run_case(
     CUDA, else the CPU; :func:`~mlaspec.conformance.references.reference_device`) from inputs built on the CPU, or
     read from ``cache`` (:mod:`mlaspec.conformance.references`); the inputs are then built only where something
     reads them (a backend in this process, an op's ``compare``, a failing case's pictures).
+
+    ``then`` (a worker backend only; :func:`run_cases` passes the next case) starts in the worker as soon as this
+    case's outputs are in, so that it runs there while this case is judged here.
     """
     result = Result(case.id, case.op, case.dtype, "skip", repro=case.repro(backend_name, scale))
-    try:
-        reason = skip_reason(backend, case)
-    except Exception as exc:  # a backend's unsupported() that raises (or whose worker dies) is its error
-        result.verdict, result.reason = "error", f"unsupported(case) failed: {error_message(exc)}"
-        return result
-    if reason:
-        result.reason = reason
-        return result
+    isolated = isinstance(backend, WorkerBackend)
+    started = isolated and backend.in_flight is case  # by the case before it (then): it will run, it runs already
+    if not started:
+        try:
+            reason = skip_reason(backend, case)
+        except Exception as exc:  # a backend's unsupported() that raises (or whose worker dies) is its error
+            result.verdict, result.reason = "error", f"unsupported(case) failed: {error_message(exc)}"
+            return result
+        if reason:
+            result.reason = reason
+            return result
     op = OPS[case.op]
     try:
         result.numerics = [] if strict_numerics else list(declared(backend, case.op))
     except ValueError as exc:
         result.verdict, result.reason = "error", str(exc)
         return result
-    isolated = isinstance(backend, WorkerBackend)
-    if isolated:
+    if isolated and not started:
         backend.send(case, op.writes)  # the worker computes while the reference is computed here
     u = unit_roundoff(DTYPES[case.dtype])
 
@@ -147,6 +153,8 @@ def run_case(
         result.verdict, result.reason = "error", f"the harness could not build this case: {error_message(exc)}"
         return result
     outcome = backend.collect() if isolated else _call(backend, case, inputs(), op.writes, timeout)
+    if isolated and then is not None:
+        _start(backend, then)
     result.seconds = outcome.seconds
     if outcome.kind != "ok":
         result.verdict = outcome.kind
@@ -172,6 +180,18 @@ def run_case(
     if result.verdict == "fail" and figure_dir is not None:
         _save_figures(result, op, case, inputs(), got, ref, ratios, figure_dir)
     return result
+
+
+def _start(backend: WorkerBackend, case: Case) -> None:
+    """Send ``case`` to the worker now when it will run (no skip reason, known numerics); anything else is left for
+    :func:`run_case` to say."""
+    try:
+        if skip_reason(backend, case):
+            return
+        declared(backend, case.op)  # unknown numerics raise: run_case's error to give
+    except Exception:  # run_case asks again and gives the verdict
+        return
+    backend.send(case, OPS[case.op].writes)
 
 
 def _save_figures(
@@ -230,7 +250,8 @@ def run_cases(
     that kills the process leaves it as the last line); after ``on_result(i, result)``, the run ends early when
     ``stop(i, result)`` is true (a lost CUDA context, where every later launch would fail): fewer results than cases.
     ``header`` (:func:`~mlaspec.conformance.report.header_line`) is the file's first line. ``reference_device``
-    and ``cache`` are :func:`run_case`'s.
+    and ``cache`` are :func:`run_case`'s. With a worker backend, each case starts in the worker while the one before
+    it is judged here (:func:`run_case`'s ``then``).
     """
     results = []
     sink = None
@@ -240,6 +261,7 @@ def run_cases(
         if header is not None:  # what was asked, before anything runs (report.header_line)
             sink.write(header + "\n")
             sink.flush()
+    cases = list(cases)
     try:
         for i, case in enumerate(cases):
             if before is not None:
@@ -254,6 +276,7 @@ def run_cases(
                 strict_numerics=strict_numerics,
                 reference_device=reference_device,
                 cache=cache,
+                then=cases[i + 1] if i + 1 < len(cases) else None,
             )
             results.append(r)
             if sink is not None:

@@ -13,8 +13,9 @@ backend by name and runs one case at a time. What crosses between them is small:
 The worker is ``python -m mlaspec.conformance.worker`` started with :mod:`subprocess` (never ``fork``: a CUDA
 context does not survive one), connected over a local socket, its stdout and stderr going to a log file.
 
-While the worker runs a case, the parent computes that case's reference and budget, so the isolation costs the
-transfers and, after a crash, a fresh worker's start (the backend's import and, for a GPU, its CUDA context).
+While the worker runs a case, the parent computes that case's reference and budget and judges the case before it
+(:func:`~mlaspec.conformance.runner.run_cases` sends a case once the previous one's outputs are in), so the
+isolation costs the transfers and, after a crash, a fresh worker's start (the backend's import and, for a GPU, its CUDA context).
 
 A worker that dies (any exit status, any signal, ``sys.exit`` or ``os._exit`` inside an op) gives the case a
 ``crash`` verdict naming the status or signal and the last lines of the worker's output; one that runs past the
@@ -241,6 +242,7 @@ class WorkerBackend:
         self._has_unsupported = meta["has_unsupported"]
         self.unavailable = meta["unavailable"]
         self.numerics = meta["numerics"]
+        self.in_flight: Case | None = None  # the case sent and not yet collected
         self.device = meta["device"]  # where the backend runs (its own ``device``), or None: unknown
         self.starts = 1
 
@@ -321,9 +323,11 @@ class WorkerBackend:
     def send(self, case: Case, writes: tuple[str, ...] = ()) -> None:
         """Start running ``case`` (collect it with :meth:`collect`); ``writes`` names the inputs the op writes."""
         self._pending = self._send(("run", _case_dict(case), tuple(writes)))
+        self.in_flight = case
 
     def collect(self) -> Outcome:
         """The outcome of the case :meth:`send` started."""
+        self.in_flight = None
         reply = self._receive(self.timeout)
         if reply is None:
             return self._failure(self._pending, self.timeout)
