@@ -15,7 +15,8 @@ context does not survive one), connected over a local socket, its stdout and std
 
 While the worker runs a case, the parent computes that case's reference and budget and judges the case before it
 (:func:`~mlaspec.conformance.runner.run_cases` sends a case once the previous one's outputs are in), so the
-isolation costs the transfers and, after a crash, a fresh worker's start (the backend's import and, for a GPU, its CUDA context).
+isolation costs the transfers and, after a crash, a fresh worker's start (the backend's import and, for a GPU, its
+CUDA context).
 
 A worker that dies (any exit status, any signal, ``sys.exit`` or ``os._exit`` inside an op) gives the case a
 ``crash`` verdict naming the status or signal and the last lines of the worker's output; one that runs past the
