@@ -90,6 +90,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.dcp is not None:
         ops = _dcp_ops(args, ops)
     dtypes = _names(args.dtypes, tuple(DTYPES), "dtype")
+    references = _reference_options(args)
     if args.params is not None or args.op is not None:
         if args.generated:
             raise UsageError("--generated adds drawn cases to the curated ones, not to --params")
@@ -143,6 +144,7 @@ def _check(args: argparse.Namespace) -> int:
                 stop=context_lost,
                 header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
                 strict_numerics=args.strict_numerics,
+                **references,
             )
     finally:
         if hasattr(backend, "close"):
@@ -193,6 +195,21 @@ def _dcp_ops(args: argparse.Namespace, ops: tuple[str, ...] | None) -> tuple[str
     if ops is not None and set(ops) != {"dcp_decode"}:
         raise UsageError(f"--dcp runs dcp_decode only, got --ops {','.join(ops)}")
     return ("dcp_decode",)
+
+
+def _reference_options(args: argparse.Namespace) -> dict:
+    """Where references are computed and the disk cache they are kept in (None under ``--no-cache``), from the
+    command line (:mod:`mlaspec.conformance.references`)."""
+    import torch
+
+    from .references import ReferenceCache
+
+    if args.reference_device != "auto":
+        try:
+            torch.device(args.reference_device)
+        except RuntimeError as exc:
+            raise UsageError(f"--reference-device must be 'auto' or a device ('cpu', 'cuda:0'): {exc}") from None
+    return dict(reference_device=args.reference_device, cache=None if args.no_cache else ReferenceCache.default())
 
 
 def _param_cases(args: argparse.Namespace) -> list:
@@ -305,6 +322,7 @@ def _report(args: argparse.Namespace) -> int:
 def _matrix(args: argparse.Namespace) -> int:
     from .matrix import merge_results_jsonl, run_matrix, write_matrix
 
+    references = _reference_options(args)
     names = [n for n in args.backends.split(",") if n]
     ops = tuple(args.ops.split(",")) if args.ops else None
     jsonl = {n: Path(args.out) / n / "results.jsonl" for n in names}
@@ -317,6 +335,7 @@ def _matrix(args: argparse.Namespace) -> int:
         ops=ops,
         timeout=args.timeout,
         progress=lambda line: print(line, flush=True),
+        **references,
     )
     if args.merge:  # the cases this run did not redo keep their lines
         for n, p in jsonl.items():
@@ -324,6 +343,22 @@ def _matrix(args: argparse.Namespace) -> int:
     md, js = write_matrix(data, Path(args.out), merge=args.merge)
     print(f"matrix: {md} and {js}")
     return 0
+
+
+def _add_reference_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compute every reference afresh and write none to the cache ($MLASPEC_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/mlaspec, else ~/.cache/mlaspec)",
+    )
+    sub.add_argument(
+        "--reference-device",
+        default="auto",
+        metavar="DEVICE",
+        help="where the float64 references and budgets are computed (default auto: the backend's device when it is "
+        "CUDA, else cpu)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -370,6 +405,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--allow-empty", action="store_true", help="exit 0 when nothing was checked (no case ran), instead of 3"
     )
+    _add_reference_options(check)
     check.set_defaults(func=_check)
     sub.add_parser("backends", help="list registered backends").set_defaults(func=_backends)
     rep = sub.add_parser("report", help="rebuild the report from DIR/results*.jsonl")
@@ -395,6 +431,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="lay this run over OUT/matrix.json and OUT/<backend>/results.jsonl case by case",
     )
+    _add_reference_options(mat)
     mat.set_defaults(func=_matrix)
     return parser
 

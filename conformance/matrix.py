@@ -85,8 +85,12 @@ def run_matrix(
     ops: tuple[str, ...] | None = None,
     timeout: float | None = 300.0,
     progress=None,
+    reference_device: str = "auto",
+    cache=None,
 ) -> dict:
-    """Run the curated cases on each backend; returns the matrix as a JSON-able dict (see :func:`write_matrix`)."""
+    """Run the curated cases on each backend; returns the matrix as a JSON-able dict (see :func:`write_matrix`).
+    ``reference_device`` and ``cache`` (a :class:`~mlaspec.conformance.references.ReferenceCache`, shared by the
+    backends) are :func:`~mlaspec.conformance.runner.run_case`'s."""
     cases = curated_cases(scale=scale, dtypes=dtypes, ops=ops)
     out_dir = Path(out_dir)
     data = {
@@ -114,7 +118,15 @@ def run_matrix(
                 progress(f"{name} [{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}")
 
         results = run_cases(
-            backend, cases, backend_name=name, out_dir=out_dir / name, scale=scale, timeout=timeout, on_result=on_result
+            backend,
+            cases,
+            backend_name=name,
+            out_dir=out_dir / name,
+            scale=scale,
+            timeout=timeout,
+            on_result=on_result,
+            reference_device=reference_device,
+            cache=cache,
         )
         entry["results"] = [
             dict(

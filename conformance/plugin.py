@@ -14,7 +14,8 @@ Options (group ``mlaspec``): ``--mla-backend NAME`` (or ``MLASPEC_BACKEND``), ``
 ``mlaspec check`` writes them; one ``results-<worker>.jsonl`` per pytest-xdist worker, merged into one report),
 ``--mla-timeout SECONDS`` (per case), ``--mla-examples N`` and ``--mla-seed S`` (generated cases), ``--mla-dcp N``
 (the ``dcp_decode`` cases of ``N_cp = N`` on ``N`` processes, :mod:`mlaspec.conformance.distributed`), ``--mla-device``
-(``cuda`` spreads xdist workers over the visible GPUs: worker ``gwN`` gets ``MLASPEC_DEVICE=cuda:<N % n_gpus>``).
+(``cuda`` spreads xdist workers over the visible GPUs: worker ``gwN`` gets ``MLASPEC_DEVICE=cuda:<N % n_gpus>``),
+``--mla-reference-device`` and ``--mla-no-cache`` / ini ``mla_cache`` (:mod:`mlaspec.conformance.references`).
 
 The plugin is registered under the ``pytest11`` entry point ``mlaspec``, so it loads in every pytest run where
 mlaspec is installed. There it only adds its options: it imports nothing heavy (no torch) and changes nothing
@@ -118,6 +119,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="sets MLASPEC_DEVICE; 'cuda' gives pytest-xdist worker gwN the GPU N %% n_gpus",
     )
+    group.addoption(
+        "--mla-no-cache",
+        action="store_true",
+        help="compute every reference afresh and write none to the cache (as the ini option mla_cache = false)",
+    )
+    group.addoption(
+        "--mla-reference-device",
+        metavar="DEVICE",
+        default="auto",
+        help="where the float64 references are computed (default auto: the backend's device when it is CUDA, else cpu)",
+    )
+    parser.addini(
+        "mla_cache",
+        type="bool",
+        default=True,
+        help="keep references and budgets in the disk cache ($MLASPEC_CACHE_DIR, else ~/.cache/mlaspec; default true)",
+    )
 
 
 # -- the session's state --------------------------------------------------------------------------------------------
@@ -134,6 +152,8 @@ class _State:
     isolation: str = "process"
     strict_numerics: bool = False
     dcp: int | None = None
+    reference_device: str = "auto"
+    use_cache: bool = True  # False: --mla-no-cache, or the ini option mla_cache = false
     planned: list[str] = field(default_factory=list)
     markers_registered: bool = False
     _backend: Any = None
@@ -163,11 +183,19 @@ class _State:
             opt("mla_isolation"),
             opt("mla_strict_numerics"),
             opt("mla_dcp"),
+            opt("mla_reference_device"),
+            not opt("mla_no_cache") and config.getini("mla_cache"),
         )
 
     @property
     def figure_dir(self) -> Path | None:
         return None if self.report_dir is None else self.report_dir / "figures"
+
+    def reference_cache(self):
+        """The disk cache of references (:class:`~mlaspec.conformance.references.ReferenceCache`), or None."""
+        from .references import ReferenceCache
+
+        return ReferenceCache.default() if self.use_cache else None
 
     def backend(self):
         """The backend object, loaded once; a backend that cannot load fails every test with the same reason."""
@@ -433,6 +461,8 @@ def mla_check(request: pytest.FixtureRequest, mla_backend):
             timeout=state.timeout,
             figure_dir=state.figure_dir,
             strict_numerics=state.strict_numerics,
+            reference_device=state.reference_device,
+            cache=state.reference_cache(),
         )
         state.record(result)
         _properties(request.node, result)
@@ -477,6 +507,8 @@ def mla_check_generated(request: pytest.FixtureRequest, mla_backend):
                 timeout=state.timeout,
                 figure_dir=figure_dir,
                 strict_numerics=state.strict_numerics,
+                reference_device=state.reference_device,
+                cache=state.reference_cache(),
             )
 
         @seed(state.seed)

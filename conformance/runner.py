@@ -7,6 +7,7 @@ already judged; ``mlaspec report DIR`` rebuilds the report from that file.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
@@ -18,11 +19,13 @@ from pathlib import Path
 
 import torch
 
+from . import references
 from .backend import Backend, skip_reason
 from .cases import Case
 from .distributed import RankGroup
 from .numerics import assuming, declared
 from .ops import DTYPES, OPS, unit_roundoff
+from .references import ReferenceCache
 from .verdict import Result, judge
 from .worker import Outcome, WorkerBackend, error_message, invoke
 
@@ -91,6 +94,9 @@ def run_case(
     timeout: float | None = 60.0,
     figure_dir: Path | None = None,
     strict_numerics: bool = False,
+    reference_device: torch.device | str = "auto",
+    cache: ReferenceCache | None = None,
+    then: Case | None = None,
 ) -> Result:
     """Judge ``backend`` on ``case``; the result's ``repro`` is :meth:`Case.repro` of ``backend_name``.
 
@@ -103,38 +109,62 @@ def run_case(
     The budgets and the bias check follow the arithmetic the backend declares for the op
     (:mod:`mlaspec.conformance.numerics`; recorded in ``result.numerics``), or the exact spec's with
     ``strict_numerics``.
+
+    The reference and the budgets are computed on ``reference_device`` (``"auto"``: the backend's device when it is
+    CUDA, else the CPU; :func:`~mlaspec.conformance.references.reference_device`) from inputs built on the CPU, or
+    read from ``cache`` (:mod:`mlaspec.conformance.references`); the inputs are then built only where something
+    reads them (a backend in this process, an op's ``compare``, a failing case's pictures).
+
+    ``then`` (a worker backend only; :func:`run_cases` passes the next case) starts in the worker as soon as this
+    case's outputs are in, so that it runs there while this case is judged here.
     """
     repro = case.repro(backend_name, scale) + repro_options(backend)
     result = Result(case.id, case.op, case.dtype, "skip", repro=repro)
-    try:
-        reason = skip_reason(backend, case)
-    except Exception as exc:  # a backend's unsupported() that raises (or whose worker dies) is its error
-        result.verdict, result.reason = "error", f"unsupported(case) failed: {error_message(exc)}"
-        return result
-    if reason:
-        result.reason = reason
-        return result
+    isolated = isinstance(backend, WorkerBackend | RankGroup)
+    pipelined = isinstance(backend, WorkerBackend)  # a worker takes the next case while this one is judged
+    started = pipelined and backend.in_flight is case  # by the case before it (then): it will run, it runs already
+    if not started:
+        try:
+            reason = skip_reason(backend, case)
+        except Exception as exc:  # a backend's unsupported() that raises (or whose worker dies) is its error
+            result.verdict, result.reason = "error", f"unsupported(case) failed: {error_message(exc)}"
+            return result
+        if reason:
+            result.reason = reason
+            return result
     op = OPS[case.op]
     try:
         result.numerics = [] if strict_numerics else list(declared(backend, case.op))
     except ValueError as exc:
         result.verdict, result.reason = "error", str(exc)
         return result
-    isolated = isinstance(backend, WorkerBackend | RankGroup)
-    if isolated:
+    if isolated and not started:
         backend.send(case, op.writes)  # the worker computes while the reference is computed here
     u = unit_roundoff(DTYPES[case.dtype])
-    try:
-        inputs = op.make_inputs(case)
-        with assuming(tuple(result.numerics)):  # a departure may change the reference itself (scales read in bf16)
-            ref = tuple(op.reference(**inputs))
-            bounds = None if op.bounds is None else op.bounds(inputs, ref, u)
+
+    @functools.cache
+    def inputs() -> dict:
+        return op.make_inputs(case)
+
+    try:  # a departure may change the reference itself (scales read in bf16): the numerics are part of its key
+        ref, bounds = references.reference(
+            op,
+            case,
+            inputs,
+            u,
+            scale=scale,
+            numerics=tuple(result.numerics),
+            device=references.reference_device(reference_device, backend),
+            cache=cache,
+        )
     except Exception as exc:  # parameters the harness cannot build from: the case's error, the run goes on
         if isolated:
             backend.collect()  # the worker's answer to this case, so the next case reads its own
         result.verdict, result.reason = "error", f"the harness could not build this case: {error_message(exc)}"
         return result
-    outcome = backend.collect() if isolated else _call(backend, case, inputs, op.writes, timeout)
+    outcome = backend.collect() if isolated else _call(backend, case, inputs(), op.writes, timeout)
+    if pipelined and then is not None:
+        _start(backend, then)
     result.seconds = outcome.seconds
     if outcome.kind != "ok":
         result.verdict = outcome.kind
@@ -143,7 +173,7 @@ def run_case(
     got = outcome.outputs
     try:
         with assuming(tuple(result.numerics)):
-            verdict = judge(op.outputs, got, ref, bounds, u=u) if op.compare is None else op.compare(inputs, got, ref)
+            verdict = judge(op.outputs, got, ref, bounds, u=u) if op.compare is None else op.compare(inputs(), got, ref)
     except Exception as exc:  # an output the judge cannot read is the backend's error, never the run's end
         verdict = ("error", f"the output cannot be judged: {error_message(exc)}", [], {}, {})
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict
@@ -158,8 +188,20 @@ def run_case(
             ["input contract: " + b for b in outcome.breaches] + [result.reason] * bool(result.reason)
         )
     if result.verdict == "fail" and figure_dir is not None:
-        _save_figures(result, op, case, inputs, got, ref, ratios, figure_dir)
+        _save_figures(result, op, case, inputs(), got, ref, ratios, figure_dir)
     return result
+
+
+def _start(backend: WorkerBackend, case: Case) -> None:
+    """Send ``case`` to the worker now when it will run (no skip reason, known numerics); anything else is left for
+    :func:`run_case` to say."""
+    try:
+        if skip_reason(backend, case):
+            return
+        declared(backend, case.op)  # unknown numerics raise: run_case's error to give
+    except Exception:  # run_case asks again and gives the verdict
+        return
+    backend.send(case, OPS[case.op].writes)
 
 
 def _save_figures(
@@ -209,13 +251,17 @@ def run_cases(
     stop: Callable[[int, Result], bool] | None = None,
     header: str | None = None,
     strict_numerics: bool = False,
+    reference_device: torch.device | str = "auto",
+    cache: ReferenceCache | None = None,
 ) -> list[Result]:
     """Run every case; stream each verdict to ``out_dir/results.jsonl`` as it comes.
 
     ``before(i, case)`` is called before case ``i`` runs (``mlaspec check`` prints a reproducer there, so a case
     that kills the process leaves it as the last line); after ``on_result(i, result)``, the run ends early when
     ``stop(i, result)`` is true (a lost CUDA context, where every later launch would fail): fewer results than cases.
-    ``header`` (:func:`~mlaspec.conformance.report.header_line`) is the file's first line.
+    ``header`` (:func:`~mlaspec.conformance.report.header_line`) is the file's first line. ``reference_device``
+    and ``cache`` are :func:`run_case`'s. With a worker backend, each case starts in the worker while the one before
+    it is judged here (:func:`run_case`'s ``then``).
     """
     results = []
     sink = None
@@ -225,6 +271,7 @@ def run_cases(
         if header is not None:  # what was asked, before anything runs (report.header_line)
             sink.write(header + "\n")
             sink.flush()
+    cases = list(cases)
     try:
         for i, case in enumerate(cases):
             if before is not None:
@@ -237,6 +284,9 @@ def run_cases(
                 timeout=timeout,
                 figure_dir=None if out_dir is None else out_dir / "figures",
                 strict_numerics=strict_numerics,
+                reference_device=reference_device,
+                cache=cache,
+                then=cases[i + 1] if i + 1 < len(cases) else None,
             )
             results.append(r)
             if sink is not None:

@@ -13,8 +13,10 @@ backend by name and runs one case at a time. What crosses between them is small:
 The worker is ``python -m mlaspec.conformance.worker`` started with :mod:`subprocess` (never ``fork``: a CUDA
 context does not survive one), connected over a local socket, its stdout and stderr going to a log file.
 
-While the worker runs a case, the parent computes that case's reference and budget, so the isolation costs the
-transfers and, after a crash, a fresh worker's start (the backend's import and, for a GPU, its CUDA context).
+While the worker runs a case, the parent computes that case's reference and budget and judges the case before it
+(:func:`~mlaspec.conformance.runner.run_cases` sends a case once the previous one's outputs are in), so the
+isolation costs the transfers and, after a crash, a fresh worker's start (the backend's import and, for a GPU, its
+CUDA context).
 
 A worker that dies (any exit status, any signal, ``sys.exit`` or ``os._exit`` inside an op) gives the case a
 ``crash`` verdict naming the status or signal and the last lines of the worker's output; one that runs past the
@@ -177,6 +179,7 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
         has_unsupported=callable(getattr(backend, "unsupported", None)),
         unavailable=getattr(backend, "unavailable", None),
         numerics={op: tuple(v) for op, v in (getattr(backend, "numerics", None) or {}).items()},
+        device=str(getattr(backend, "device", None) or "") or None,
     )
     conn.send(("ready", meta))
     while True:
@@ -223,7 +226,7 @@ def _status(code: int | None) -> str:
 
 class WorkerBackend:
     """A backend, by name, in a worker process; it quacks like a backend for what the harness asks before a call
-    (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``, ``numerics``,
+    (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``, ``numerics``, ``device``,
     ``unsupported``) and runs ops through :meth:`send` / :meth:`collect`. Raises ``RuntimeError`` when the backend
     cannot be loaded (the message is the worker's)."""
 
@@ -240,6 +243,8 @@ class WorkerBackend:
         self._has_unsupported = meta["has_unsupported"]
         self.unavailable = meta["unavailable"]
         self.numerics = meta["numerics"]
+        self.in_flight: Case | None = None  # the case sent and not yet collected
+        self.device = meta["device"]  # where the backend runs (its own ``device``), or None: unknown
         self.starts = 1
 
     def _start(self) -> dict:
@@ -319,9 +324,11 @@ class WorkerBackend:
     def send(self, case: Case, writes: tuple[str, ...] = ()) -> None:
         """Start running ``case`` (collect it with :meth:`collect`); ``writes`` names the inputs the op writes."""
         self._pending = self._send(("run", _case_dict(case), tuple(writes)))
+        self.in_flight = case
 
     def collect(self) -> Outcome:
         """The outcome of the case :meth:`send` started."""
+        self.in_flight = None
         reply = self._receive(self.timeout)
         if reply is None:
             return self._failure(self._pending, self.timeout)
@@ -380,6 +387,11 @@ def _main() -> None:  # pragma: no cover - the worker process
     fd, backend_name = int(sys.argv[1]), sys.argv[2]
     with Connection(fd) as conn:
         _serve(backend_name, conn)
+    # done: leave without the interpreter's teardown (torch's and a backend's take a second or more, which the parent
+    # would wait for at close); the log is flushed first
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

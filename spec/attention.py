@@ -83,9 +83,9 @@ def seq_lens_mask(seq_lens: torch.Tensor, s_q: int, s_kv: int, *, causal: bool) 
     s_kv = positive_int("s_kv", s_kv, minimum=0)
     causal = boolean("causal", causal)
     Dims().tensor("seq_lens", seq_lens, ("B",), INT)
-    lens = in_range("seq_lens", seq_lens, 0, s_kv).to(torch.int64).cpu()
-    i = torch.arange(s_q)[None, :, None]
-    j = torch.arange(s_kv)[None, None, :]
+    lens = in_range("seq_lens", seq_lens, 0, s_kv).to(torch.int64)
+    i = torch.arange(s_q, device=lens.device)[None, :, None]  # on seq_lens' device, whatever the default device
+    j = torch.arange(s_kv, device=lens.device)[None, None, :]
     n = lens[:, None, None]
     allowed = j < n
     return allowed & (j <= i + n - s_q) if causal else allowed.expand(-1, s_q, -1)

@@ -411,8 +411,9 @@ def page_entries(
         if info is None or not float(fill).is_integer() or not info.min <= fill <= info.max:
             raise ValueError(f"fill must be an int in the range of kv's dtype {kv.dtype}, got {fill!r}")
     b, s_kv = kv.shape[:2]
+    # the page table is drawn on the CPU (``generator`` is a CPU generator), whatever the default device
     if seq_lens is None:
-        lens = torch.full((b,), s_kv, dtype=torch.int64)
+        lens = torch.full((b,), s_kv, dtype=torch.int64, device="cpu")
     else:
         dims = Dims()
         dims.tensor("kv", kv, ("B", "S_kv") + (None,) * (kv.dim() - 2))
@@ -421,12 +422,12 @@ def page_entries(
             raise ValueError(f"seq_lens must lie in [0, S_kv={s_kv}], got {lens.tolist()}")
     pages = max(1, -(-s_kv // p))
     total = b * pages + spare
-    table = torch.randperm(total, generator=generator)[: b * pages].reshape(b, pages)
+    table = torch.randperm(total, generator=generator, device="cpu")[: b * pages].reshape(b, pages)
     cache = torch.full((total, p, *kv.shape[2:]), fill, dtype=kv.dtype, device=kv.device)
-    t = torch.arange(s_kv)
+    t = torch.arange(s_kv, device="cpu")
     slots = table[:, t // p] * p + t % p  # [B, S_kv]
     keep = t[None, :] < lens[:, None]
     cache.view(total * p, *kv.shape[2:])[slots[keep].to(kv.device)] = kv[keep.to(kv.device)]
     if spare_column:
-        table = torch.cat([table, torch.full((b, 1), -1, dtype=table.dtype)], dim=1)
+        table = torch.cat([table, torch.full((b, 1), -1, dtype=table.dtype, device="cpu")], dim=1)
     return PagedEntries(cache, table.to(torch.int32).to(kv.device), lens.to(torch.int32).to(kv.device))

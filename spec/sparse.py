@@ -234,13 +234,16 @@ def sparse_attention(
         valid = torch.cat([valid, extra_valid], dim=-1)
 
     g = h_q // h_kv
-    mask = valid.repeat_interleave(g, dim=1)[:, :, None, :]  # [S_q, H_q, 1, K_total]: query head h reads KV head h//g
+    per_head = valid.repeat_interleave(g, dim=1)  # [S_q, H_q, K_total]: query head h reads KV head h // g
+    # one KV head (MLA): one mask [S_q, 1, K_total] shared by every query head, so the keys are never repeated
+    mask = valid[:, :1] if h_kv == 1 else per_head[:, :, None, :]
     out, lse = attention(q[:, None], keys, keys[..., :d_v], scale=scale, mask=mask)
     out, lse = out[:, 0], lse[..., 0]  # [S_q, H_q, d_v], [S_q, H_q]
 
     # max_logits: the largest scaled score of the row (FlashMLA returns it for the backward pass); -inf if empty.
-    logits = torch.einsum("shd,skhd->shk", q.to(torch.float64), keys.repeat_interleave(g, dim=2)) * scale
-    logits = torch.nn.functional.pad(logits.masked_fill(~mask[:, :, 0], -math.inf), (0, 1), value=-math.inf)
+    qg = q.to(torch.float64).reshape(dims["S_q"], h_kv, g, d_qk)  # query head h = (h // g, h % g)
+    logits = torch.einsum("scgd,skcd->scgk", qg, keys).reshape(dims["S_q"], h_q, -1) * scale  # [S_q, H_q, K_total]
+    logits = torch.nn.functional.pad(logits.masked_fill(~per_head, -math.inf), (0, 1), value=-math.inf)
     max_logits = logits.amax(dim=-1)  # the -inf column: a row with no slot at all (K = 0) has max -inf too
 
     empty = torch.isneginf(lse)

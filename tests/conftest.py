@@ -60,3 +60,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+
+
+# The reference cache (mlaspec.conformance.references) of every test run, and of the processes it starts, lives in a
+# fresh directory: never the user's ~/.cache/mlaspec, never a stale one.
+if "MLASPEC_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["MLASPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="mlaspec-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["MLASPEC_CACHE_DIR"], ignore_errors=True)

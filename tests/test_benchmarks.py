@@ -9,7 +9,7 @@ import sys
 import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-SCRIPTS = ("common", "decode", "sparse", "indexer", "suite", "cost_model", "dcp")
+SCRIPTS = ("common", "decode", "sparse", "indexer", "suite", "cost_model", "dcp", "harness", "reference_check")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -120,3 +120,20 @@ def test_dcp_speedup_table(bench):
         Row(dcp.KERNEL, "triton DCP2 collectives", shape, 0.1e-3, 0, 0),
     ]
     assert dcp.speedup_table(rows, 2).splitlines()[2] == "| 2 | 1048576 | 2000 | 4000 | 2.00x | 100 | 20% |"
+
+
+def test_harness_table_and_figure(bench, tmp_path):
+    harness = bench["harness"]
+    runs = [harness.Run("cold", 95.0, 400.0, 0, "158 passed"), harness.Run("warm", 50.0, 120.0, 0, "158 passed")]
+    text = harness.markdown(runs, "triton", "full", {"gpu": "H200"}, "python benchmarks/harness.py")
+    assert "| cold | 95.0 | 400.0 | <= 90 missed | 158 passed | 0 |" in text
+    assert "| warm | 50.0 | 120.0 | <= 60 met | 158 passed | 0 |" in text
+    harness.plot(runs, str(tmp_path / "harness.png"), "t")
+    assert (tmp_path / "harness.png").read_bytes().startswith(PNG)
+
+
+def test_reference_check_on_the_cpu(bench):
+    worst = bench["reference_check"].check(
+        "tiny", ("bfloat16",), __import__("torch").device("cpu"), ("merge_attn_states",)
+    )
+    assert set(worst) == {"merge_attn_states"} and worst["merge_attn_states"][1] == 0.0

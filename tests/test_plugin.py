@@ -215,3 +215,20 @@ def test_case_strategy_rejects_bad_arguments():
     with pytest.raises(ValueError, match="dtypes"):
         case_strategy("attention", ())
     assert set(GENERATED_OPS) <= {c.op for c in curated_cases()}
+
+
+def test_the_reference_cache_and_its_off_switches(suite, pytester, monkeypatch):
+    """The plugin keeps references in the cache; ``--mla-no-cache`` and the ini option ``mla_cache = false`` write
+    nothing."""
+    cache = pytester.path / "cache"
+    monkeypatch.setenv("MLASPEC_CACHE_DIR", str(cache))
+    args = ("--mla-backend", "torch", "-m", "merge_attn_states", "-k", "test_curated", "--mla-dtypes", "bfloat16")
+    curated = curated_cases(dtypes=("bfloat16",), ops=("merge_attn_states",))
+    suite(*args, "--mla-no-cache").assert_outcomes(passed=len(curated))
+    assert not cache.exists()
+    pytester.makeini("[pytest]\nmla_cache = false\n")
+    suite(*args).assert_outcomes(passed=len(curated))
+    assert not cache.exists()
+    pytester.makeini("[pytest]\n")
+    suite(*args).assert_outcomes(passed=len(curated))
+    assert len(list(cache.rglob("*.pt"))) == len(curated)

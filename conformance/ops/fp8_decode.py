@@ -114,7 +114,7 @@ def fp8_decode_inputs(c: Case) -> dict:
 def dequantized_entries(kv_cache: torch.Tensor, layout: str, k_scale: float | None) -> torch.Tensor:
     """``[B, S_kv, token_bytes]`` uint8 records -> ``[B, S_kv, 576]`` float64 entries (the spec's decoder)."""
     b, s = kv_cache.shape[:2]
-    flat = kv_cache.reshape(b * s, -1).cpu()
+    flat = kv_cache.reshape(b * s, -1)
     return cl.dequantize(flat, layout, scale=k_scale).entries.reshape(b, s, -1)
 
 

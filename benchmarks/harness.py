@@ -1,0 +1,171 @@
+"""The harness's own speed: ``mlaspec check`` timed end to end, cold and warm, on one backend and scale.
+
+*Cold* starts from an empty reference cache (``MLASPEC_CACHE_DIR``, :mod:`mlaspec.conformance.references`) and an
+empty Triton compile cache (``TRITON_CACHE_DIR``): every reference, budget and kernel is computed or compiled. *Warm*
+runs the same command again over both caches, as a kernel author's second run in CI does. Each run is a fresh
+``python -m mlaspec.conformance.cli check`` process (the backend in its worker, as by default); the table gives its
+wall seconds, the CPU seconds (user + system) of it and its children (the worker), and the verdicts, which must be
+the same cold and warm.
+
+Goals (issue 18): the full-scale Triton run on an H200 in <= 90 s cold and <= 60 s warm; the default CPU run
+(``mlaspec check``: the ``torch`` backend, tiny) in <= 15 s on 2 cores. On a shared machine the wall time depends on
+the neighbours: the CPU seconds are the steadier figure.
+
+    python benchmarks/harness.py --out-dir docs/bench                 # triton, full on a GPU; else torch, tiny
+    python benchmarks/harness.py --backend torch --scale tiny --out-dir /tmp/bench
+
+Writes ``harness.md`` (environment, command, table) and ``harness.png`` (wall and CPU seconds, cold and warm) under
+``--out-dir``. Importing this module runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+from common import _pyplot, _save
+
+#: (backend, scale) -> (cold, warm) wall-second goals of issue 18
+GOALS = {("triton", "full"): (90.0, 60.0), ("torch", "tiny"): (15.0, 15.0)}
+
+
+@dataclass
+class Run:
+    """One timed ``mlaspec check``: ``phase`` (cold / warm), wall and CPU seconds, exit status, the counts line."""
+
+    phase: str
+    wall: float
+    cpu: float
+    status: int
+    counts: str
+
+
+def time_check(check_args: list[str], env: dict, phase: str) -> Run:
+    """Run ``mlaspec check check_args`` in a fresh process under ``env``; its wall and CPU (user + system, with its
+    children) seconds."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlaspec.conformance.cli", "check", *check_args],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    counts = re.findall(r"^\d+ passed.*$", proc.stdout, re.MULTILINE)
+    if proc.returncode not in (0, 1):
+        print(proc.stdout[-2000:], proc.stderr[-2000:], sep="\n")
+    return Run(phase, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)")
+
+
+def measure(backend: str, scale: str, dtypes: str, runs: int) -> list[Run]:
+    """``runs`` cold and ``runs`` warm runs of ``mlaspec check --backend backend --scale scale``."""
+    out: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="mlaspec-harness-") as tmp:
+        args = ["--backend", backend, "--scale", scale, "--dtypes", dtypes, "--report", os.path.join(tmp, "report")]
+        for i in range(runs):
+            caches = os.path.join(tmp, f"caches-{i}")  # fresh: cold
+            env = os.environ | {
+                "MLASPEC_CACHE_DIR": os.path.join(caches, "mlaspec"),
+                "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
+            }
+            out.append(time_check(args, env, "cold"))
+            print(f"cold: {out[-1]}", flush=True)
+            out.append(time_check(args, env, "warm"))
+            print(f"warm: {out[-1]}", flush=True)
+    return out
+
+
+def environment() -> dict:
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
+    }
+    if os.environ.get("OMP_NUM_THREADS"):
+        env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str) -> str:
+    cold, warm = GOALS.get((backend, scale), (None, None))
+    goal = {"cold": cold, "warm": warm}
+    lines = [
+        f"# The harness's own speed: `mlaspec check --backend {backend} --scale {scale}`",
+        "",
+        ", ".join(f"{k} {v}" for k, v in env.items()) + f"; `{command}`",
+        "",
+        "Cold: empty reference and Triton caches; warm: the same command again over both. CPU seconds are user + "
+        "system of the run and its worker process.",
+        "",
+        "![wall and CPU seconds](harness.png)",
+        "",
+        "| phase | wall s | CPU s | goal (wall s) | verdicts | exit |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    for r in runs:
+        target = goal[r.phase]
+        mark = "" if target is None else (f"<= {target:g} " + ("met" if r.wall <= target else "missed"))
+        lines.append(f"| {r.phase} | {r.wall:.1f} | {r.cpu:.1f} | {mark} | {r.counts} | {r.status} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[Run], path: str, title: str) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = [f"{r.phase} {i // 2 + 1}" if len(runs) > 2 else r.phase for i, r in enumerate(runs)]
+    x = range(len(runs))
+    ax.bar([i - 0.2 for i in x], [r.wall for r in runs], 0.4, label="wall s")
+    ax.bar([i + 0.2 for i in x], [r.cpu for r in runs], 0.4, label="CPU s (user + system)")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels)
+    ax.set_ylabel("seconds, lower is better")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    _save(fig, path, plt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    gpu = torch.cuda.is_available()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="triton" if gpu else "torch")
+    ap.add_argument("--scale", default="full" if gpu else "tiny", choices=["tiny", "full"])
+    ap.add_argument("--dtypes", default="bfloat16,float16")
+    ap.add_argument("--runs", type=int, default=1, help="cold + warm pairs, each pair from fresh caches")
+    ap.add_argument("--out-dir", default="bench")
+    args = ap.parse_args(argv)
+    runs = measure(args.backend, args.scale, args.dtypes, args.runs)
+    command = " ".join(["python", *sys.argv]) if argv is None else f"main({argv})"
+    env = environment()
+    text = markdown(runs, args.backend, args.scale, env, command)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "harness.md"), "w") as f:
+        f.write(text)
+    title = f"mlaspec check --backend {args.backend} --scale {args.scale} on {env.get('gpu', env['cpu'])}"
+    plot(runs, os.path.join(args.out_dir, "harness.png"), title)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
