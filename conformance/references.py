@@ -253,9 +253,10 @@ def reference(
 
 
 #: How far a reference computed on another device may be from the CPU's: float64 on both, the same inputs, only the
-#: order of additions inside reductions differs (relative ``~1e-16`` per addition, ``~1e-13`` after thousands), so
-#: ``max |ref_dev - ref_cpu| / budget`` stays near ``1e-12`` at most; this bound leaves three decades of room.
-DEVICE_AGREEMENT = 1e-9
+#: order of additions inside reductions differs (relative ``~1e-16`` per addition, ``~1e-13`` after thousands),
+#: against a budget of at least ``2^-24`` relative: ``~1e-6`` of the budget at the very worst. Measured on the H200
+#: over every full-scale curated case: ``6.1e-9`` at worst (``sparse_decode`` fp16), below ``2e-10`` elsewhere.
+DEVICE_AGREEMENT = 1e-6
 
 
 def device_disagreement(case: Case, device: torch.device, *, numerics: tuple[str, ...] = ()) -> dict[str, float]:
