@@ -1,11 +1,11 @@
-"""Sweep the Triton decode's tile, pipeline depth, TMA and split count on a few shapes; print each shape's best.
+"""Sweep the Triton decode's tile, pipeline depth and split count on a few shapes; print each shape's best.
 
 :func:`mlaspec.impl.decode.decode_config` and :func:`~mlaspec.impl.decode.num_splits_heuristic` choose these for
 every shape; this script is how their choices were measured (FlashMLA timed alongside, in the same run, where it
 imports). Times are CUDA-graph replays (:func:`common.bench`), problems as :mod:`decode` builds them.
 
     python benchmarks/decode_tune.py --shapes 16x1x65536,128x1x65536 --out /tmp/tune.json
-    python benchmarks/decode_tune.py --shapes 16x1x65536 --block-n 32,64 --stages 2,3,4 --waves 1,2,4
+    python benchmarks/decode_tune.py --shapes 16x1x65536 --block-n 32,64 --stages 2,3 --waves 1,2,4
 
 Importing this module runs nothing.
 """
@@ -22,7 +22,7 @@ from common import bench, load_flashmla
 from decode import D_QK, D_V, PAGE, _flashmla_fn, make_problem
 
 
-def tune(shape, *, block_ns, stages, warps, tmas, waves, fm=None) -> list[dict]:
+def tune(shape, *, block_ns, stages, warps, waves, fm=None) -> list[dict]:
     """Time every config on one ``(H, B, S_kv)``; rows sorted fastest first, FlashMLA's and the default config's
     times in each row. ``waves``: programs per SM, from which the split count follows."""
     from mlaspec.impl.decode import DecodeConfig, decode_config, mla_decode_paged
@@ -40,9 +40,9 @@ def tune(shape, *, block_ns, stages, warps, tmas, waves, fm=None) -> list[dict]:
     )
     rows, sms = [], torch.cuda.get_device_properties(dev).multi_processor_count
     row_blocks = -(-H // base.block_m)
-    for bn, st, w, tma, wv in itertools.product(block_ns, stages, warps, tmas, waves):
+    for bn, st, w, wv in itertools.product(block_ns, stages, warps, waves):
         sp = max(1, wv * sms // (B * row_blocks))  # wv programs per SM
-        cfg = DecodeConfig(base.block_m, bn, w, st, tma)
+        cfg = DecodeConfig(base.block_m, bn, w, st)
         fn = functools.partial(
             mla_decode_paged, q, cache3, block_table, seq_lens, scale=scale, max_seq_len=S_kv, num_splits=sp, config=cfg
         )
@@ -51,10 +51,10 @@ def tune(shape, *, block_ns, stages, warps, tmas, waves, fm=None) -> list[dict]:
         except Exception as exc:  # out of shared memory, or a config the compiler rejects: noted, the sweep goes on
             print(f"  {shape} {cfg} splits={sp}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
             continue
-        config = dict(block_n=bn, stages=st, warps=w, tma=tma, splits=sp, waves=wv)
+        config = dict(block_n=bn, stages=st, warps=w, splits=sp, waves=wv)
         rows.append(dict(H=H, B=B, S_kv=S_kv, **config, us=t * 1e6, gbps=nbytes / t / 1e9))
         rows[-1].update(flashmla_us=flashmla * 1e6, default_us=default * 1e6)
-        print(f"  {shape} bn={bn} st={st} w={w} tma={tma} splits={sp}: {t * 1e6:7.1f} us", flush=True)
+        print(f"  {shape} bn={bn} st={st} w={w} splits={sp}: {t * 1e6:7.1f} us", flush=True)
     return sorted(rows, key=lambda r: r["us"])
 
 
@@ -65,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-n", type=ints, default=[32, 64])
     parser.add_argument("--stages", type=ints, default=[2, 3])
     parser.add_argument("--warps", type=ints, default=[4, 8])
-    parser.add_argument("--tma", type=ints, default=[0, 1])
     parser.add_argument("--waves", type=ints, default=[1, 2, 3], help="programs per SM (the split count follows)")
     parser.add_argument("--out", default="decode_tune.json")
     args = parser.parse_args(argv)
@@ -75,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for text in args.shapes.split(","):
         shape = tuple(int(x) for x in text.split("x"))
-        tmas = [bool(t) for t in args.tma]
-        rows = tune(
-            shape, block_ns=args.block_n, stages=args.stages, warps=args.warps, tmas=tmas, waves=args.waves, fm=fm
-        )
+        rows = tune(shape, block_ns=args.block_n, stages=args.stages, warps=args.warps, waves=args.waves, fm=fm)
         results += rows
         for r in rows[:5]:
             print(f"best {shape}: {r}")

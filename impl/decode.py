@@ -62,46 +62,11 @@ LN2 = 0.6931471805599453  # ln(2): ln(x) = log2(x) * LN2
 
 
 @triton.jit
-def _attend(q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, allowed, m_i, l_i, acc_lo, acc_hi, qk_scale, PRECISION, SPLIT_V):
-    """One key block of the online softmax: ``kv_lo``/``kv_hi`` the two halves of the 512 latent columns (keys and
-    values; ``SPLIT_V`` false: ``kv_lo`` is all of them and the ``hi`` parts are unused), ``kv_rope`` the 64 RoPE
-    columns, ``allowed [BLOCK_M, BLOCK_N]`` which (row, key) pairs count."""
-    # -- logits in base 2: (q . k) * scale * log2(e), fp32 accumulation -----------------------------------------
-    qk = tl.dot(q_lo, tl.trans(kv_lo), input_precision=PRECISION)
-    if SPLIT_V:
-        qk = tl.dot(q_hi, tl.trans(kv_hi), qk, input_precision=PRECISION)
-    qk = tl.dot(q_rope, tl.trans(kv_rope), qk, input_precision=PRECISION)
-    qk = tl.where(allowed, qk * qk_scale, float("-inf"))
-    # -- online softmax: rescale what we had by exp2(m_old - m_new); a row with nothing yet keeps m = -inf -------
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoids -inf - -inf = NaN for empty rows
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(qk - m_use[:, None])  # masked keys: exp2(-inf) = 0
-    l_i = l_i * alpha + tl.sum(p, 1)
-    # -- P @ V with P rounded to the cache dtype (as the MMA takes it), accumulated in fp32 -------------------------
-    p = p.to(kv_lo.dtype)
-    acc_lo = tl.dot(p, kv_lo, acc_lo * alpha[:, None], input_precision=PRECISION)
-    if SPLIT_V:
-        acc_hi = tl.dot(p, kv_hi, acc_hi * alpha[:, None], input_precision=PRECISION)
-    return m_new, l_i, acc_lo, acc_hi
-
-
-@triton.jit
-def _to_q_dtype(x, Q, FP8: tl.constexpr):
-    """Cache elements as q's dtype: e4m3 bytes convert exactly (``k_scale`` is applied outside)."""
-    if FP8:
-        x = x.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
-    return x
-
-
-@triton.jit
 def _mla_decode_split_kernel(
     Q,
-    KV,  # q [B, S_q, H_q, D_V + D_ROPE], cache [num_pages, PAGE, D_V + D_ROPE] (FP8: bytes)
-    KV_HALF,
-    KV_ROPE,  # TMA: descriptors of the cache as [num_pages * PAGE, D_V + D_ROPE], blocks [BLOCK_N, D_V/2 | D_ROPE]
+    KV,
     BLOCK_TABLE,
-    SEQ_LENS,
+    SEQ_LENS,  # q [B, S_q, H_q, D_V + D_ROPE], cache [num_pages, PAGE, D_V + D_ROPE] (FP8: bytes)
     O_PART,
     LSE_PART,  # [B, splits, R, D_V] fp32, [B, splits, R] fp32 (base 2): used unless SINGLE
     OUT,
@@ -133,19 +98,16 @@ def _mla_decode_split_kernel(
     SINGLE: tl.constexpr,
     PRECISION: tl.constexpr,
     FP8: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     R = S_Q * H_Q
-    SPLIT_V: tl.constexpr = D_V >= 32  # the latent in two halves (a TMA box is at most 256 wide; a dot >= 16)
-    HALF: tl.constexpr = D_V // 2 if SPLIT_V else D_V
 
     # -- which query rows: (s, h) flattened as q stores them, row = s * H_q + h ----------------------------------
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < R
     s = rows // H_Q
     h = rows % H_Q
-    offs_h = tl.arange(0, HALF)
+    offs_v = tl.arange(0, D_V)
     offs_r = tl.arange(0, D_ROPE)
 
     # -- which keys each row may see: all seq_len, or (causal) up to its own position at the end of the context --
@@ -155,100 +117,66 @@ def _mla_decode_split_kernel(
     else:
         n_keys = tl.zeros([BLOCK_M], dtype=tl.int32) + seq_len
 
-    # -- this split's key blocks (BLOCK_N keys each; PAGE // BLOCK_N blocks per page): whole ones, then the partial
+    # -- this split's key blocks (BLOCK_N keys each; PAGE // BLOCK_N blocks per page) ------------------------------
     SUB: tl.constexpr = PAGE // BLOCK_N
-    n_whole = seq_len // BLOCK_N
+    n_blocks = tl.cdiv(seq_len, BLOCK_N)
     blk_lo = split * blocks_per_split
-    blk_hi = tl.minimum(blk_lo + blocks_per_split, tl.cdiv(seq_len, BLOCK_N))
-    whole_hi = tl.minimum(blk_hi, n_whole)
+    blk_hi = tl.minimum(blk_lo + blocks_per_split, n_blocks)
 
-    # -- load the query block once: read BLOCK_M * 576, as the two latent halves and the rope part -------------------
+    # -- load the query block once: read BLOCK_M * 576 (the 576 split as 512 nope + 64 rope for tl.dot) ------------
     q_base = Q + b.to(tl.int64) * stride_qb + s * stride_qs + h * stride_qh
-    q_lo = tl.load(q_base[:, None] + offs_h[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HALF]
-    q_hi = tl.load(q_base[:, None] + HALF + offs_h[None, :], mask=row_ok[:, None], other=0.0)
+    q_nope = tl.load(q_base[:, None] + offs_v[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D_V]
     q_rope = tl.load(q_base[:, None] + D_V + offs_r[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D_ROPE]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of the base-2 logits
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(logit - m_i)
-    acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)  # running sum of exp2(logit - m_i) * v, two halves
-    acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)  # running sum of exp2(logit - m_i) * v
     offs_n = tl.arange(0, BLOCK_N)
 
-    # -- whole blocks: every key exists, so no load is masked (the bytes stream at full rate) ---------------------
-    for blk in range(blk_lo, whole_hi):
+    for blk in range(blk_lo, blk_hi):
+        # -- the physical page holding these keys, and the keys' slots in it --------------------------------------
         page = tl.load(BLOCK_TABLE + b * stride_btb + blk // SUB).to(tl.int64)
-        if TMA:  # the copy engine fetches [BLOCK_N, 256] boxes into shared memory, no address registers
-            first = (page * PAGE + (blk % SUB) * BLOCK_N).to(tl.int32)
-            kv_lo = KV_HALF.load([first, 0])
-            kv_hi = KV_HALF.load([first, HALF])
-            kv_rope = KV_ROPE.load([first, D_V])
-        else:
-            kv_ptr = KV + page * stride_kp + ((blk % SUB) * BLOCK_N + offs_n)[:, None] * stride_ks
-            kv_lo = tl.load(kv_ptr + offs_h[None, :])
-            kv_hi = tl.load(kv_ptr + HALF + offs_h[None, :])
-            kv_rope = tl.load(kv_ptr + D_V + offs_r[None, :])
+        slots = (blk % SUB) * BLOCK_N + offs_n
         keys = blk * BLOCK_N + offs_n
-        m_i, l_i, acc_lo, acc_hi = _attend(
-            q_lo,
-            q_hi,
-            q_rope,
-            _to_q_dtype(kv_lo, Q, FP8),
-            _to_q_dtype(kv_hi, Q, FP8),
-            _to_q_dtype(kv_rope, Q, FP8),
-            keys[None, :] < n_keys[:, None],
-            m_i,
-            l_i,
-            acc_lo,
-            acc_hi,
-            qk_scale,
-            PRECISION,
-            SPLIT_V,
-        )
+        key_ok = keys < seq_len  # slots past the end may hold anything (NaN): never let them in
+        kv_ptr = KV + page * stride_kp + slots[:, None] * stride_ks
+        # read BLOCK_N * 576: the entries; their first D_V columns are also the values
+        kv_nope = tl.load(kv_ptr + offs_v[None, :], mask=key_ok[:, None], other=0)  # [BLOCK_N, D_V]
+        kv_rope = tl.load(kv_ptr + D_V + offs_r[None, :], mask=key_ok[:, None], other=0)  # [BLOCK_N, D_ROPE]
+        if FP8:  # e4m3 bytes -> q's dtype, exact; k_scale sits in qk_scale and in the epilogue
+            kv_nope = kv_nope.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
+            kv_rope = kv_rope.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
 
-    # -- the partial last block, if it is this split's: slots past the end may hold anything (NaN), never read ----
-    if (n_whole >= blk_lo) & (n_whole < blk_hi):
-        page = tl.load(BLOCK_TABLE + b * stride_btb + n_whole // SUB).to(tl.int64)
-        keys = n_whole * BLOCK_N + offs_n
-        key_ok = keys < seq_len
-        kv_ptr = KV + page * stride_kp + ((n_whole % SUB) * BLOCK_N + offs_n)[:, None] * stride_ks
-        kv_lo = tl.load(kv_ptr + offs_h[None, :], mask=key_ok[:, None], other=0)
-        kv_hi = tl.load(kv_ptr + HALF + offs_h[None, :], mask=key_ok[:, None], other=0)
-        kv_rope = tl.load(kv_ptr + D_V + offs_r[None, :], mask=key_ok[:, None], other=0)
-        m_i, l_i, acc_lo, acc_hi = _attend(
-            q_lo,
-            q_hi,
-            q_rope,
-            _to_q_dtype(kv_lo, Q, FP8),
-            _to_q_dtype(kv_hi, Q, FP8),
-            _to_q_dtype(kv_rope, Q, FP8),
-            key_ok[None, :] & (keys[None, :] < n_keys[:, None]),
-            m_i,
-            l_i,
-            acc_lo,
-            acc_hi,
-            qk_scale,
-            PRECISION,
-            SPLIT_V,
-        )
+        # -- logits in base 2: (q . k) * scale * log2(e), fp32 accumulation -----------------------------------------
+        qk = tl.dot(q_nope, tl.trans(kv_nope), input_precision=PRECISION)
+        qk = tl.dot(q_rope, tl.trans(kv_rope), qk, input_precision=PRECISION)
+        qk = qk * qk_scale
+        allowed = key_ok[None, :] & (keys[None, :] < n_keys[:, None])
+        qk = tl.where(allowed, qk, float("-inf"))
+
+        # -- online softmax: rescale what we had by exp2(m_old - m_new); a row with nothing yet keeps m = -inf -------
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoids -inf - -inf = NaN for empty rows
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(qk - m_use[:, None])  # masked keys: exp2(-inf) = 0
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- P @ V with P rounded to the cache dtype (as the MMA takes it), accumulated in fp32 ---------------------
+        acc = tl.dot(p.to(kv_nope.dtype), kv_nope, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
 
     # -- epilogue: normalise, or hand the unnormalised split to the combine kernel ---------------------------------
     has_keys = l_i > 0.0
     l_use = tl.where(has_keys, l_i, 1.0)
     lse2 = tl.where(has_keys, m_i + tl.log2(l_use), float("-inf"))  # base-2 LSE of the split (or -inf: empty)
-    norm = (k_scale / l_use)[:, None]  # empty rows: acc = 0, so out = 0
+    out = acc * (k_scale / l_use)[:, None]  # empty rows: acc = 0, so out = 0
     if SINGLE:
         # write R * 512 in q's dtype, and the natural-log LSE in FlashMLA's [B, H_q, S_q] layout
-        o_ptr = (OUT + b.to(tl.int64) * stride_ob + s * stride_os + h * stride_oh)[:, None] + offs_h[None, :]
-        tl.store(o_ptr, (acc_lo * norm).to(OUT.dtype.element_ty), mask=row_ok[:, None])
-        if SPLIT_V:
-            tl.store(o_ptr + HALF, (acc_hi * norm).to(OUT.dtype.element_ty), mask=row_ok[:, None])
+        o_ptr = OUT + b.to(tl.int64) * stride_ob + s * stride_os + h * stride_oh
+        tl.store(o_ptr[:, None] + offs_v[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
         tl.store(LSE + b * stride_lb + h * stride_lh + s * stride_ls, lse2 * 0.6931471805599453, mask=row_ok)
     else:
         part = (b * num_splits + split).to(tl.int64) * R + rows
-        o_ptr = O_PART + part[:, None] * D_V + offs_h[None, :]
-        tl.store(o_ptr, acc_lo * norm, mask=row_ok[:, None])
-        if SPLIT_V:
-            tl.store(o_ptr + HALF, acc_hi * norm, mask=row_ok[:, None])
+        tl.store(O_PART + part[:, None] * D_V + offs_v[None, :], out, mask=row_ok[:, None])
         tl.store(LSE_PART + part, lse2, mask=row_ok)
 
 
@@ -320,29 +248,23 @@ class DecodeConfig(NamedTuple):
     block_n: int  # keys per step; divides the page size
     num_warps: int
     num_stages: int
-    tma: bool = False  # whole key blocks through TMA descriptors (Hopper; where the cache's layout allows)
 
 
 def decode_config(rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False) -> DecodeConfig:
     """The tile for ``rows = S_q * H_q`` query rows (``fp8``: over the per-tensor fp8 cache).
 
-    bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys. 64 rows: 8 warps, so the ``[64, 512]``
-    fp32 accumulator is 128 registers a thread, 2 stages (two 72 KB key tiles in flight), whole key blocks through TMA
-    (H200, 128 heads, B = 1, 64K keys: 85.0 -> 82.5 us; B = 2, 32K: 86.2 -> 83.4 us). <= 32 rows: 4 warps and 3
-    stages (16 heads, B = 1, 64K keys: 41.3 us at 8 warps and 2 stages, 40.2 us; TMA: 41.0). fp32 inputs (exact
-    ``ieee`` dots, not tf32) take half-size tiles. fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion
-    fits the registers (64-key tiles spill ~500 bytes a thread, triton 3.6): 16 heads, B = 1, 1K keys 35.7 -> 18.5 us,
-    B = 64, 4K 185 -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
-    ``benchmarks/decode_tune.py`` measures these.
+    bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys, 8 warps so the ``[64, 512]`` fp32
+    accumulator is 128 registers a thread, 2 stages: ``q`` (72 KB) stays in shared memory and two 72 KB key tiles
+    are in flight (216 KB of the 227 KB an H100/H200 block may use). fp32 inputs (exact ``ieee`` dots, not tf32)
+    take half-size tiles. fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion fits the registers
+    (64-key tiles spill ~500 bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K keys 35.7 ->
+    18.5 us, B = 64, 4K 185 -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
     """
-    if dtype == torch.float32:
-        block_m = min(32, max(16, triton.next_power_of_2(rows)))
-        return DecodeConfig(block_m, min(16, page_size), 4, 1)
-    block_m = min(64, max(16, triton.next_power_of_2(rows)))
-    block_n = min(32 if fp8 and block_m <= 16 else 64, page_size)
-    if block_m >= 64:
-        return DecodeConfig(block_m, block_n, 8, 2, tma=not fp8)
-    return DecodeConfig(block_m, block_n, 4, 2 if fp8 else 3)
+    big = dtype == torch.float32
+    block_m = min(32 if big else 64, max(16, triton.next_power_of_2(rows)))
+    block_n = min(16 if big else 32 if fp8 and block_m <= 16 else 64, page_size)
+    num_warps = 8 if block_m >= 64 else 4
+    return DecodeConfig(block_m, block_n, num_warps, 1 if big else 2)
 
 
 def num_splits_heuristic(
@@ -378,26 +300,6 @@ def num_splits_heuristic(
     if rows_per_block <= 32 and key_blocks // (2 * per_wave) >= 4:
         splits = 2 * per_wave
     return max(1, min(splits, key_blocks // min_blocks_per_split, max_splits))
-
-
-def _tma_descriptors(kv_cache: torch.Tensor, cfg: DecodeConfig, d_v: int):
-    """Host TMA descriptors of the cache seen as ``[num_pages * P, D_qk]`` rows, blocks ``[block_n, d_v / 2]`` and
-    ``[block_n, D_qk - d_v]``; ``(kv_cache, kv_cache)`` (the pointer path) where TMA cannot read it: not a Hopper or
-    newer GPU, pages not back to back, rows or base not 16-byte aligned."""
-    num_pages, page_size, d_qk = kv_cache.shape
-    rows_ok = (
-        kv_cache.stride(0) == page_size * kv_cache.stride(1) and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0
-    )
-    if not (kv_cache.is_cuda and torch.cuda.get_device_capability(kv_cache.device)[0] >= 9 and rows_ok):
-        return kv_cache, kv_cache
-    if kv_cache.data_ptr() % 16:
-        return kv_cache, kv_cache
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    shape, strides = [num_pages * page_size, d_qk], [kv_cache.stride(1), 1]
-    half = TensorDescriptor(kv_cache, shape, strides, [cfg.block_n, d_v // 2])
-    rope = TensorDescriptor(kv_cache, shape, strides, [cfg.block_n, d_qk - d_v])
-    return half, rope
 
 
 def _num_sms(device: torch.device) -> int:
@@ -502,15 +404,11 @@ def mla_decode_paged(
     else:  # unused by the kernel
         o_part, lse_part = out, lse
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
-    kv_half, kv_rope = _tma_descriptors(kv_cache, cfg, d_v) if cfg.tma else (kv_cache, kv_cache)
-    tma = kv_half is not kv_cache
 
     def launch(stages: int) -> None:
         _mla_decode_split_kernel[(row_blocks, num_splits, B)](
             q,
             kv_cache,
-            kv_half,
-            kv_rope,
             block_table,
             seq_lens,
             o_part,
@@ -544,7 +442,6 @@ def mla_decode_paged(
             SINGLE=num_splits == 1,
             PRECISION=precision,
             FP8=fp8,
-            TMA=tma,
             num_warps=cfg.num_warps,
             num_stages=stages,
         )
