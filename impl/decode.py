@@ -35,11 +35,11 @@ split the keys the same way):
    are ``(s, h)`` flattened in ``q``'s own order, so any ``H_q`` and ``S_q`` work) against the pages of its split,
    ``BLOCK_N`` keys at a time, with an online softmax in base 2 (``log2 e`` folded into the scale). It writes a
    partial output and partial LSE (base 2) per split -- or, with one split, the final result directly.
-2. ``_mla_decode_combine_kernel``: grid ``(R, B, D_V / 64)``. Merges the splits by their LSE (the same math as
-   :func:`mlaspec.spec.merge.merge_attn_states_n`) and converts the LSE to the natural log. Each program takes 64
-   columns of one row and loads 32 splits' partials at once: a loop over the splits one at a time, one program per
-   row, took ~20 us at 16 heads, batch 1, 132 splits (more than the 64K-key cache's own streaming; H200), and
-   grew with the split count.
+2. ``_mla_decode_combine_kernel``: grid ``(R, B, D_V / BLOCK_D)``. Merges the splits by their LSE (the same math as
+   :func:`mlaspec.spec.merge.merge_attn_states_n`) and converts the LSE to the natural log. At small batches each
+   program takes 64 columns of one row and loads 32 splits' partials at once (at large ones, a whole row): a loop
+   over the splits one at a time, one program per row, took ~20 us at 16 heads, batch 1, 132 splits (more than the
+   64K-key cache's own streaming; H200), and grew with the split count.
 
 The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once, at least a few pages per split).
 """
@@ -453,7 +453,10 @@ def mla_decode_paged(
             raise
         launch(1)
     if num_splits > 1:
-        block_d = min(64, d_v)
+        # few rows (small batches): 64 columns a program, so that enough programs stream the partials; enough rows to
+        # fill the SMs four times: one program a row (the LSEs read once; 64-column programs cost B64 16 heads 4K
+        # keys 85 -> 92 us on the H200)
+        block_d = d_v if B * rows >= 4 * _num_sms(q.device) else min(64, d_v)
         _mla_decode_combine_kernel[(rows, B, d_v // block_d)](
             o_part,
             lse_part,
@@ -471,7 +474,7 @@ def mla_decode_paged(
             D_V=d_v,
             BLOCK_D=block_d,
             SPLITS_P2=triton.next_power_of_2(num_splits),
-            CHUNK=min(32, triton.next_power_of_2(num_splits)),
+            CHUNK=max(1, min(32, triton.next_power_of_2(num_splits), 4096 // block_d)),  # <= 4096 partials a load
             num_warps=4,
         )
     return DecodeOutput(out, lse)

@@ -3,6 +3,7 @@ group on the CPU give the verdicts of the simulated ranks, through both of vLLM'
 dies fails its case, named, and the run goes on."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -45,14 +46,15 @@ def test_two_processes_give_the_simulated_ranks_verdicts(tmp_path, misbehaving, 
     [
         ("RankRaises", "error", "rank 1: RuntimeError: rank one's kernel refused the shard"),
         ("RankDies", "crash", "rank 1 exited with status 3 during the call"),
-        ("RankHangs", "timeout", "timed out after 8 s: rank 1 gave no answer"),
+        # rank 0 may be waiting for rank 1 in a collective when the case times out: then it gave no answer either
+        ("RankHangs", "timeout", r"timed out after 8 s: rank (0, )?1 gave no answer"),
     ],
 )
 def test_a_misbehaving_rank_fails_only_its_case(tmp_path, misbehaving, adapter, verdict, reason):
     status, by_case = _check(tmp_path, f"misbehaving:{adapter}", "--dcp", "2", "--timeout", "8")
     assert status == EXIT_FAILED
     assert list(by_case) == DCP2  # the cases after the bad one ran, on a new group after a death
-    assert by_case[BAD]["verdict"] == verdict and reason in by_case[BAD]["reason"], by_case[BAD]
+    assert by_case[BAD]["verdict"] == verdict and re.search(reason, by_case[BAD]["reason"]), by_case[BAD]
     if verdict == "error":  # the rank that stopped only because rank 1 failed is not blamed
         assert "rank 0" not in by_case[BAD]["reason"]
     assert {by_case[c]["verdict"] for c in DCP2[1:]} == {"pass"}
