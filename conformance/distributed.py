@@ -307,7 +307,8 @@ class RankGroup:
                             deadline = cut if deadline is None else min(deadline, cut)
                     elif not proc.is_alive():
                         replies[r] = None
-                except (EOFError, OSError):
+                except (EOFError, OSError):  # its end closed: the rank is exiting; wait so its status is known
+                    proc.join(_GRACE)
                     replies[r] = None
             if deadline is not None and time.monotonic() >= deadline:
                 break

@@ -65,3 +65,34 @@ def test_a_misbehaving_rank_fails_only_its_case(tmp_path, misbehaving, adapter, 
 )
 def test_dcp_usage_errors(tmp_path, extra):
     assert main(["check", "--report", str(tmp_path), *extra]) == EXIT_USAGE
+
+
+class _ExitingRank:
+    """A rank whose pipe closed before the kernel reaped it (a loaded machine widens that window)."""
+
+    exitcode = None
+
+    def is_alive(self):
+        return self.exitcode is None
+
+    def join(self, timeout=None):
+        self.exitcode = 3
+
+
+class _ClosedPipe:
+    def poll(self, timeout=0):
+        return True
+
+    def recv(self):
+        raise EOFError
+
+
+def test_a_rank_whose_pipe_closed_is_a_crash_even_before_it_is_reaped(tmp_path):
+    from mlaspec.conformance.distributed import RankGroup
+
+    group = object.__new__(RankGroup)  # no processes: the two fakes above stand for one rank
+    group.world_size, group.timeout, group._dir = 1, 8.0, tmp_path
+    group._procs, group._conns = [_ExitingRank()], [_ClosedPipe()]
+    assert group._gather(group.timeout) == {0: None}
+    outcome = group._silent_outcome([0], 0.1)
+    assert outcome.kind == "crash" and "rank 0 exited with status 3" in outcome.reason, outcome.reason
