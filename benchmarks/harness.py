@@ -13,6 +13,7 @@ the neighbours: the CPU seconds are the steadier figure.
 
     python benchmarks/harness.py --out-dir docs/bench                 # triton, full on a GPU; else torch, tiny
     python benchmarks/harness.py --backend torch --scale tiny --out-dir /tmp/bench
+    python benchmarks/harness.py --warm 0,8 --out-dir docs/bench     # also with 8 warm-up workers (--warm 8)
 
 Writes ``harness.md`` (environment, command, table) and ``harness.png`` (wall and CPU seconds, cold and warm) under
 ``--out-dir``. Importing this module runs nothing.
@@ -43,19 +44,20 @@ class Run:
     """One timed ``mlaspec check``: ``phase`` (cold / warm), wall and CPU seconds, exit status, the counts line."""
 
     phase: str
+    workers: int  # mlaspec check --warm: warm-up workers beside the judged one
     wall: float
     cpu: float
     status: int
     counts: str
 
 
-def time_check(check_args: list[str], env: dict, phase: str) -> Run:
+def time_check(check_args: list[str], env: dict, phase: str, workers: int = 0) -> Run:
     """Run ``mlaspec check check_args`` in a fresh process under ``env``; its wall and CPU (user + system, with its
     children) seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "mlaspec.conformance.cli", "check", *check_args],
+        [sys.executable, "-m", "mlaspec.conformance.cli", "check", *check_args, "--warm", str(workers)],
         env=env,
         capture_output=True,
         text=True,
@@ -66,24 +68,25 @@ def time_check(check_args: list[str], env: dict, phase: str) -> Run:
     counts = re.findall(r"^\d+ passed.*$", proc.stdout, re.MULTILINE)
     if proc.returncode not in (0, 1):
         print(proc.stdout[-2000:], proc.stderr[-2000:], sep="\n")
-    return Run(phase, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)")
+    return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)")
 
 
-def measure(backend: str, scale: str, dtypes: str, runs: int) -> list[Run]:
-    """``runs`` cold and ``runs`` warm runs of ``mlaspec check --backend backend --scale scale``."""
+def measure(backend: str, scale: str, dtypes: str, runs: int, warm: tuple[int, ...] = (0,)) -> list[Run]:
+    """``runs`` cold and ``runs`` warm runs of ``mlaspec check --backend backend --scale scale``, for each number
+    of warm-up workers in ``warm``, each pair from fresh caches."""
     out: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="mlaspec-harness-") as tmp:
         args = ["--backend", backend, "--scale", scale, "--dtypes", dtypes, "--report", os.path.join(tmp, "report")]
         for i in range(runs):
-            caches = os.path.join(tmp, f"caches-{i}")  # fresh: cold
-            env = os.environ | {
-                "MLASPEC_CACHE_DIR": os.path.join(caches, "mlaspec"),
-                "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
-            }
-            out.append(time_check(args, env, "cold"))
-            print(f"cold: {out[-1]}", flush=True)
-            out.append(time_check(args, env, "warm"))
-            print(f"warm: {out[-1]}", flush=True)
+            for workers in warm:
+                caches = os.path.join(tmp, f"caches-{i}-{workers}")  # fresh: cold
+                env = os.environ | {
+                    "MLASPEC_CACHE_DIR": os.path.join(caches, "mlaspec"),
+                    "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
+                }
+                for phase in ("cold", "warm"):
+                    out.append(time_check(args, env, phase, workers))
+                    print(f"{phase}: {out[-1]}", flush=True)
     return out
 
 
@@ -116,24 +119,26 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
         ", ".join(f"{k} {v}" for k, v in env.items()) + f"; `{command}`",
         "",
         "Cold: empty reference and Triton caches; warm: the same command again over both. CPU seconds are user + "
-        "system of the run and its worker process.",
+        "system of the run and its worker processes; `--warm` is the number of warm-up workers "
+        "(`mlaspec check --warm N`: processes that run the cases ahead of the judged one, so that kernels compile "
+        "in parallel).",
         "",
         "![wall and CPU seconds](harness.png)",
         "",
-        "| phase | wall s | CPU s | goal (wall s) | verdicts | exit |",
-        "|---|---:|---:|---:|---|---:|",
+        "| phase | --warm | wall s | CPU s | goal (wall s) | verdicts | exit |",
+        "|---|---:|---:|---:|---:|---|---:|",
     ]
     for r in runs:
         target = goal[r.phase]
         mark = "" if target is None else (f"<= {target:g} " + ("met" if r.wall <= target else "missed"))
-        lines.append(f"| {r.phase} | {r.wall:.1f} | {r.cpu:.1f} | {mark} | {r.counts} | {r.status} |")
+        lines.append(f"| {r.phase} | {r.workers} | {r.wall:.1f} | {r.cpu:.1f} | {mark} | {r.counts} | {r.status} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(runs: list[Run], path: str, title: str) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    labels = [f"{r.phase} {i // 2 + 1}" if len(runs) > 2 else r.phase for i, r in enumerate(runs)]
+    labels = [f"{r.phase}, --warm {r.workers}" if r.workers else r.phase for r in runs]
     x = range(len(runs))
     ax.bar([i - 0.2 for i in x], [r.wall for r in runs], 0.4, label="wall s")
     ax.bar([i + 0.2 for i in x], [r.cpu for r in runs], 0.4, label="CPU s (user + system)")
@@ -152,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="full" if gpu else "tiny", choices=["tiny", "full"])
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--runs", type=int, default=1, help="cold + warm pairs, each pair from fresh caches")
+    ap.add_argument("--warm", default="0", help="comma-separated warm-up worker counts, each timed (default: 0)")
     ap.add_argument("--out-dir", default="bench")
     args = ap.parse_args(argv)
-    runs = measure(args.backend, args.scale, args.dtypes, args.runs)
+    runs = measure(args.backend, args.scale, args.dtypes, args.runs, tuple(int(n) for n in args.warm.split(",")))
     command = " ".join(["python", *sys.argv]) if argv is None else f"main({argv})"
     env = environment()
     text = markdown(runs, args.backend, args.scale, env, command)

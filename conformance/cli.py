@@ -79,6 +79,26 @@ def _names(text: str | None, known, what: str) -> tuple[str, ...] | None:
     return names
 
 
+def _warm_up(args: argparse.Namespace, cases: list):
+    """The warm-up workers ``--warm N`` asks for (:mod:`~mlaspec.conformance.warmup`), started now; None without."""
+    if not args.warm:
+        return None
+    if args.warm < 0:
+        raise UsageError(f"--warm must be >= 0, got {args.warm}")
+    if args.isolation != "process" or args.dcp is not None:
+        raise UsageError("--warm runs beside the judged worker: it needs --isolation process and no --dcp")
+    from .warmup import WarmUp
+
+    return WarmUp(args.backend, cases, args.warm)
+
+
+def _warm_summary(warm) -> str:
+    parts = [f"{warm.restarts} restarted after dying"] if warm.restarts else []
+    if warm.stopped_because:
+        parts.append(f"stopped early: {warm.stopped_because}; it ran again on its own")
+    return f"warm-up workers ({warm.workers}): " + "; ".join(parts) + f" (logs in {warm.dir})"
+
+
 def _check(args: argparse.Namespace) -> int:
     from .cases import case_by_id, curated_cases
     from .ops import DTYPES, OPS
@@ -107,7 +127,15 @@ def _check(args: argparse.Namespace) -> int:
         announced = len(cases)  # the curated ones are not announced, the generated ones after them are
         if args.generated:
             cases += _generated_cases(args.generated, dtypes, args.seed, ops)
-    backend = _load(args.backend, isolated=args.isolation == "process", timeout=args.timeout, dcp=args.dcp)
+    warm = _warm_up(args, cases)
+    try:
+        backend = _load(args.backend, isolated=args.isolation == "process", timeout=args.timeout, dcp=args.dcp)
+    except BaseException:
+        if warm is not None:
+            warm.stop()
+        raise
+    if warm is not None:
+        backend.on_out_of_memory = lambda case: warm.stop(f"{case.id} ran out of device memory beside them")
     try:
         out_dir = Path(args.report)
         for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
@@ -140,17 +168,21 @@ def _check(args: argparse.Namespace) -> int:
                 scale=args.scale,
                 timeout=args.timeout,
                 on_result=progress.after,
-                before=progress.before,
+                before=progress.before if warm is None else lambda i, c: (warm.reached(i), progress.before(i, c)),
                 stop=context_lost,
                 header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
                 strict_numerics=args.strict_numerics,
                 **references,
             )
     finally:
+        if warm is not None:
+            warm.stop()
         if hasattr(backend, "close"):
             backend.close()
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
     print()
+    if warm is not None and (warm.stopped_because or warm.restarts):
+        print(_warm_summary(warm))
     if args.verbose:
         print(summary_table(results) + "\n")
     page = write_html(results, out_dir, backend=args.backend, version=backend.version, env=env)
@@ -398,6 +430,15 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run the dcp_decode cases of N_cp=N on N processes of one torch.distributed group (NCCL with a GPU "
         "per rank, else gloo), combined by real collectives (mlaspec.conformance.distributed)",
+    )
+    check.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N more processes run the cases ahead of the judged worker, outputs thrown away, so that a JIT "
+        "backend (Triton, FlashInfer) compiles its kernels in parallel into its disk cache (default: 0, none; "
+        "mlaspec.conformance.warmup)",
     )
     check.add_argument(
         "--verbose", action="store_true", help="a line per case and the full table (default: failures and counts)"

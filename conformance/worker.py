@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
@@ -244,6 +244,9 @@ class WorkerBackend:
         self.unavailable = meta["unavailable"]
         self.numerics = meta["numerics"]
         self.in_flight: Case | None = None  # the case sent and not yet collected
+        # called (once, with the case) when a case runs out of device memory; the case then runs again: the warm-up
+        # workers (conformance.warmup) stop there, so that they never cost a case its verdict
+        self.on_out_of_memory: Callable[[Case], None] | None = None
         self.device = meta["device"]  # where the backend runs (its own ``device``), or None: unknown
         self.starts = 1
 
@@ -324,11 +327,11 @@ class WorkerBackend:
     def send(self, case: Case, writes: tuple[str, ...] = ()) -> None:
         """Start running ``case`` (collect it with :meth:`collect`); ``writes`` names the inputs the op writes."""
         self._pending = self._send(("run", _case_dict(case), tuple(writes)))
-        self.in_flight = case
+        self.in_flight, self._writes = case, tuple(writes)
 
     def collect(self) -> Outcome:
         """The outcome of the case :meth:`send` started."""
-        self.in_flight = None
+        case, self.in_flight = self.in_flight, None
         reply = self._receive(self.timeout)
         if reply is None:
             return self._failure(self._pending, self.timeout)
@@ -337,6 +340,11 @@ class WorkerBackend:
                 self._proc.wait(30)
             self._kill()
         if reply[0] == "error":
+            if self.on_out_of_memory is not None and "out of memory" in reply[1].lower() and case is not None:
+                make_room, self.on_out_of_memory = self.on_out_of_memory, None
+                make_room(case)
+                self.send(case, self._writes)
+                return self.collect()
             return Outcome("error", reason=reply[1], seconds=time.perf_counter() - self._pending)
         _, packed, seconds, breaches, _ = reply
         outputs = pickle.loads(packed)  # our own worker's bytes

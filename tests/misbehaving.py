@@ -157,3 +157,45 @@ class WithCombine(TorchBackend):
 
         got = dcp_combine(outs, lses)
         return got.out.to(outs.dtype), got.lse.float()
+
+
+# -- a JIT backend in miniature (``mlaspec check --warm N``, tests/test_warmup.py) ----------------------------------
+class FakeJit(TorchBackend):
+    """The first ``attention`` call of a shape, in any process, "compiles" (sleeps) and leaves its kernel in the
+    folder ``$MLASPEC_TEST_JIT_CACHE``: a file naming the process that built it; later calls, anywhere, find it."""
+
+    compile_seconds = 1.5
+
+    def attention(self, q, k, v, **kw):
+        import time
+        from pathlib import Path
+
+        kernel = Path(os.environ["MLASPEC_TEST_JIT_CACHE"]) / f"{q.dtype}-{'x'.join(map(str, q.shape))}"
+        if not kernel.exists():
+            time.sleep(self.compile_seconds)
+            part = kernel.with_suffix(f".{os.getpid()}")
+            part.write_text(f"{os.getpid()} {sys.argv[0]}")
+            os.replace(part, kernel)
+        if q.shape[2] == 6:
+            self.misbehave(q)
+        return super().attention(q, k, v, **kw)
+
+    def misbehave(self, q):
+        pass
+
+
+class FakeJitDies(FakeJit):
+    def misbehave(self, q):
+        os._exit(3)  # in the judged worker and in the warm-up process alike
+
+
+class FakeJitOutOfMemory(FakeJit):
+    """Runs out of device memory once, in the judged worker (never in a warm-up process)."""
+
+    def misbehave(self, q):
+        from pathlib import Path
+
+        once = Path(os.environ["MLASPEC_TEST_JIT_CACHE"]) / "out-of-memory"
+        if "warmup" not in sys.argv[0] and not once.exists():
+            once.write_text("")
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

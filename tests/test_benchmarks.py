@@ -124,10 +124,12 @@ def test_dcp_speedup_table(bench):
 
 def test_harness_table_and_figure(bench, tmp_path):
     harness = bench["harness"]
-    runs = [harness.Run("cold", 95.0, 400.0, 0, "158 passed"), harness.Run("warm", 50.0, 120.0, 0, "158 passed")]
+    runs = [harness.Run("cold", 0, 95.0, 400.0, 0, "158 passed"), harness.Run("warm", 0, 50.0, 120.0, 0, "158 passed")]
+    runs.append(harness.Run("cold", 8, 70.0, 500.0, 0, "158 passed"))
     text = harness.markdown(runs, "triton", "full", {"gpu": "H200"}, "python benchmarks/harness.py")
-    assert "| cold | 95.0 | 400.0 | <= 90 missed | 158 passed | 0 |" in text
-    assert "| warm | 50.0 | 120.0 | <= 60 met | 158 passed | 0 |" in text
+    assert "| cold | 0 | 95.0 | 400.0 | <= 90 missed | 158 passed | 0 |" in text
+    assert "| warm | 0 | 50.0 | 120.0 | <= 60 met | 158 passed | 0 |" in text
+    assert "| cold | 8 | 70.0 | 500.0 | <= 90 met | 158 passed | 0 |" in text
     harness.plot(runs, str(tmp_path / "harness.png"), "t")
     assert (tmp_path / "harness.png").read_bytes().startswith(PNG)
 
