@@ -159,7 +159,7 @@ class WithCombine(TorchBackend):
         return got.out.to(outs.dtype), got.lse.float()
 
 
-# -- a JIT backend in miniature (``mlaspec check --warm N``, tests/test_warmup.py) ----------------------------------
+# -- a JIT backend in miniature (``mlaspec check --warm N``, tests/test_isolation.py) -------------------------------
 class FakeJit(TorchBackend):
     """The first ``attention`` call of a shape, in any process, "compiles" (sleeps) and leaves its kernel in the
     folder ``$MLASPEC_TEST_JIT_CACHE``: a file naming the process that built it; later calls, anywhere, find it."""

@@ -210,3 +210,73 @@ def test_a_case_the_harness_cannot_build_is_its_error_and_the_next_case_reads_it
         results = run_cases(backend, [good[0], broken, good[1]], backend_name="torch")
     assert [r.verdict for r in results] == ["pass", "error", "pass"]
     assert "the harness could not build this case: KeyError" in results[1].reason
+
+
+# -- mlaspec check --warm N (conformance.warmup): warm-up processes run the cases ahead of the judged worker so that a
+# JIT backend compiles in parallel; the verdicts are those of a run without them, whatever they do. misbehaving.FakeJit
+# stands for the JIT: its first call of a shape in any process sleeps and leaves a file naming the process that built it
+@pytest.fixture
+def jit(misbehaving, monkeypatch):
+    """The fake JIT's cache folder, shared by every process as Triton's is."""
+    cache = misbehaving / "jit"
+    cache.mkdir()
+    monkeypatch.setenv("MLASPEC_TEST_JIT_CACHE", str(cache))
+    return cache
+
+
+def _verdicts(adapter: str, out: Path, *extra: str) -> tuple[int, dict[str, str]]:
+    status, by_case = _check(adapter, out, *extra)
+    return status, {c: r["verdict"] for c, r in by_case.items()}
+
+
+def _builders(cache: Path) -> set[str]:
+    return {p.read_text().split()[0] for p in cache.iterdir() if p.name != "out-of-memory"}
+
+
+def test_warm_up_processes_compile_and_leave_the_verdicts_alone(jit, tmp_path):
+    status, warmed = _verdicts("FakeJit", tmp_path / "warm", "--warm", "2")
+    assert status == EXIT_OK and set(warmed.values()) == {"pass"} and len(warmed) == 6
+    assert len(_builders(jit)) >= 2  # the judged worker did not build every kernel itself
+    for kernel in jit.iterdir():
+        kernel.unlink()
+    status, alone = _verdicts("FakeJit", tmp_path / "alone")
+    assert status == EXIT_OK and alone == warmed
+    assert len(_builders(jit)) == 1  # without them, one process built all six
+
+
+def test_the_judged_case_still_crashes_beside_dying_warm_up_processes(jit, tmp_path):
+    status, warmed = _verdicts("FakeJitDies", tmp_path / "warm", "--warm", "2")
+    assert status == EXIT_FAILED
+    assert warmed[BAD] == "crash" and {v for c, v in warmed.items() if c != BAD} == {"pass"}
+    _, alone = _verdicts("FakeJitDies", tmp_path / "alone")
+    assert alone == warmed
+
+
+def test_out_of_memory_beside_the_warm_up_processes_stops_them_and_runs_the_case_again(jit, tmp_path, capsys):
+    status, warmed = _verdicts("FakeJitOutOfMemory", tmp_path / "warm", "--warm", "2")
+    assert status == EXIT_OK and warmed[BAD] == "pass"
+    assert f"stopped early: {BAD} ran out of device memory beside them" in capsys.readouterr().out
+    (jit / "out-of-memory").unlink()
+    status, alone = _verdicts("FakeJitOutOfMemory", tmp_path / "alone")  # on its own, running out is its verdict
+    assert status == EXIT_FAILED and alone[BAD] == "error"
+
+
+def test_a_warm_up_process_that_dies_goes_on_after_the_case(jit):
+    import time
+
+    from mlaspec.conformance.cases import curated_cases
+    from mlaspec.conformance.warmup import WarmUp
+
+    cases = curated_cases(ops=("attention",), dtypes=("float32",))  # the judged worker never comes: it warms all
+    with WarmUp("misbehaving:FakeJitDies", cases, 1) as warm:
+        deadline = time.monotonic() + 120
+        while not warm.done and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert warm.done and warm.restarts == 1 and warm.stopped_because is None
+    assert len(_builders(jit)) == 2  # the process that died on the bad case, and the one after it
+    assert len(list(jit.iterdir())) == len(cases)  # every kernel built, the bad case's before it died
+
+
+@pytest.mark.parametrize("extra", [("--warm", "-1"), ("--warm", "2", "--isolation", "none")])
+def test_warm_usage_errors(jit, extra):
+    assert main(["check", "--backend", "misbehaving:FakeJit", "--report", str(jit), *extra]) == EXIT_USAGE
