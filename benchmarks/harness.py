@@ -138,7 +138,8 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
 def plot(runs: list[Run], path: str, title: str) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    labels = [f"{r.phase}, --warm {r.workers}" if r.workers else r.phase for r in runs]
+    names = [f"{r.phase}, --warm {r.workers}" if r.workers else r.phase for r in runs]
+    labels = [f"{n} {names[: i + 1].count(n)}" if names.count(n) > 1 else n for i, n in enumerate(names)]
     x = range(len(runs))
     ax.bar([i - 0.2 for i in x], [r.wall for r in runs], 0.4, label="wall s")
     ax.bar([i + 0.2 for i in x], [r.cpu for r in runs], 0.4, label="CPU s (user + system)")

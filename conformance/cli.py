@@ -79,23 +79,18 @@ def _names(text: str | None, known, what: str) -> tuple[str, ...] | None:
     return names
 
 
-def _warm_up(args: argparse.Namespace, cases: list):
-    """The warm-up workers ``--warm N`` asks for (:mod:`~mlaspec.conformance.warmup`), started now; None without."""
-    if not args.warm:
-        return None
+def _check_warm(args: argparse.Namespace) -> None:
+    """``--warm N`` (:mod:`~mlaspec.conformance.warmup`) as the rest of the command line allows it."""
     if args.warm < 0:
         raise UsageError(f"--warm must be >= 0, got {args.warm}")
-    if args.isolation != "process" or args.dcp is not None:
+    if args.warm and (args.isolation != "process" or args.dcp is not None):
         raise UsageError("--warm runs beside the judged worker: it needs --isolation process and no --dcp")
-    from .warmup import WarmUp
-
-    return WarmUp(args.backend, cases, args.warm)
 
 
 def _warm_summary(warm) -> str:
     parts = [f"{warm.restarts} restarted after dying"] if warm.restarts else []
     if warm.stopped_because:
-        parts.append(f"stopped early: {warm.stopped_because}; it ran again on its own")
+        parts.append(f"stopped early: {warm.stopped_because}, which then ran again alone")
     return f"warm-up workers ({warm.workers}): " + "; ".join(parts) + f" (logs in {warm.dir})"
 
 
@@ -127,16 +122,15 @@ def _check(args: argparse.Namespace) -> int:
         announced = len(cases)  # the curated ones are not announced, the generated ones after them are
         if args.generated:
             cases += _generated_cases(args.generated, dtypes, args.seed, ops)
-    warm = _warm_up(args, cases)
+    _check_warm(args)
+    backend = _load(args.backend, isolated=args.isolation == "process", timeout=args.timeout, dcp=args.dcp)
+    warm = None
     try:
-        backend = _load(args.backend, isolated=args.isolation == "process", timeout=args.timeout, dcp=args.dcp)
-    except BaseException:
-        if warm is not None:
-            warm.stop()
-        raise
-    if warm is not None:
-        backend.on_out_of_memory = lambda case: warm.stop(f"{case.id} ran out of device memory beside them")
-    try:
+        if args.warm:  # after the judged worker has its device (a GPU in exclusive-process mode takes one process)
+            from .warmup import WarmUp
+
+            warm = WarmUp(args.backend, cases, args.warm, backend.device)
+            backend.on_trouble = warm.contended
         out_dir = Path(args.report)
         for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
             stale.unlink()
@@ -183,6 +177,9 @@ def _check(args: argparse.Namespace) -> int:
     print()
     if warm is not None and (warm.stopped_because or warm.restarts):
         print(_warm_summary(warm))
+    for r in results:
+        if r.retried:
+            print(f"RAN AGAIN {r.case_id}: beside the warm-up workers it gave {r.retried}; alone: {r.verdict}")
     if args.verbose:
         print(summary_table(results) + "\n")
     page = write_html(results, out_dir, backend=args.backend, version=backend.version, env=env)

@@ -308,7 +308,7 @@ class RankGroup:
                     elif not proc.is_alive():
                         replies[r] = None
                 except (EOFError, OSError):  # its end closed: the rank is exiting; wait so its status is known
-                    proc.join(_GRACE)
+                    proc.join(_GRACE if deadline is None else min(_GRACE, max(0.0, deadline - time.monotonic())))
                     replies[r] = None
             if deadline is not None and time.monotonic() >= deadline:
                 break

@@ -174,6 +174,10 @@ def _pictures(r: Result) -> str:
     return "".join(i for i in imgs if i)
 
 
+def _retried(r: Result) -> str:
+    return f" [ran again alone: beside the warm-up workers it first gave {r.retried}]" if r.retried else ""
+
+
 def _failure_markup(r: Result) -> str:
     """The text of :func:`~mlaspec.conformance.verdict.format_failure`, escaped, the reproducer in
     ``<code class="repro">``."""
@@ -223,7 +227,7 @@ def write_html(
         link = f'<a href="#{esc(r.case_id)}">{esc(r.case_id)}</a>' if r.verdict in FAILED else esc(r.case_id)
         rows.append(
             f"<tr><td>{esc(r.op)}</td><td>{link}</td><td>{esc(worst)}</td><td>{bound}</td>"
-            f'<td class="{r.verdict}">{r.verdict.upper()}</td><td>{esc(_assumed(r) + r.reason)}</td></tr>'
+            f'<td class="{r.verdict}">{r.verdict.upper()}</td><td>{esc(_assumed(r) + r.reason + _retried(r))}</td></tr>'
         )
     failures = []
     for r in results:

@@ -165,7 +165,7 @@ def run_case(
     outcome = backend.collect() if isolated else _call(backend, case, inputs(), op.writes, timeout)
     if pipelined and then is not None:
         _start(backend, then)
-    result.seconds = outcome.seconds
+    result.seconds, result.retried = outcome.seconds, outcome.retried
     if outcome.kind != "ok":
         result.verdict = outcome.kind
         result.reason = outcome.reason + (f"; the worker's last output:\n{outcome.log}" if outcome.log else "")

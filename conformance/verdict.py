@@ -42,7 +42,9 @@ class Result:
     ``figure`` is the error heat map of a failing case; ``figures`` are its op's pictures (the mask, sparse pattern,
     chunk schedule, top-k or byte layout the case stands for, next to what the backend did). JSON lines written
     before ``figures`` existed load with it empty. ``numerics`` are the arithmetic departures the verdict assumed (the
-    backend's declaration for the op, :mod:`mlaspec.conformance.numerics`; empty: the exact spec's arithmetic)."""
+    backend's declaration for the op, :mod:`mlaspec.conformance.numerics`; empty: the exact spec's arithmetic).
+    ``retried`` is what the case first gave beside ``mlaspec check --warm``'s warm-up workers when it then ran again
+    alone (:mod:`mlaspec.conformance.warmup`); the verdict is the second run's."""
 
     case_id: str
     op: str
@@ -56,6 +58,7 @@ class Result:
     figure: str = ""
     figures: list[str] = field(default_factory=list)
     numerics: list[str] = field(default_factory=list)
+    retried: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)

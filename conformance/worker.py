@@ -63,6 +63,7 @@ class Outcome:
     seconds: float = 0.0
     breaches: tuple[str, ...] = ()
     log: str = ""
+    retried: str = ""  # what a first attempt gave beside warm-up workers, when the case ran again alone
 
 
 # -- the worker side ------------------------------------------------------------------------------------------------
@@ -244,9 +245,9 @@ class WorkerBackend:
         self.unavailable = meta["unavailable"]
         self.numerics = meta["numerics"]
         self.in_flight: Case | None = None  # the case sent and not yet collected
-        # called (once, with the case) when a case runs out of device memory; the case then runs again: the warm-up
-        # workers (conformance.warmup) stop there, so that they never cost a case its verdict
-        self.on_out_of_memory: Callable[[Case], None] | None = None
+        # asked ``(case, since)`` (time.monotonic of its start) when a case errs, crashes or times out: True means
+        # something ran beside it and is stopped now (conformance.warmup), and the case runs again alone
+        self.on_trouble: Callable[[Case, float], bool] | None = None
         self.device = meta["device"]  # where the backend runs (its own ``device``), or None: unknown
         self.starts = 1
 
@@ -327,11 +328,21 @@ class WorkerBackend:
     def send(self, case: Case, writes: tuple[str, ...] = ()) -> None:
         """Start running ``case`` (collect it with :meth:`collect`); ``writes`` names the inputs the op writes."""
         self._pending = self._send(("run", _case_dict(case), tuple(writes)))
-        self.in_flight, self._writes = case, tuple(writes)
+        self.in_flight, self._writes, self._since = case, tuple(writes), time.monotonic()
 
     def collect(self) -> Outcome:
-        """The outcome of the case :meth:`send` started."""
-        case, self.in_flight = self.in_flight, None
+        """The outcome of the case :meth:`send` started (run again alone if ``on_trouble`` says so; the first
+        attempt then in ``retried``)."""
+        case = self.in_flight
+        outcome = self._collect()
+        if outcome.kind in ("error", "crash", "timeout") and self.on_trouble and self.on_trouble(case, self._since):
+            self.send(case, self._writes)
+            first, outcome = outcome, self._collect()
+            outcome.retried = f"{first.kind}: {first.reason}"
+        return outcome
+
+    def _collect(self) -> Outcome:
+        self.in_flight = None
         reply = self._receive(self.timeout)
         if reply is None:
             return self._failure(self._pending, self.timeout)
@@ -340,11 +351,6 @@ class WorkerBackend:
                 self._proc.wait(30)
             self._kill()
         if reply[0] == "error":
-            if self.on_out_of_memory is not None and "out of memory" in reply[1].lower() and case is not None:
-                make_room, self.on_out_of_memory = self.on_out_of_memory, None
-                make_room(case)
-                self.send(case, self._writes)
-                return self.collect()
             return Outcome("error", reason=reply[1], seconds=time.perf_counter() - self._pending)
         _, packed, seconds, breaches, _ = reply
         outputs = pickle.loads(packed)  # our own worker's bytes

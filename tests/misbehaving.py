@@ -160,9 +160,23 @@ class WithCombine(TorchBackend):
 
 
 # -- a JIT backend in miniature (``mlaspec check --warm N``, tests/test_isolation.py) -------------------------------
+def _in_warm_up() -> bool:
+    return sys.argv[0].endswith("warmup.py")  # python -m mlaspec.conformance.warmup
+
+
+def _wait_for(test, seconds: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not test() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 class FakeJit(TorchBackend):
     """The first ``attention`` call of a shape, in any process, "compiles" (sleeps) and leaves its kernel in the
-    folder ``$MLASPEC_TEST_JIT_CACHE``: a file naming the process that built it; later calls, anywhere, find it."""
+    folder ``$MLASPEC_TEST_JIT_CACHE``: a file naming the process that built it; later calls, anywhere, find it.
+    With ``$MLASPEC_TEST_JIT_WAIT`` set, the judged worker's first call waits until a warm-up process has built one
+    (so that a test does not race the warm-up processes' start)."""
 
     compile_seconds = 1.5
 
@@ -170,32 +184,50 @@ class FakeJit(TorchBackend):
         import time
         from pathlib import Path
 
-        kernel = Path(os.environ["MLASPEC_TEST_JIT_CACHE"]) / f"{q.dtype}-{'x'.join(map(str, q.shape))}"
+        cache = Path(os.environ["MLASPEC_TEST_JIT_CACHE"])
+        if os.environ.get("MLASPEC_TEST_JIT_WAIT") and not _in_warm_up():
+            _wait_for(lambda: any("warmup" in p.read_text() for p in cache.glob("kernel-*")))
+        kernel = cache / f"kernel-{q.dtype}-{'x'.join(map(str, q.shape))}"
         if not kernel.exists():
             time.sleep(self.compile_seconds)
             part = kernel.with_suffix(f".{os.getpid()}")
             part.write_text(f"{os.getpid()} {sys.argv[0]}")
             os.replace(part, kernel)
         if q.shape[2] == 6:
-            self.misbehave(q)
+            self.misbehave(cache)
         return super().attention(q, k, v, **kw)
 
-    def misbehave(self, q):
+    def misbehave(self, cache):
         pass
 
 
 class FakeJitDies(FakeJit):
-    def misbehave(self, q):
+    def misbehave(self, cache):
         os._exit(3)  # in the judged worker and in the warm-up process alike
 
 
+class FakeJitHangs(FakeJit):
+    def misbehave(self, cache):
+        if _in_warm_up():
+            (cache / "warm-up-hangs").write_text("")
+            import time
+
+            time.sleep(3600)
+
+
 class FakeJitOutOfMemory(FakeJit):
-    """Runs out of device memory once, in the judged worker (never in a warm-up process)."""
+    """Runs out of device memory once in the judged worker, while a warm-up process sits on the same case (with
+    ``$MLASPEC_TEST_JIT_WAIT``), or on its own."""
 
-    def misbehave(self, q):
-        from pathlib import Path
+    def misbehave(self, cache):
+        import time
 
-        once = Path(os.environ["MLASPEC_TEST_JIT_CACHE"]) / "out-of-memory"
-        if "warmup" not in sys.argv[0] and not once.exists():
+        if _in_warm_up():
+            (cache / "warm-up-here").write_text("")
+            time.sleep(3600)  # a long compile: it is still running when the judged worker comes
+        if os.environ.get("MLASPEC_TEST_JIT_WAIT"):
+            _wait_for(lambda: (cache / "warm-up-here").exists())
+        once = cache / "out-of-memory"
+        if not once.exists():
             once.write_text("")
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -217,7 +219,10 @@ def test_a_case_the_harness_cannot_build_is_its_error_and_the_next_case_reads_it
 # stands for the JIT: its first call of a shape in any process sleeps and leaves a file naming the process that built it
 @pytest.fixture
 def jit(misbehaving, monkeypatch):
-    """The fake JIT's cache folder, shared by every process as Triton's is."""
+    """The fake JIT's cache folder, shared by every process as Triton's is; temporary folders (the warm-up logs
+    kept after trouble) under the test's own."""
+    monkeypatch.setattr(tempfile, "tempdir", str(misbehaving))
+    monkeypatch.setenv("TMPDIR", str(misbehaving))
     cache = misbehaving / "jit"
     cache.mkdir()
     monkeypatch.setenv("MLASPEC_TEST_JIT_CACHE", str(cache))
@@ -230,15 +235,26 @@ def _verdicts(adapter: str, out: Path, *extra: str) -> tuple[int, dict[str, str]
 
 
 def _builders(cache: Path) -> set[str]:
-    return {p.read_text().split()[0] for p in cache.iterdir() if p.name != "out-of-memory"}
+    """The processes that built the fake JIT's kernels (a pid and the script, one per process)."""
+    return {p.read_text() for p in cache.glob("kernel-*")}
 
 
-def test_warm_up_processes_compile_and_leave_the_verdicts_alone(jit, tmp_path):
+def _wait_until(test, seconds: float = 120.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not test() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return test()
+
+
+def test_warm_up_processes_compile_and_leave_the_verdicts_alone(jit, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLASPEC_TEST_JIT_WAIT", "1")  # the judged worker's first call waits for a warm-up's kernel
     status, warmed = _verdicts("FakeJit", tmp_path / "warm", "--warm", "2")
     assert status == EXIT_OK and set(warmed.values()) == {"pass"} and len(warmed) == 6
-    assert len(_builders(jit)) >= 2  # the judged worker did not build every kernel itself
-    for kernel in jit.iterdir():
+    builders = _builders(jit)
+    assert any("warmup" in b for b in builders) and any("worker" in b for b in builders)  # the judged worker's case 0
+    for kernel in jit.glob("kernel-*"):
         kernel.unlink()
+    monkeypatch.delenv("MLASPEC_TEST_JIT_WAIT")
     status, alone = _verdicts("FakeJit", tmp_path / "alone")
     assert status == EXIT_OK and alone == warmed
     assert len(_builders(jit)) == 1  # without them, one process built all six
@@ -252,29 +268,73 @@ def test_the_judged_case_still_crashes_beside_dying_warm_up_processes(jit, tmp_p
     assert alone == warmed
 
 
-def test_out_of_memory_beside_the_warm_up_processes_stops_them_and_runs_the_case_again(jit, tmp_path, capsys):
-    status, warmed = _verdicts("FakeJitOutOfMemory", tmp_path / "warm", "--warm", "2")
-    assert status == EXIT_OK and warmed[BAD] == "pass"
-    assert f"stopped early: {BAD} ran out of device memory beside them" in capsys.readouterr().out
+def test_a_case_that_errs_beside_warm_up_processes_runs_again_alone_and_says_so(jit, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLASPEC_TEST_JIT_WAIT", "1")  # the judged worker reaches BAD while a warm-up process is on it
+    status, by_case = _check("FakeJitOutOfMemory", tmp_path / "warm", "--warm", "2")
+    assert status == EXIT_OK and by_case[BAD]["verdict"] == "pass"
+    assert by_case[BAD]["retried"].startswith("error: OutOfMemoryError: CUDA out of memory")
+    assert all(not r["retried"] for c, r in by_case.items() if c != BAD)
+    out = capsys.readouterr().out
+    assert f"stopped early: {BAD} failed to run beside them, which then ran again alone" in out
+    assert f"RAN AGAIN {BAD}: beside the warm-up workers it gave error: OutOfMemoryError" in out
+    assert "ran again alone: beside the warm-up workers" in (tmp_path / "warm" / "report.html").read_text()
     (jit / "out-of-memory").unlink()
-    status, alone = _verdicts("FakeJitOutOfMemory", tmp_path / "alone")  # on its own, running out is its verdict
-    assert status == EXIT_FAILED and alone[BAD] == "error"
+    monkeypatch.delenv("MLASPEC_TEST_JIT_WAIT")
+    status, alone = _check("FakeJitOutOfMemory", tmp_path / "alone")  # on its own, running out is its verdict
+    assert status == EXIT_FAILED and alone[BAD]["verdict"] == "error" and not alone[BAD]["retried"]
+
+
+def _warm_up(backend: str, jit: Path):
+    from mlaspec.conformance.warmup import WarmUp
+
+    # no judged worker: one warm-up process takes every case but the first
+    return WarmUp(f"misbehaving:{backend}", curated_cases(ops=("attention",), dtypes=("float32",)), 1)
 
 
 def test_a_warm_up_process_that_dies_goes_on_after_the_case(jit):
-    import time
-
-    from mlaspec.conformance.cases import curated_cases
-    from mlaspec.conformance.warmup import WarmUp
-
-    cases = curated_cases(ops=("attention",), dtypes=("float32",))  # the judged worker never comes: it warms all
-    with WarmUp("misbehaving:FakeJitDies", cases, 1) as warm:
-        deadline = time.monotonic() + 120
-        while not warm.done and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert warm.done and warm.restarts == 1 and warm.stopped_because is None
+    with _warm_up("FakeJitDies", jit) as warm:
+        assert _wait_until(lambda: warm.done)
+        assert warm.restarts == 1 and warm.stopped_because is None
+        folder = warm.dir
     assert len(_builders(jit)) == 2  # the process that died on the bad case, and the one after it
-    assert len(list(jit.iterdir())) == len(cases)  # every kernel built, the bad case's before it died
+    assert len(list(jit.glob("kernel-*"))) == len(CASES) - 1  # every kernel but case 0's, the bad case's before it died
+    assert folder.exists()  # its logs are kept: something went wrong there
+
+
+def test_a_warm_up_process_the_judged_worker_overtook_goes_on_after_the_case(jit):
+    with _warm_up("FakeJitHangs", jit) as warm:
+        assert _wait_until(lambda: (jit / "warm-up-hangs").exists())  # on BAD (case 2), for an hour
+        warm.reached(CASES.index(BAD) + 1)  # the judged worker is past it
+        assert _wait_until(lambda: warm.done)
+        assert warm.restarts == 0
+        procs, folder = list(warm._procs.values()), warm.dir
+    assert len(list(jit.glob("kernel-*"))) == len(CASES) - 2  # neither case 0 nor case 3, which the judged worker took
+    assert all(p.poll() is not None for p in procs) and not folder.exists()  # nothing left behind
+
+
+def test_warm_up_processes_die_with_the_run(jit, tmp_path):
+    script = (
+        "import sys, time\n"
+        "from mlaspec.conformance.cases import curated_cases\n"
+        "from mlaspec.conformance.warmup import WarmUp\n"
+        "w = WarmUp('misbehaving:FakeJitHangs', curated_cases(ops=('attention',), dtypes=('float32',)), 1)\n"
+        "while not w._procs: time.sleep(0.05)\n"
+        "print(w._procs[0].pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid = int(run.stdout.readline())
+    assert _wait_until(lambda: (jit / "warm-up-hangs").exists())
+    run.kill()  # SIGKILL: no finally, no stop()
+    run.wait()
+    assert _wait_until(lambda: _dead(pid), 30)
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"  # gone, or a zombie nobody reaps
+    except (OSError, IndexError):
+        return True
 
 
 @pytest.mark.parametrize("extra", [("--warm", "-1"), ("--warm", "2", "--isolation", "none")])
