@@ -87,13 +87,6 @@ def _check_warm(args: argparse.Namespace) -> None:
         raise UsageError("--warm runs beside the judged worker: it needs --isolation process and no --dcp")
 
 
-def _warm_summary(warm) -> str:
-    parts = [f"{warm.restarts} restarted after dying"] if warm.restarts else []
-    if warm.stopped_because:
-        parts.append(f"stopped early: {warm.stopped_because}, which then ran again alone")
-    return f"warm-up workers ({warm.workers}): " + "; ".join(parts) + f" (logs in {warm.dir})"
-
-
 def _check(args: argparse.Namespace) -> int:
     from .cases import case_by_id, curated_cases
     from .ops import DTYPES, OPS
@@ -129,8 +122,7 @@ def _check(args: argparse.Namespace) -> int:
         if args.warm:  # after the judged worker has its device (a GPU in exclusive-process mode takes one process)
             from .warmup import WarmUp
 
-            warm = WarmUp(args.backend, cases, args.warm, backend.device)
-            backend.on_trouble = warm.contended
+            warm = backend.beside = WarmUp(args.backend, cases, args.warm, backend.device)
         out_dir = Path(args.report)
         for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
             stale.unlink()
@@ -175,11 +167,12 @@ def _check(args: argparse.Namespace) -> int:
             backend.close()
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
     print()
-    if warm is not None and (warm.stopped_because or warm.restarts):
-        print(_warm_summary(warm))
+    if warm is not None and warm.summary():
+        print(warm.summary())
     for r in results:
         if r.retried:
-            print(f"RAN AGAIN {r.case_id}: beside the warm-up workers it gave {r.retried}; alone: {r.verdict}")
+            first = r.retried.splitlines()[0]
+            print(f"RAN AGAIN {r.case_id}: beside the warm-up workers it gave {first}; alone: {r.verdict}")
     if args.verbose:
         print(summary_table(results) + "\n")
     page = write_html(results, out_dir, backend=args.backend, version=backend.version, env=env)

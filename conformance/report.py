@@ -175,7 +175,8 @@ def _pictures(r: Result) -> str:
 
 
 def _retried(r: Result) -> str:
-    return f" [ran again alone: beside the warm-up workers it first gave {r.retried}]" if r.retried else ""
+    first = r.retried.splitlines()[0] if r.retried else ""
+    return f" [ran again alone: beside the warm-up workers it first gave {first}]" if first else ""
 
 
 def _failure_markup(r: Result) -> str:

@@ -158,8 +158,8 @@ def run_case(
             cache=cache,
         )
     except Exception as exc:  # parameters the harness cannot build from: the case's error, the run goes on
-        if isolated:
-            backend.collect()  # the worker's answer to this case, so the next case reads its own
+        if isolated:  # the worker's answer to this case, so the next case reads its own; thrown away, never rerun
+            backend.collect(rerun=False) if pipelined else backend.collect()
         result.verdict, result.reason = "error", f"the harness could not build this case: {error_message(exc)}"
         return result
     outcome = backend.collect() if isolated else _call(backend, case, inputs(), op.writes, timeout)

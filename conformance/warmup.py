@@ -16,17 +16,16 @@ What keeps them out of the verdicts:
   killed and started again after that case. A case they skip or die on is the judged worker's to judge as ever.
 * On a CUDA backend each holds at most ``1 / (2 N)`` of its device's memory through torch's caching allocator (their
   CUDA contexts and anything allocated outside torch are not limited).
-* A judged case that errs, crashes or times out while any of them ran (:meth:`WarmUp.contended`, wired to the judged
-  worker's ``on_trouble``) stops them for the rest of the run and runs again alone: its verdict is that second run's,
-  and the first attempt is kept with the result (``Result.retried``, in the report and at the end of the run). A
-  ``fail`` (wrong numbers) is never run again: a kernel that computes wrong values beside other processes is wrong.
+* A judged case that errs, crashes or times out while any of them ran (:meth:`WarmUp.contended`, the judged
+  worker's ``beside``) stops them and runs again alone: its verdict is that second run's, and the first attempt is
+  kept with the result (``Result.retried``, in the report and at the end of the run). When the second run fails the
+  same way, they were not the cause and start again (:meth:`WarmUp.resume`). A ``fail`` (wrong numbers) is never
+  run again: a kernel that computes wrong values beside other processes is wrong.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import faulthandler
 import os
 import pickle
 import shutil
@@ -38,8 +37,6 @@ import threading
 import time
 import traceback
 from pathlib import Path
-
-import torch
 
 from .cases import Case
 
@@ -69,9 +66,10 @@ class WarmUp:
     ``device`` is the backend's (its ``device``, as the judged worker reported it; None: unknown).
 
     Call :meth:`reached` with the index of each case as the judged worker takes it, and :meth:`stop` at the end
-    (or use it as a context manager). ``stopped_because`` says why they were stopped early (None otherwise);
-    ``restarts`` counts the processes started again after dying. The folder of their logs, :attr:`dir`, is removed
-    at :meth:`stop` unless something went wrong there."""
+    (or use it as a context manager). ``restarts`` counts the processes started again after dying, ``unstarted``
+    those that died before their first case (not started again: a device or backend this process cannot have),
+    ``paused`` the cases that ran again alone. The folder of their logs, :attr:`dir`, is removed at :meth:`stop`
+    unless one of those happened."""
 
     def __init__(self, backend_name: str, cases: list[Case], workers: int, device: str | None = None):
         if workers < 1:
@@ -81,12 +79,15 @@ class WarmUp:
         (self.dir / "cases.pkl").write_bytes(pickle.dumps([_case_dict(c) for c in cases]))
         self._reached = self.dir / "reached"
         _write(self._reached, "0")
-        self.restarts, self.stopped_because = 0, None
+        self.restarts = self.unstarted = self.paused = 0
         self._lock = threading.Lock()
-        self._stopped = False
-        self._ended_at: float | None = None  # when the last of them ended (time.monotonic)
         self._procs: dict[int, subprocess.Popen] = {}
-        shares = [k for k in range(workers) if 1 + k < self.total]
+        self._threads: list[threading.Thread] = []
+        self._start_keepers()
+
+    def _start_keepers(self) -> None:
+        self._stopped, self._ended_at = False, None  # _ended_at: when the last of them ended (time.monotonic)
+        shares = [k for k in range(self.workers) if 1 + k < self.total]
         self._threads = [threading.Thread(target=self._keep, args=(k,), daemon=True) for k in shares]
         self._running = len(self._threads)
         if not self._threads:
@@ -109,7 +110,7 @@ class WarmUp:
                 return None
             (self.dir / f"warm-{k}.at").unlink(missing_ok=True)
             with open(self.dir / f"warm-{k}.log", "ab") as log:
-                argv = [sys.executable, "-m", "mlaspec.conformance.warmup", self.backend_name, str(self.dir)]
+                argv = [sys.executable, "-c", _BOOT, str(os.getpid()), self.backend_name, str(self.dir)]
                 argv += [str(k), str(self.workers), str(start), self.device or ""]
                 self._procs[k] = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -132,13 +133,16 @@ class WarmUp:
                         overtaken = True
                     time.sleep(_POLL)
                 at = _read_int(self.dir / f"warm-{k}.at")
-                if proc.returncode == 0 or self._stopped or at is None:  # done, stopped, or died before any case
+                if proc.returncode == 0 or self._stopped:
                     return
-                if not overtaken:
-                    deaths += 1
+                if at is None:  # died before its first case: a device or backend this process cannot have
+                    with self._lock:
+                        self.unstarted += 1
+                    return
+                start, deaths = at + self.workers, deaths + (not overtaken)
+                if not overtaken and start < self.total and deaths <= MAX_RESTARTS:
                     with self._lock:
                         self.restarts += 1
-                start = at + self.workers
         finally:
             with self._lock:
                 self._running -= 1
@@ -157,14 +161,18 @@ class WarmUp:
             ended = self._ended_at
         if ended is not None and ended < since:
             return False
-        self.stop(f"{case.id} failed to run beside them")
+        self._halt()
+        self.paused += 1
         return True
 
-    def stop(self, because: str | None = None) -> None:
-        """Stop every warm-up process now (``because``: why, when it is before the end of the run)."""
+    def resume(self) -> None:
+        """Start them again, from the judged worker's case on (the case that ran alone failed the same way: they
+        were not the cause)."""
+        self._halt()
+        self._start_keepers()
+
+    def _halt(self) -> None:
         with self._lock:
-            if not self._stopped and because is not None:
-                self.stopped_because = because
             self._stopped = True
             for proc in self._procs.values():
                 _kill(proc)
@@ -175,8 +183,21 @@ class WarmUp:
             t.join(10)
         with self._lock:
             self._ended_at = self._ended_at or time.monotonic()
-        if not (self.restarts or self.stopped_because):
+
+    def stop(self) -> None:
+        """Stop every warm-up process now; remove their logs unless something happened there."""
+        self._halt()
+        if not (self.restarts or self.unstarted or self.paused):
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def summary(self) -> str:
+        """One line on what happened to them, or ``""`` when nothing did."""
+        parts = [f"{self.restarts} restarted after dying"] if self.restarts else []
+        if self.unstarted:
+            parts.append(f"{self.unstarted} died before their first case")
+        if self.paused:
+            parts.append(f"paused {self.paused} times for a case to run again alone")
+        return f"warm-up workers ({self.workers}): " + "; ".join(parts) + f" (logs in {self.dir})" if parts else ""
 
     def __enter__(self) -> WarmUp:
         return self
@@ -196,39 +217,57 @@ def _case_dict(case: Case) -> dict:
     return dict(op=case.op, name=case.name, dtype=case.dtype, params=case.params)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - in the warm-up process
-    """On Linux, have the kernel kill this process when the run that started it dies (``PR_SET_PDEATHSIG``)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+_BOOT = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the run (Linux)
+except AttributeError:  # no prctl (not Linux): the per-case check below is all there is
+    pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(0)  # the run died before that: nothing to warm
+from mlaspec.conformance.warmup import main
+main(sys.argv[1:])
+"""
+"""A warm-up process's first lines: tied to the run's life before the imports (a second or more), so that a run
+killed meanwhile leaves none behind."""
 
 
 def _cuda_setup(device: str, workers: int) -> None:  # pragma: no cover - in the warm-up process
     """The backend's device current, and this process's share of its memory, before the backend loads."""
+    import torch
+
     if device.startswith("cuda:"):
         torch.cuda.set_device(torch.device(device))
     torch.cuda.set_per_process_memory_fraction(1 / (2 * workers))
 
 
-def _warm(backend_name: str, folder: Path, k: int, workers: int, start: int, device: str) -> None:  # pragma: no cover
-    """Warm-up process ``k`` of ``workers``: run its share of the cases from ``start``, outputs thrown away."""
+def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RUN_PID BACKEND DIR K N START DEVICE
+    """Warm-up process ``K`` of ``N`` of the run ``RUN_PID``: its share of the cases from ``START``, outputs thrown
+    away; then out without the interpreter's teardown (as the judged worker leaves)."""
+    import faulthandler
+
+    import torch
+
     from .backend import load_backend, skip_reason
     from .ops import OPS
     from .worker import _cuda_broken, invoke
 
-    parent = os.getppid()
-    _die_with_parent()
+    faulthandler.enable()
+    run, backend_name, folder, k, workers, start, device = argv[:7]
+    run, folder, k, workers, start = int(run), Path(folder), int(k), int(workers), int(start)
     torch.set_num_threads(1)  # the parent's references and the judged worker need the cores more
     if device.startswith("cuda") or (not device and torch.cuda.is_available()):
         _cuda_setup(device, workers)
     try:
         backend = load_backend(backend_name)
-    except Exception:  # the judged worker loaded it: nothing to warm here (a device this process cannot have)
+    except Exception:  # the judged worker loaded it; this process cannot (the keeper counts it, the log says why)
         traceback.print_exc()
-        return
+        sys.stdout.flush()
+        os._exit(2)
     cases = [Case(**c) for c in pickle.loads((folder / "cases.pkl").read_bytes())]
     for i in range(start, len(cases), workers):
-        if os.getppid() != parent:
-            return  # the run is gone
+        if os.getppid() != run:
+            break  # the run is gone
         if i <= (_read_int(folder / "reached") or 0):
             continue  # the judged worker is there already
         _write(folder / f"warm-{k}.at", str(i))  # if this case kills the process, the keeper starts after it
@@ -241,15 +280,10 @@ def _warm(backend_name: str, folder: Path, k: int, workers: int, start: int, dev
             print(f"warm-up: {case.id}", flush=True)
             traceback.print_exc()
             if _cuda_broken():
-                sys.exit(3)  # a new process (a new CUDA context) goes on after this case
+                sys.stdout.flush()
+                os._exit(3)  # a new process (a new CUDA context) goes on after this case
         finally:
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.empty_cache()
-
-
-if __name__ == "__main__":  # pragma: no cover - python -m mlaspec.conformance.warmup BACKEND DIR K N START DEVICE
-    faulthandler.enable()
-    _name, _dir, _k, _n, _start, _device = sys.argv[1:7]
-    _warm(_name, Path(_dir), int(_k), int(_n), int(_start), _device)
     sys.stdout.flush()
-    os._exit(0)  # without the interpreter's teardown (as the judged worker leaves)
+    os._exit(0)

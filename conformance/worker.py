@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
@@ -245,9 +245,10 @@ class WorkerBackend:
         self.unavailable = meta["unavailable"]
         self.numerics = meta["numerics"]
         self.in_flight: Case | None = None  # the case sent and not yet collected
-        # asked ``(case, since)`` (time.monotonic of its start) when a case errs, crashes or times out: True means
-        # something ran beside it and is stopped now (conformance.warmup), and the case runs again alone
-        self.on_trouble: Callable[[Case, float], bool] | None = None
+        # what runs beside this worker (conformance.warmup.WarmUp): when a case errs, crashes or times out, its
+        # ``contended(case, since)`` says whether it ran meanwhile and is stopped now; the case then runs again alone,
+        # and if that fails the same way, ``resume()`` starts it again (it was not the cause)
+        self.beside = None
         self.device = meta["device"]  # where the backend runs (its own ``device``), or None: unknown
         self.starts = 1
 
@@ -303,7 +304,8 @@ class WorkerBackend:
         self.starts += 1
 
     def _failure(self, since: float, timeout: float | None) -> Outcome:
-        """The outcome of a call the worker did not answer (it died, or ``timeout`` passed); a new worker starts."""
+        """The outcome of a call the worker did not answer (it died, or ``timeout`` passed); a new worker starts with
+        the next call (after what runs beside it has stopped, when the case runs again alone)."""
         seconds = time.perf_counter() - since
         if timeout is not None and seconds >= timeout:
             self._kill()
@@ -315,7 +317,6 @@ class WorkerBackend:
             self._kill()
             outcome = Outcome("crash", reason=f"the backend's worker {status} during the call")
         outcome.seconds, outcome.log = seconds, _tail(self._log)
-        self._restart()
         return outcome
 
     def _send(self, message: tuple) -> float:
@@ -330,15 +331,18 @@ class WorkerBackend:
         self._pending = self._send(("run", _case_dict(case), tuple(writes)))
         self.in_flight, self._writes, self._since = case, tuple(writes), time.monotonic()
 
-    def collect(self) -> Outcome:
-        """The outcome of the case :meth:`send` started (run again alone if ``on_trouble`` says so; the first
-        attempt then in ``retried``)."""
+    def collect(self, *, rerun: bool = True) -> Outcome:
+        """The outcome of the case :meth:`send` started; with ``rerun``, a case that failed to run while something
+        ran beside the worker runs again alone (the first attempt then in ``retried``, with its log)."""
         case = self.in_flight
         outcome = self._collect()
-        if outcome.kind in ("error", "crash", "timeout") and self.on_trouble and self.on_trouble(case, self._since):
+        trouble = outcome.kind in ("error", "crash", "timeout")
+        if rerun and trouble and self.beside is not None and self.beside.contended(case, self._since):
             self.send(case, self._writes)
             first, outcome = outcome, self._collect()
-            outcome.retried = f"{first.kind}: {first.reason}"
+            outcome.retried = f"{first.kind}: {first.reason}" + (f"\n{first.log}" if first.log else "")
+            if outcome.kind == first.kind:
+                self.beside.resume()
         return outcome
 
     def _collect(self) -> Outcome:

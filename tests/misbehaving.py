@@ -161,7 +161,7 @@ class WithCombine(TorchBackend):
 
 # -- a JIT backend in miniature (``mlaspec check --warm N``, tests/test_isolation.py) -------------------------------
 def _in_warm_up() -> bool:
-    return sys.argv[0].endswith("warmup.py")  # python -m mlaspec.conformance.warmup
+    return sys.argv[0] == "-c" and "mlaspec.conformance.warmup" in sys.modules  # warmup._BOOT runs it
 
 
 def _wait_for(test, seconds: float = 60.0) -> None:
@@ -186,7 +186,7 @@ class FakeJit(TorchBackend):
 
         cache = Path(os.environ["MLASPEC_TEST_JIT_CACHE"])
         if os.environ.get("MLASPEC_TEST_JIT_WAIT") and not _in_warm_up():
-            _wait_for(lambda: any("warmup" in p.read_text() for p in cache.glob("kernel-*")))
+            _wait_for(lambda: any(p.read_text().split()[1:] == ["-c"] for p in cache.glob("kernel-*")))
         kernel = cache / f"kernel-{q.dtype}-{'x'.join(map(str, q.shape))}"
         if not kernel.exists():
             time.sleep(self.compile_seconds)

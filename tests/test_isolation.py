@@ -2,8 +2,10 @@
 under the pytest plugin, each misbehaving on one attention case. Every case gets one verdict, the cases after the
 bad one still run, and the exit status says what happened."""
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -234,6 +236,9 @@ def _verdicts(adapter: str, out: Path, *extra: str) -> tuple[int, dict[str, str]
     return status, {c: r["verdict"] for c, r in by_case.items()}
 
 
+WARM = ("--warm", "2", "--timeout", "120")  # a warm-up process's start (a cold `import torch`) may take long under load
+
+
 def _builders(cache: Path) -> set[str]:
     """The processes that built the fake JIT's kernels (a pid and the script, one per process)."""
     return {p.read_text() for p in cache.glob("kernel-*")}
@@ -248,10 +253,10 @@ def _wait_until(test, seconds: float = 120.0) -> bool:
 
 def test_warm_up_processes_compile_and_leave_the_verdicts_alone(jit, tmp_path, monkeypatch):
     monkeypatch.setenv("MLASPEC_TEST_JIT_WAIT", "1")  # the judged worker's first call waits for a warm-up's kernel
-    status, warmed = _verdicts("FakeJit", tmp_path / "warm", "--warm", "2")
+    status, warmed = _verdicts("FakeJit", tmp_path / "warm", *WARM)
     assert status == EXIT_OK and set(warmed.values()) == {"pass"} and len(warmed) == 6
-    builders = _builders(jit)
-    assert any("warmup" in b for b in builders) and any("worker" in b for b in builders)  # the judged worker's case 0
+    scripts = {b.split()[1] for b in _builders(jit)}  # the judged worker built case 0's, a warm-up process the rest
+    assert any(b.endswith("worker.py") for b in scripts) and any(not b.endswith("worker.py") for b in scripts)
     for kernel in jit.glob("kernel-*"):
         kernel.unlink()
     monkeypatch.delenv("MLASPEC_TEST_JIT_WAIT")
@@ -261,7 +266,7 @@ def test_warm_up_processes_compile_and_leave_the_verdicts_alone(jit, tmp_path, m
 
 
 def test_the_judged_case_still_crashes_beside_dying_warm_up_processes(jit, tmp_path):
-    status, warmed = _verdicts("FakeJitDies", tmp_path / "warm", "--warm", "2")
+    status, warmed = _verdicts("FakeJitDies", tmp_path / "warm", *WARM)
     assert status == EXIT_FAILED
     assert warmed[BAD] == "crash" and {v for c, v in warmed.items() if c != BAD} == {"pass"}
     _, alone = _verdicts("FakeJitDies", tmp_path / "alone")
@@ -270,12 +275,12 @@ def test_the_judged_case_still_crashes_beside_dying_warm_up_processes(jit, tmp_p
 
 def test_a_case_that_errs_beside_warm_up_processes_runs_again_alone_and_says_so(jit, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLASPEC_TEST_JIT_WAIT", "1")  # the judged worker reaches BAD while a warm-up process is on it
-    status, by_case = _check("FakeJitOutOfMemory", tmp_path / "warm", "--warm", "2")
+    status, by_case = _check("FakeJitOutOfMemory", tmp_path / "warm", *WARM)
     assert status == EXIT_OK and by_case[BAD]["verdict"] == "pass"
     assert by_case[BAD]["retried"].startswith("error: OutOfMemoryError: CUDA out of memory")
     assert all(not r["retried"] for c, r in by_case.items() if c != BAD)
     out = capsys.readouterr().out
-    assert f"stopped early: {BAD} failed to run beside them, which then ran again alone" in out
+    assert "warm-up workers (2): paused 1 times for a case to run again alone" in out
     assert f"RAN AGAIN {BAD}: beside the warm-up workers it gave error: OutOfMemoryError" in out
     assert "ran again alone: beside the warm-up workers" in (tmp_path / "warm" / "report.html").read_text()
     (jit / "out-of-memory").unlink()
@@ -294,11 +299,25 @@ def _warm_up(backend: str, jit: Path):
 def test_a_warm_up_process_that_dies_goes_on_after_the_case(jit):
     with _warm_up("FakeJitDies", jit) as warm:
         assert _wait_until(lambda: warm.done)
-        assert warm.restarts == 1 and warm.stopped_because is None
+        assert warm.restarts == 1 and warm.paused == 0 and warm.unstarted == 0
         folder = warm.dir
     assert len(_builders(jit)) == 2  # the process that died on the bad case, and the one after it
     assert len(list(jit.glob("kernel-*"))) == len(CASES) - 1  # every kernel but case 0's, the bad case's before it died
     assert folder.exists()  # its logs are kept: something went wrong there
+
+
+def test_warm_up_processes_stop_for_a_case_that_failed_beside_them_and_resume_if_it_fails_alone(jit):
+    case = curated_cases(ops=("attention",), dtypes=("float32",))[0]
+    with _warm_up("FakeJitHangs", jit) as warm:
+        assert _wait_until(lambda: (jit / "warm-up-hangs").exists())  # alive, on BAD for an hour
+        assert warm.contended(case, time.monotonic() - 1) and warm.done and warm.paused == 1
+        (jit / "warm-up-hangs").unlink()
+        warm.resume()  # the case failed alone too: they start again, from where the judged worker is
+        assert _wait_until(lambda: (jit / "warm-up-hangs").exists())
+        warm.reached(len(CASES))  # the judged worker is past every case: the one on BAD is killed, none is left
+        assert _wait_until(lambda: warm.done)
+        ended = time.monotonic()
+        assert not warm.contended(case, ended) and warm.paused == 1  # nothing ran beside a case started after
 
 
 def test_a_warm_up_process_the_judged_worker_overtook_goes_on_after_the_case(jit):
@@ -324,10 +343,15 @@ def test_warm_up_processes_die_with_the_run(jit, tmp_path):
     )
     run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     pid = int(run.stdout.readline())
-    assert _wait_until(lambda: (jit / "warm-up-hangs").exists())
-    run.kill()  # SIGKILL: no finally, no stop()
-    run.wait()
-    assert _wait_until(lambda: _dead(pid), 30)
+    try:
+        assert _wait_until(lambda: (jit / "warm-up-hangs").exists())
+        run.kill()  # SIGKILL: no finally, no stop()
+        run.wait()
+        assert _wait_until(lambda: _dead(pid), 30)
+    finally:
+        run.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _dead(pid: int) -> bool:
