@@ -39,6 +39,7 @@ import traceback
 from pathlib import Path
 
 from .cases import Case
+from .worker import _case_dict
 
 __all__ = ["MAX_RESTARTS", "WarmUp"]
 
@@ -94,10 +95,6 @@ class WarmUp:
             self._ended_at = time.monotonic()
         for t in self._threads:
             t.start()
-
-    @property
-    def logs(self) -> list[Path]:
-        return [self.dir / f"warm-{k}.log" for k in range(self.workers)]
 
     @property
     def done(self) -> bool:
@@ -211,10 +208,6 @@ def _kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _case_dict(case: Case) -> dict:
-    return dict(op=case.op, name=case.name, dtype=case.dtype, params=case.params)
 
 
 _BOOT = """
