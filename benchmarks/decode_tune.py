@@ -5,7 +5,9 @@ every shape; this script is how their choices were measured (FlashMLA timed alon
 imports). Times are CUDA-graph replays (:func:`common.bench`), problems as :mod:`decode` builds them.
 
     python benchmarks/decode_tune.py --shapes 16x1x65536,128x1x65536 --out /tmp/tune.json
-    python benchmarks/decode_tune.py --shapes 16x1x65536 --block-n 32,64 --stages 2,3 --waves 1,2,4
+    python benchmarks/decode_tune.py --shapes 16x1x65536 --block-n 32,64 --stages 2,5 --waves 1,2,4
+    python benchmarks/decode_tune.py --fp8 --block-n 32,64 --stages 2,5,7   # vLLM's per-tensor fp8 cache
+    python benchmarks/decode_tune.py --stages 5 --pdl 1,0   # the combine with and without programmatic launch
 
 Importing this module runs nothing.
 """
@@ -18,43 +20,50 @@ import itertools
 import json
 
 import torch
-from common import bench, load_flashmla
-from decode import D_QK, D_V, PAGE, _flashmla_fn, make_problem
+from common import bench, load_flashmla, load_flashmla_fp8
+from decode import D_QK, D_V, PAGE, _flashmla_fn, _flashmla_fp8_fn, make_problem
 
 
-def tune(shape, *, block_ns, stages, warps, waves, fm=None) -> list[dict]:
+def tune(shape, *, block_ns, stages, warps, waves, pdls=(1,), fp8=False, fm=None) -> list[dict]:
     """Time every config on one ``(H, B, S_kv)``; rows sorted fastest first, FlashMLA's and the default config's
-    times in each row. ``waves``: programs per SM, from which the split count follows."""
+    times in each row. ``waves``: programs per SM, from which the split count follows; ``pdls``: the combine
+    launched with (1) and without (0) programmatic dependent launch (:data:`mlaspec.impl.decode.USE_PDL`);
+    ``fp8``: vLLM's per-tensor e4m3 cache (FlashMLA: its dense fp8 decode, ``fm`` the extension)."""
+    from mlaspec.impl import decode as impl
     from mlaspec.impl.decode import DecodeConfig, decode_config, mla_decode_paged
 
     H, B, S_kv = shape
     dev = torch.device("cuda")
-    cache, block_table, seq_lens = make_problem(B, S_kv, dev)
+    cache, block_table, seq_lens = make_problem(B, S_kv, dev, fp8=fp8)
     q = torch.randn(B, 1, H, D_QK, device=dev, dtype=torch.bfloat16)
-    scale, cache3 = 192**-0.5, cache.view(-1, PAGE, D_QK)
-    nbytes = B * S_kv * D_QK * 2 + 2 * B * H * (D_QK + D_V)
-    base = decode_config(H, PAGE, torch.bfloat16)
-    flashmla = bench(_flashmla_fn(fm, q, cache, block_table, seq_lens, scale), graph=True) if fm else float("nan")
-    default = bench(
-        lambda: mla_decode_paged(q, cache3, block_table, seq_lens, scale=scale, max_seq_len=S_kv), graph=True
-    )
+    scale, cache3, k_scale = 192**-0.5, cache.view(-1, PAGE, D_QK), 0.5 if fp8 else None
+    nbytes = B * S_kv * D_QK * (1 if fp8 else 2) + 2 * B * H * (D_QK + D_V)
+    base = decode_config(H, PAGE, torch.bfloat16, fp8)
+    if fm is None:
+        flashmla = float("nan")
+    elif fp8:
+        flashmla = bench(_flashmla_fp8_fn(fm, q, cache, block_table, seq_lens, scale, k_scale), graph=True)
+    else:
+        flashmla = bench(_flashmla_fn(fm, q, cache, block_table, seq_lens, scale), graph=True)
+    call = functools.partial(mla_decode_paged, q, cache3, block_table, seq_lens, scale=scale, k_scale=k_scale)
+    default = bench(lambda: call(max_seq_len=S_kv), graph=True)
     rows, sms = [], torch.cuda.get_device_properties(dev).multi_processor_count
     row_blocks = -(-H // base.block_m)
-    for bn, st, w, wv in itertools.product(block_ns, stages, warps, waves):
+    for bn, st, w, wv, pdl in itertools.product(block_ns, stages, warps, waves, pdls):
         sp = max(1, wv * sms // (B * row_blocks))  # wv programs per SM
         cfg = DecodeConfig(base.block_m, bn, w, st)
-        fn = functools.partial(
-            mla_decode_paged, q, cache3, block_table, seq_lens, scale=scale, max_seq_len=S_kv, num_splits=sp, config=cfg
-        )
+        impl.USE_PDL = bool(pdl)
         try:
-            t = bench(fn, graph=True)
+            t = bench(functools.partial(call, max_seq_len=S_kv, num_splits=sp, config=cfg), graph=True)
         except Exception as exc:  # out of shared memory, or a config the compiler rejects: noted, the sweep goes on
             print(f"  {shape} {cfg} splits={sp}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
             continue
-        config = dict(block_n=bn, stages=st, warps=w, splits=sp, waves=wv)
+        finally:
+            impl.USE_PDL = True
+        config = dict(block_n=bn, stages=st, warps=w, splits=sp, waves=wv, pdl=pdl, fp8=fp8)
         rows.append(dict(H=H, B=B, S_kv=S_kv, **config, us=t * 1e6, gbps=nbytes / t / 1e9))
         rows[-1].update(flashmla_us=flashmla * 1e6, default_us=default * 1e6)
-        print(f"  {shape} bn={bn} st={st} w={w} splits={sp}: {t * 1e6:7.1f} us", flush=True)
+        print(f"  {shape} bn={bn} st={st} w={w} splits={sp} pdl={pdl}: {t * 1e6:7.1f} us", flush=True)
     return sorted(rows, key=lambda r: r["us"])
 
 
@@ -63,18 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="16x1x65536,16x1x131072,16x2x65536,128x1x65536,128x2x32768")
     parser.add_argument("--block-n", type=ints, default=[32, 64])
-    parser.add_argument("--stages", type=ints, default=[2, 3])
+    parser.add_argument("--stages", type=ints, default=[2, 5])
     parser.add_argument("--warps", type=ints, default=[4, 8])
-    parser.add_argument("--waves", type=ints, default=[1, 2, 3], help="programs per SM (the split count follows)")
+    parser.add_argument("--waves", type=ints, default=[1, 2], help="programs per SM (the split count follows)")
+    parser.add_argument("--pdl", type=ints, default=[1], help="1: the combine under programmatic launch, 0: not")
+    parser.add_argument("--fp8", action="store_true", help="vLLM's per-tensor fp8 cache (FlashMLA: its fp8 decode)")
     parser.add_argument("--out", default="decode_tune.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    fm = load_flashmla()
+    fm = load_flashmla_fp8() if args.fp8 else load_flashmla()
     results = []
     for text in args.shapes.split(","):
         shape = tuple(int(x) for x in text.split("x"))
-        rows = tune(shape, block_ns=args.block_n, stages=args.stages, warps=args.warps, waves=args.waves, fm=fm)
+        tiles = dict(block_ns=args.block_n, stages=args.stages, warps=args.warps, waves=args.waves, pdls=args.pdl)
+        rows = tune(shape, **tiles, fp8=args.fp8, fm=fm)
         results += rows
         for r in rows[:5]:
             print(f"best {shape}: {r}")

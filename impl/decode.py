@@ -41,7 +41,7 @@ split the keys the same way):
    over the splits one at a time, one program per row, took ~20 us at 16 heads, batch 1, 132 splits (more than the
    64K-key cache's own streaming; H200), and grew with the split count.
 
-The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once, at least a few pages per split).
+The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mlaspec.spec.paged_cache import page_entries
 
@@ -59,6 +60,7 @@ __all__ = ["DecodeConfig", "DecodeOutput", "decode_config", "mla_decode_paged", 
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): ln(x) = log2(x) * LN2
+USE_PDL = True  # launch the combine with programmatic dependent launch (Hopper+), overlapping the split kernel's tail
 
 
 @triton.jit
@@ -98,7 +100,10 @@ def _mla_decode_split_kernel(
     SINGLE: tl.constexpr,
     PRECISION: tl.constexpr,
     FP8: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # the combine kernel may be launched now; it waits (gdc_wait) for this grid to finish and flush
+        gdc_launch_dependents()
     pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     R = S_Q * H_Q
 
@@ -199,6 +204,7 @@ def _mla_decode_combine_kernel(
     BLOCK_D: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row, b, pid_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     R = S_Q * H_Q
@@ -206,6 +212,8 @@ def _mla_decode_combine_kernel(
     h = row % H_Q
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_sp = tl.arange(0, SPLITS_P2)
+    if PDL:  # launched early beside the split kernel (programmatic dependent launch): wait for its partials
+        gdc_wait()
 
     # -- the splits' LSEs: total = log2(sum 2^lse_i); empty splits (-inf) weigh 0 ----------------------------------
     lse_base = LSE_PART + b.to(tl.int64) * num_splits * R + row
@@ -253,18 +261,27 @@ class DecodeConfig(NamedTuple):
 def decode_config(rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False) -> DecodeConfig:
     """The tile for ``rows = S_q * H_q`` query rows (``fp8``: over the per-tensor fp8 cache).
 
-    bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys, 8 warps so the ``[64, 512]`` fp32
-    accumulator is 128 registers a thread, 2 stages: ``q`` (72 KB) stays in shared memory and two 72 KB key tiles
-    are in flight (216 KB of the 227 KB an H100/H200 block may use). fp32 inputs (exact ``ieee`` dots, not tf32)
-    take half-size tiles. fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion fits the registers
-    (64-key tiles spill ~500 bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K keys 35.7 ->
-    18.5 us, B = 64, 4K 185 -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
+    bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys; 8 warps for 64 rows, so the ``[64, 512]``
+    fp32 accumulator is 128 registers a thread. fp32 inputs (exact ``ieee`` dots, not tf32) take half-size tiles.
+
+    Pipeline depth: Triton's software pipeliner gives the page-table read its own stages (it is a load that feeds
+    the key tile's address), so ``num_stages = 2`` or ``3`` leaves *one* key-tile buffer, and the next tile is loaded
+    only after this one is used: streaming and compute never overlap. ``num_stages = 5`` gives two buffers (the
+    next tile in flight during this one's dots; checked on the compiled kernel by ``tests/test_impl_pipelining.py``):
+    168 KB of shared memory at 16 rows, 188 KB at 32, one program per SM. Measured on an H200 (16 heads, bf16, one
+    wave): B = 1, 64K keys 40.2 -> 31.8 us, 128K 65.2 -> 49.0 us; B = 64, 4K 86.7 -> 79.4 us. 64 rows keep
+    2 stages (two 64-key buffers beside q do not fit in 227 KB; 32-key tiles, 5 stages, ran 97.7 us against
+    85.6 at 128 heads, B = 1, 64K). fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion fits the
+    registers (64-key tiles spill ~500 bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K
+    keys 35.7 -> 18.5 us, B = 64, 4K 185 -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x
+    slower).
     """
     big = dtype == torch.float32
     block_m = min(32 if big else 64, max(16, triton.next_power_of_2(rows)))
     block_n = min(16 if big else 32 if fp8 and block_m <= 16 else 64, page_size)
     num_warps = 8 if block_m >= 64 else 4
-    return DecodeConfig(block_m, block_n, num_warps, 1 if big else 2)
+    num_stages = 1 if big else 5 if block_m <= 32 and not fp8 else 2
+    return DecodeConfig(block_m, block_n, num_warps, num_stages)
 
 
 def num_splits_heuristic(
@@ -273,33 +290,24 @@ def num_splits_heuristic(
     max_seq_len: int,
     num_sms: int,
     *,
-    rows_per_block: int = 64,
     block_n: int = 64,
-    min_blocks_per_split: int = 4,
-    max_splits: int = 128,
+    max_splits: int = 256,
 ) -> int:
-    """How many pieces to cut each sequence's keys into.
+    """How many pieces to cut each sequence's keys into: one whole wave.
 
-    ``batch * row_blocks`` programs exist without splitting, and they run one at a time per SM (each holds ~200 KB
-    of shared memory). A split count whose programs spill into a last, partial wave pays for a whole wave, so this
-    takes whole waves: ``floor(waves * num_sms / (batch * row_blocks))`` splits. One wave when the programs are
-    compute-heavy (``rows_per_block`` > 32 query rows), two when they are light and memory-bound (DeepSeek-V3 at TP8:
-    16 heads) and each split still streams at least 4 key blocks (16 heads, B = 2, 64K keys: 66 splits 61.9 us,
-    132 splits 59.8; B = 1: 132 splits 40.2 us, 264 splits 43.8). Never fewer than ``min_blocks_per_split`` key
-    blocks per split (the query load and the epilogue stay small next to the streaming), nor more than
-    ``max_splits`` (the combine kernel reads one partial output per split).
+    ``batch * row_blocks`` programs exist without splitting, and they run one at a time per SM (each holds 150-220
+    KB of shared memory). A split count whose programs spill into a second wave pays for a whole wave, so this takes
+    ``floor(num_sms / (batch * row_blocks))`` splits, at most one per key block and at most ``max_splits`` (the
+    combine kernel loads every split's LSE at once).
 
-    Measured on an H200 (bf16, page 64): 128 heads, B = 4, 64K keys: 16 splits (128 programs) 271 us, 17 splits
-    (136 programs, a second wave of 4) 449 us; 16 heads, B = 4, 64K: 33 splits 115 us, 66 splits 93 us.
+    Measured on an H200 (bf16, page 64, the two-buffer pipeline of :func:`decode_config`): 16 heads, B = 2, 64K
+    keys: 66 splits 47.1 us, 132 (two waves) 59.0; B = 1, 128K: 132 splits 49.0 us, 264 splits 62.9; B = 1, 8K:
+    128 splits of one key block 13.0 us, 32 of four 15.2. 128 heads, B = 4, 64K: 16 splits (128 programs) 271 us,
+    17 splits (136 programs, a second wave of 4) 449 us.
     """
     key_blocks = max(1, triton.cdiv(max_seq_len, block_n))
     per_wave = num_sms // max(1, batch * row_blocks)
-    if per_wave == 0:
-        return 1
-    splits = per_wave
-    if rows_per_block <= 32 and key_blocks // (2 * per_wave) >= 4:
-        splits = 2 * per_wave
-    return max(1, min(splits, key_blocks // min_blocks_per_split, max_splits))
+    return max(1, min(per_wave, key_blocks, max_splits))
 
 
 def _num_sms(device: torch.device) -> int:
@@ -387,9 +395,7 @@ def mla_decode_paged(
         max_seq_len = int(seq_lens.max()) if B else 0
     key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
     if num_splits is None:
-        num_splits = num_splits_heuristic(
-            B, row_blocks, max_seq_len, _num_sms(q.device), rows_per_block=min(rows, cfg.block_m), block_n=cfg.block_n
-        )
+        num_splits = num_splits_heuristic(B, row_blocks, max_seq_len, _num_sms(q.device), block_n=cfg.block_n)
     num_splits = max(1, min(int(num_splits), key_blocks))
     blocks_per_split = triton.cdiv(key_blocks, num_splits)
     num_splits = triton.cdiv(key_blocks, blocks_per_split)  # no split left with nothing at all to do
@@ -404,6 +410,7 @@ def mla_decode_paged(
     else:  # unused by the kernel
         o_part, lse_part = out, lse
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+    pdl = USE_PDL and num_splits > 1 and q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] >= 9
 
     def launch(stages: int) -> None:
         _mla_decode_split_kernel[(row_blocks, num_splits, B)](
@@ -442,6 +449,7 @@ def mla_decode_paged(
             SINGLE=num_splits == 1,
             PRECISION=precision,
             FP8=fp8,
+            PDL=pdl,
             num_warps=cfg.num_warps,
             num_stages=stages,
         )
@@ -475,7 +483,9 @@ def mla_decode_paged(
             BLOCK_D=block_d,
             SPLITS_P2=triton.next_power_of_2(num_splits),
             CHUNK=max(1, min(32, triton.next_power_of_2(num_splits), 4096 // block_d)),  # <= 4096 partials a load
+            PDL=pdl,
             num_warps=4,
+            launch_pdl=pdl,
         )
     return DecodeOutput(out, lse)
 

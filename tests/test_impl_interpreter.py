@@ -167,34 +167,32 @@ def test_decode_errors_name_the_limit():
 
 
 @pytest.mark.parametrize(
-    "batch, row_blocks, rows, seq, expected",
+    "batch, row_blocks, seq, expected",
     [
-        (4, 2, 64, 65536, 16),  # 128 heads: one whole wave of 132 SMs (17 splits would start a second for 8 programs)
-        (4, 1, 16, 65536, 66),  # 16 heads, memory-bound: two whole waves, 1024 keys a split
-        (1, 1, 16, 65536, 128),  # one long sequence: capped at 128 splits
-        (1, 1, 16, 300, 1),  # short: at least 4 key blocks of 64 per split
-        (128, 2, 64, 65536, 1),  # the batch alone fills the card
-        (128, 1, 16, 4096, 2),  # 128 programs: a second whole wave of light programs
+        (4, 2, 65536, 16),  # 128 heads: one whole wave of 132 SMs (17 splits would start a second for 8 programs)
+        (4, 1, 65536, 33),  # 16 heads: one whole wave, 31 key blocks a split
+        (1, 1, 65536, 132),  # one long sequence: a split per SM
+        (1, 1, 300, 5),  # short: at most one split per key block of 64
+        (128, 2, 65536, 1),  # the batch alone fills the card
+        (128, 1, 4096, 1),  # 128 programs: one wave already
     ],
 )
-def test_num_splits_heuristic_examples(batch, row_blocks, rows, seq, expected):
-    assert num_splits_heuristic(batch, row_blocks, seq, 132, rows_per_block=rows) == expected
+def test_num_splits_heuristic_examples(batch, row_blocks, seq, expected):
+    assert num_splits_heuristic(batch, row_blocks, seq, 132) == expected
 
 
 @given(
     batch=st.integers(1, 256),
     row_blocks=st.integers(1, 4),
-    rows=st.sampled_from([16, 32, 64]),
     seq=st.integers(1, 1 << 17),
-    sms=st.integers(1, 200),
+    sms=st.integers(1, 300),
 )
-def test_num_splits_heuristic_fills_whole_waves(batch, row_blocks, rows, seq, sms):
-    splits = num_splits_heuristic(batch, row_blocks, seq, sms, rows_per_block=rows)
+def test_num_splits_heuristic_fills_one_wave(batch, row_blocks, seq, sms):
+    splits = num_splits_heuristic(batch, row_blocks, seq, sms)
     programs = batch * row_blocks * splits
-    assert 1 <= splits <= 128
-    assert splits == 1 or programs <= 2 * sms  # never a partial third wave
-    assert splits == 1 or programs <= sms or rows <= 32  # compute-heavy programs: one wave
-    assert splits == 1 or math.ceil(seq / 64) // splits >= 4  # every split streams >= 4 key blocks
+    assert 1 <= splits <= min(256, math.ceil(seq / 64))  # at least one key block of 64 a split
+    assert splits == 1 or programs <= sms  # never a partial second wave
+    assert splits == 256 or splits == math.ceil(seq / 64) or programs + batch * row_blocks > sms  # the wave is full
 
 
 # -- prefill (varlen flash attention) ---------------------------------------------------------------------------------

@@ -1,0 +1,67 @@
+"""What the Triton compiler makes of a kernel for a GPU that is not here (Hopper, ``sm_90``): its TTGIR and PTX.
+
+The tests check the *structure* of a compiled kernel on machines with no GPU (CI): how far ahead its software
+pipeline loads a tile, whether an instruction is emitted. ``triton.compile`` needs no device for that, only the
+real ``triton.language`` -- the interpreter (``TRITON_INTERPRET=1``, set for the other tests) replaces it -- so the
+tests run this file in a process of its own::
+
+    python tests/compiled.py '{"kernel": "mlaspec.impl.decode:_mla_decode_split_kernel", ...}'   # prints JSON
+
+Pointer arguments and ``stride_*`` integers are compiled as 16-divisible, as Triton specialises them at launch for
+the aligned tensors the kernels get (without that hint the loads are not vectorised and nothing is pipelined).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import sys
+
+
+def compile_for(kernel, pointers: dict, constexprs: dict, *, num_warps: int, num_stages: int, capability: int = 90):
+    """Compile ``kernel`` for ``cuda:capability``; every argument not in ``pointers`` (name -> ``"*bf16"`` etc.)
+    or ``constexprs`` is an ``fp32`` if its name ends in ``scale``, else an ``i32``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(kernel.arg_names)
+    sig = {
+        n: pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n.endswith("scale") else "i32")
+        for n in names
+    }
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in pointers or n.startswith("stride")}
+    source = ASTSource(kernel, sig, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=aligned)
+    target = GPUTarget("cuda", capability, 32)
+    return triton.compile(source, target=target, options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def prefetched(ttgir: str, tile: str) -> int:
+    """How many ``tile``-shaped loads (e.g. ``"64x512xbf16"``) the software pipeline issues before its loop
+    starts: the tiles in flight when the first one is used (1: the next tile is loaded only after this one's use)."""
+    prologue = ttgir.split("scf.for", 1)[0]
+    return len(re.findall(r"async_copy_global_to_local .* -> <" + re.escape(tile) + r",", prologue))
+
+
+def main(spec: dict) -> dict:
+    module, name = spec["kernel"].split(":")
+    kernel = getattr(importlib.import_module(module), name)
+    compiled = compile_for(
+        kernel,
+        spec["pointers"],
+        spec["constexprs"],
+        num_warps=spec["num_warps"],
+        num_stages=spec["num_stages"],
+        capability=spec.get("capability", 90),
+    )
+    ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
+    return {
+        "shared": compiled.metadata.shared,
+        "prefetched": {tile: prefetched(ttgir, tile) for tile in spec.get("tiles", [])},
+        "ptx_has": {word: word in ptx for word in spec.get("ptx_words", [])},
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
