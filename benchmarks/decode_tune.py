@@ -7,7 +7,6 @@ imports). Times are CUDA-graph replays (:func:`common.bench`), problems as :mod:
     python benchmarks/decode_tune.py --shapes 16x1x65536,128x1x65536 --out /tmp/tune.json
     python benchmarks/decode_tune.py --shapes 16x1x65536 --block-n 32,64 --stages 2,5 --waves 1,2,4
     python benchmarks/decode_tune.py --fp8 --block-n 32,64 --stages 2,5,7   # vLLM's per-tensor fp8 cache
-    python benchmarks/decode_tune.py --stages 5 --pdl 1,0   # the combine with and without programmatic launch
 
 Importing this module runs nothing.
 """
@@ -24,12 +23,10 @@ from common import bench, load_flashmla, load_flashmla_fp8
 from decode import D_QK, D_V, PAGE, _flashmla_fn, _flashmla_fp8_fn, make_problem
 
 
-def tune(shape, *, block_ns, stages, warps, waves, pdls=(1,), fp8=False, fm=None) -> list[dict]:
+def tune(shape, *, block_ns, stages, warps, waves, fp8=False, fm=None) -> list[dict]:
     """Time every config on one ``(H, B, S_kv)``; rows sorted fastest first, FlashMLA's and the default config's
-    times in each row. ``waves``: programs per SM, from which the split count follows; ``pdls``: the combine
-    launched with (1) and without (0) programmatic dependent launch (:data:`mlaspec.impl.decode.USE_PDL`);
-    ``fp8``: vLLM's per-tensor e4m3 cache (FlashMLA: its dense fp8 decode, ``fm`` the extension)."""
-    from mlaspec.impl import decode as impl
+    times in each row. ``waves``: programs per SM, from which the split count follows; ``fp8``: vLLM's per-tensor
+    e4m3 cache (FlashMLA: its dense fp8 decode, ``fm`` the extension)."""
     from mlaspec.impl.decode import DecodeConfig, decode_config, mla_decode_paged
 
     H, B, S_kv = shape
@@ -49,21 +46,18 @@ def tune(shape, *, block_ns, stages, warps, waves, pdls=(1,), fp8=False, fm=None
     default = bench(lambda: call(max_seq_len=S_kv), graph=True)
     rows, sms = [], torch.cuda.get_device_properties(dev).multi_processor_count
     row_blocks = -(-H // base.block_m)
-    for bn, st, w, wv, pdl in itertools.product(block_ns, stages, warps, waves, pdls):
+    for bn, st, w, wv in itertools.product(block_ns, stages, warps, waves):
         sp = max(1, wv * sms // (B * row_blocks))  # wv programs per SM
         cfg = DecodeConfig(base.block_m, bn, w, st)
-        impl.USE_PDL = bool(pdl)
         try:
             t = bench(functools.partial(call, max_seq_len=S_kv, num_splits=sp, config=cfg), graph=True)
         except Exception as exc:  # out of shared memory, or a config the compiler rejects: noted, the sweep goes on
             print(f"  {shape} {cfg} splits={sp}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
             continue
-        finally:
-            impl.USE_PDL = True
-        config = dict(block_n=bn, stages=st, warps=w, splits=sp, waves=wv, pdl=pdl, fp8=fp8)
+        config = dict(block_n=bn, stages=st, warps=w, splits=sp, waves=wv, fp8=fp8)
         rows.append(dict(H=H, B=B, S_kv=S_kv, **config, us=t * 1e6, gbps=nbytes / t / 1e9))
         rows[-1].update(flashmla_us=flashmla * 1e6, default_us=default * 1e6)
-        print(f"  {shape} bn={bn} st={st} w={w} splits={sp} pdl={pdl}: {t * 1e6:7.1f} us", flush=True)
+        print(f"  {shape} bn={bn} st={st} w={w} splits={sp}: {t * 1e6:7.1f} us", flush=True)
     return sorted(rows, key=lambda r: r["us"])
 
 
@@ -75,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", type=ints, default=[2, 5])
     parser.add_argument("--warps", type=ints, default=[4, 8])
     parser.add_argument("--waves", type=ints, default=[1, 2], help="programs per SM (the split count follows)")
-    parser.add_argument("--pdl", type=ints, default=[1], help="1: the combine under programmatic launch, 0: not")
     parser.add_argument("--fp8", action="store_true", help="vLLM's per-tensor fp8 cache (FlashMLA: its fp8 decode)")
     parser.add_argument("--out", default="decode_tune.json")
     args = parser.parse_args(argv)
@@ -85,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for text in args.shapes.split(","):
         shape = tuple(int(x) for x in text.split("x"))
-        tiles = dict(block_ns=args.block_n, stages=args.stages, warps=args.warps, waves=args.waves, pdls=args.pdl)
+        tiles = dict(block_ns=args.block_n, stages=args.stages, warps=args.warps, waves=args.waves)
         rows = tune(shape, **tiles, fp8=args.fp8, fm=fm)
         results += rows
         for r in rows[:5]:

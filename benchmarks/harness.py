@@ -71,10 +71,9 @@ def time_check(check_args: list[str], env: dict, phase: str, workers: int = 0) -
     return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)")
 
 
-def measure(backend: str, scale: str, dtypes: str, runs: int, warm: tuple[int, ...] = (0,)) -> list[Run]:
+def measure(backend: str, scale: str, dtypes: str, runs: int, warm: tuple[int, ...] = (0,)):
     """``runs`` cold and ``runs`` warm runs of ``mlaspec check --backend backend --scale scale``, for each number
-    of warm-up workers in ``warm``, each pair from fresh caches."""
-    out: list[Run] = []
+    of warm-up workers in ``warm``, each pair from fresh caches; yields each :class:`Run` as it ends."""
     with tempfile.TemporaryDirectory(prefix="mlaspec-harness-") as tmp:
         args = ["--backend", backend, "--scale", scale, "--dtypes", dtypes, "--report", os.path.join(tmp, "report")]
         for i in range(runs):
@@ -85,9 +84,9 @@ def measure(backend: str, scale: str, dtypes: str, runs: int, warm: tuple[int, .
                     "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
                 }
                 for phase in ("cold", "warm"):
-                    out.append(time_check(args, env, phase, workers))
-                    print(f"{phase}: {out[-1]}", flush=True)
-    return out
+                    run = time_check(args, env, phase, workers)
+                    print(f"{phase}: {run}", flush=True)
+                    yield run
 
 
 def environment() -> dict:
@@ -161,16 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", default="0", help="comma-separated warm-up worker counts, each timed (default: 0)")
     ap.add_argument("--out-dir", default="bench")
     args = ap.parse_args(argv)
-    runs = measure(args.backend, args.scale, args.dtypes, args.runs, tuple(int(n) for n in args.warm.split(",")))
     command = " ".join(["python", *sys.argv]) if argv is None else f"main({argv})"
     env = environment()
-    text = markdown(runs, args.backend, args.scale, env, command)
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "harness.md"), "w") as f:
-        f.write(text)
     title = f"mlaspec check --backend {args.backend} --scale {args.scale} on {env.get('gpu', env['cpu'])}"
-    plot(runs, os.path.join(args.out_dir, "harness.png"), title)
-    print(text)
+    os.makedirs(args.out_dir, exist_ok=True)
+    runs: list[Run] = []
+    for run in measure(args.backend, args.scale, args.dtypes, args.runs, tuple(int(n) for n in args.warm.split(","))):
+        runs.append(run)  # the page and the plot after every run: a run cut short still leaves what it measured
+        text = markdown(runs, args.backend, args.scale, env, command)
+        with open(os.path.join(args.out_dir, "harness.md"), "w") as f:
+            f.write(text)
+        plot(runs, os.path.join(args.out_dir, "harness.png"), title)
+    print(markdown(runs, args.backend, args.scale, env, command))
     return 0
 
 

@@ -47,13 +47,12 @@ def compiled(kernel: str, pointers: dict, constexprs: dict, **spec) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def split_kernel(rows: int, page: int = 64, fp8: bool = False, pdl: bool = False) -> tuple[dict, dict]:
+def split_kernel(rows: int, page: int = 64, fp8: bool = False) -> tuple[dict, dict]:
     cfg = decode_config(rows, page, torch.bfloat16, fp8)
     const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=page, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-    const.update(SINGLE=False, PRECISION="tf32", FP8=fp8, PDL=pdl)
+    const.update(SINGLE=False, PRECISION="tf32", FP8=fp8)
     pointers = POINTERS | ({"KV": "*u8"} if fp8 else {})
     spec = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, tiles=[f"{cfg.block_n}x512xbf16"])
-    spec["ptx_words"] = ["griddepcontrol.launch_dependents"]
     return compiled("mlaspec.impl.decode:_mla_decode_split_kernel", pointers, const, **spec), spec
 
 
@@ -64,7 +63,6 @@ def test_a_light_decode_prefetches_the_next_key_tile(rows, page):
     out, spec = split_kernel(rows, page)
     assert out["prefetched"][spec["tiles"][0]] == 2, out
     assert out["shared"] <= HOPPER_SHARED, out
-    assert out["ptx_has"] == {"griddepcontrol.launch_dependents": False}, out  # only under PDL
 
 
 def test_the_64_row_decode_fits_hopper():
@@ -73,15 +71,3 @@ def test_the_64_row_decode_fits_hopper():
     out, spec = split_kernel(128)
     assert out["prefetched"][spec["tiles"][0]] == 1, out
     assert out["shared"] <= HOPPER_SHARED, out
-
-
-def test_the_combine_waits_for_the_split_kernel_under_programmatic_dependent_launch():
-    """With PDL the combine may start before the split kernel ends; its ``griddepcontrol.wait`` is what makes the
-    partials it reads complete (and the split kernel's ``launch_dependents`` what lets it start early)."""
-    split, _ = split_kernel(16, pdl=True)
-    assert split["ptx_has"] == {"griddepcontrol.launch_dependents": True}, split
-    const = dict(D_V=512, BLOCK_D=64, SPLITS_P2=256, CHUNK=32, PDL=True)
-    pointers = {"O_PART": "*fp32", "LSE_PART": "*fp32", "OUT": "*bf16", "LSE": "*fp32"}
-    spec = dict(num_warps=4, num_stages=3, ptx_words=["griddepcontrol.wait"])
-    combine = compiled("mlaspec.impl.decode:_mla_decode_combine_kernel", pointers, const, **spec)
-    assert combine["ptx_has"] == {"griddepcontrol.wait": True}, combine

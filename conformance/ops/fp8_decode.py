@@ -58,7 +58,7 @@ from mlaspec.spec.forms import mqa_latent_attention
 
 from .. import numerics
 from ..cases import Case
-from .common import DTYPES, Op, Scale, attention_bounds
+from .common import DTYPES, Op, Scale, attention_bounds, normal
 from .dense import V3_SCALE
 from .writers import WRITERS
 
@@ -89,13 +89,13 @@ def fp8_decode_inputs(c: Case) -> dict:
     layout = cl.LAYOUTS[p["layout"]]
     k_scale = p.get("k_scale") if layout.scale_rule.kind == "per_tensor" else None
     g = torch.Generator().manual_seed(c.seed)
-    x = torch.randn(b * s_kv, d, generator=g, dtype=torch.float64)
+    x = normal(b * s_kv, d, generator=g)
     x *= torch.exp2(torch.randint(-2, 3, (b * s_kv, 1), generator=g).to(torch.float64))  # per-token magnitudes
     raw = WRITERS[_writer(p, layout)](x, k_scale)
     if raw.shape[-1] != layout.token_bytes:
         raise ValueError(f"writer {p['writer']!r} does not write the {layout.name} layout")
     raw = raw.reshape(b, s_kv, layout.token_bytes)
-    q = fp8_query(torch.randn(b, s_q, h, d, generator=g, dtype=torch.float64) * 3.0, p["q_scale"], DTYPES[c.dtype])
+    q = fp8_query(normal(b, s_q, h, d, generator=g) * 3.0, p["q_scale"], DTYPES[c.dtype])
     kw = dict(
         q=q,
         kv_cache=raw,

@@ -59,7 +59,7 @@ from mlaspec.spec.topk import topk_agreement, topk_indices
 from ..cases import Case
 from ..numerics import accumulation_roundoff
 from ..verdict import Metric
-from .common import DTYPES, EPS32, LIMITS, Op, Scale, worst_rows
+from .common import DTYPES, EPS32, LIMITS, Op, Scale, normal, worst_rows
 from .sparse import judged
 
 FP8_NAN = 0x7F  # e4m3fn NaN bit pattern
@@ -71,8 +71,8 @@ def _gen(c: Case, offset: int = 0) -> torch.Generator:
 
 def _queries(c: Case, m: int, h: int, d: int, g: torch.Generator):
     """fp8 queries and their folded fp32 weights, from case-dtype queries (what vLLM's fused kernel quantizes)."""
-    q = (torch.randn(m, h, d, generator=g, dtype=torch.float64) * 2.0).to(DTYPES[c.dtype])
-    w = torch.randn(m, h, generator=g, dtype=torch.float64).to(DTYPES[c.dtype])
+    q = (normal(m, h, d, generator=g) * 2.0).to(DTYPES[c.dtype])
+    w = normal(m, h, generator=g).to(DTYPES[c.dtype])
     quant = quantize_indexer_q(q, w)
     return quant.q_fp8, quant.weights.to(torch.float32)
 
@@ -80,7 +80,7 @@ def _queries(c: Case, m: int, h: int, d: int, g: torch.Generator):
 def _keys(c: Case, n: int, d: int, g: torch.Generator) -> torch.Tensor:
     """Case-dtype keys whose magnitudes span ~2^±4, so per-token ue8m0 scales differ."""
     mag = torch.exp2(torch.randint(-4, 5, (n, 1), generator=g).to(torch.float64))
-    return (torch.randn(n, d, generator=g, dtype=torch.float64) * mag).to(DTYPES[c.dtype])
+    return (normal(n, d, generator=g) * mag).to(DTYPES[c.dtype])
 
 
 def logits_bound(q, k, weights, k_scale) -> torch.Tensor:
@@ -194,7 +194,7 @@ def _topk_inputs(c: Case) -> dict:
         ends[: m // 3] = torch.randint(1, k, (m // 3,), generator=g)  # short rows: fewer than K keys
         if p.get("no_row_ends"):  # the optional row_ends omitted: every column is the row's
             ends = torch.full((m,), n)
-    logits = torch.round(torch.randn(m, n, generator=g, dtype=torch.float64) * 3.0) / 2.0  # a coarse grid: ties
+    logits = torch.round(normal(m, n, generator=g) * 3.0) / 2.0  # a coarse grid: ties
     logits = logits.masked_fill(torch.rand(m, n, generator=g) < 0.05, -math.inf)  # masked keys inside a range
     lo = torch.zeros(m, dtype=torch.int64) if starts is None else starts
     cols = torch.arange(n)[None, :]

@@ -85,6 +85,7 @@ from .common import (
     Scale,
     abs_logits_max,
     attention_bounds,
+    normal,
     projection_error,
     randn,
     worst_rows,
@@ -153,7 +154,7 @@ def _hostile_entries(c: Case, t: int, d: int, group: int, *, saturate: float | N
     power-of-two boundary of ``amax / 448``); ``saturate`` plants a value that far past the per-tensor range.
     """
     g = _gen(c, 1)
-    x = torch.randn(t, d, generator=g, dtype=torch.float64)
+    x = normal(t, d, generator=g)
     x *= torch.exp2(torch.randint(-3, 4, (t, 1), generator=g).to(torch.float64))
     x[0, :group] = x[0, :group].clamp(-300, 300)
     x[0, 3] = 336.0

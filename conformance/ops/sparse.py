@@ -77,7 +77,7 @@ from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_dec
 from .. import numerics
 from ..cases import Case
 from ..verdict import judge
-from .common import EPS32, LIMITS, Op, Scale, gamma, randn, underflow_floor, unit_roundoff, worst_rows
+from .common import EPS32, LIMITS, Op, Scale, gamma, normal, randn, underflow_floor, unit_roundoff, worst_rows
 from .writers import read_as, written
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -169,7 +169,7 @@ def _sink(c: Case, h_q: int) -> torch.Tensor | None:
     if kind is None:
         return None
     g = torch.Generator().manual_seed(c.seed + 7)
-    s = torch.randn(h_q, generator=g, dtype=torch.float64) * 2.0 + 1.0
+    s = normal(h_q, generator=g) * 2.0 + 1.0
     if kind == "inf":
         s[0], s[1 % h_q] = math.inf, -math.inf
     return s.to(torch.float32)
