@@ -283,22 +283,25 @@ def num_splits_heuristic(
     num_sms: int,
     *,
     block_n: int = 64,
+    programs_per_sm: int = 1,
     max_splits: int = 256,
 ) -> int:
-    """How many pieces to cut each sequence's keys into: one whole wave.
+    """How many pieces to cut each sequence's keys into: one whole wave of ``programs_per_sm`` programs per SM.
 
-    ``batch * row_blocks`` programs exist without splitting, and they run one at a time per SM (each holds 150-220
-    KB of shared memory). A split count whose programs spill into a second wave pays for a whole wave, so this takes
-    ``floor(num_sms / (batch * row_blocks))`` splits, at most one per key block and at most ``max_splits`` (the
-    combine kernel loads every split's LSE at once).
+    ``batch * row_blocks`` programs exist without splitting. A split count whose programs spill past what the SMs
+    hold at once pays for a whole second wave, so this takes ``floor(programs_per_sm * num_sms / (batch *
+    row_blocks))`` splits, at most one per key block and at most ``max_splits`` (the combine kernel loads every
+    split's LSE at once). ``programs_per_sm``: 1 for the 16-bit tiles (150-220 KB of shared memory each), 2 for
+    the fp8 cache's 32-key byte tiles (~55 KB; two programs per SM hide each other's byte-to-bf16 conversion).
 
-    Measured on an H200 (bf16, page 64, the two-buffer pipeline of :func:`decode_config`): 16 heads, B = 2, 64K
+    Measured on an H200 (bf16, page 64, the two-tile pipeline of :func:`decode_config`): 16 heads, B = 2, 64K
     keys: 66 splits 47.1 us, 132 (two waves) 59.0; B = 1, 128K: 132 splits 49.0 us, 264 splits 62.9; B = 1, 8K:
     128 splits of one key block 13.0 us, 32 of four 15.2. 128 heads, B = 4, 64K: 16 splits (128 programs) 271 us,
-    17 splits (136 programs, a second wave of 4) 449 us.
+    17 splits (136 programs, a second wave of 4) 449 us. fp8 cache, 16 heads, B = 2, 64K: 132 splits 86 us, 66
+    splits 123 us.
     """
     key_blocks = max(1, triton.cdiv(max_seq_len, block_n))
-    per_wave = num_sms // max(1, batch * row_blocks)
+    per_wave = programs_per_sm * num_sms // max(1, batch * row_blocks)
     return max(1, min(per_wave, key_blocks, max_splits))
 
 
@@ -387,7 +390,9 @@ def mla_decode_paged(
         max_seq_len = int(seq_lens.max()) if B else 0
     key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
     if num_splits is None:
-        num_splits = num_splits_heuristic(B, row_blocks, max_seq_len, _num_sms(q.device), block_n=cfg.block_n)
+        num_splits = num_splits_heuristic(
+            B, row_blocks, max_seq_len, _num_sms(q.device), block_n=cfg.block_n, programs_per_sm=2 if fp8 else 1
+        )
     num_splits = max(1, min(int(num_splits), key_blocks))
     blocks_per_split = triton.cdiv(key_blocks, num_splits)
     num_splits = triton.cdiv(key_blocks, blocks_per_split)  # no split left with nothing at all to do

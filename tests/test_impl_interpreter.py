@@ -179,6 +179,13 @@ def test_decode_errors_name_the_limit():
 )
 def test_num_splits_heuristic_examples(batch, row_blocks, seq, expected):
     assert num_splits_heuristic(batch, row_blocks, seq, 132) == expected
+    assert num_splits_heuristic(batch, row_blocks, seq, 66, programs_per_sm=2) == expected  # two a SM: the same
+
+
+def test_num_splits_heuristic_fills_two_programs_per_sm():
+    """The fp8 cache's small tiles: two programs on each SM at once (B = 2, 64K keys: 132 splits, 264 programs)."""
+    assert num_splits_heuristic(2, 1, 65536, 132, programs_per_sm=2) == 132
+    assert num_splits_heuristic(2, 1, 65536, 132) == 66
 
 
 @given(
@@ -186,13 +193,14 @@ def test_num_splits_heuristic_examples(batch, row_blocks, seq, expected):
     row_blocks=st.integers(1, 4),
     seq=st.integers(1, 1 << 17),
     sms=st.integers(1, 300),
+    per_sm=st.integers(1, 3),
 )
-def test_num_splits_heuristic_fills_one_wave(batch, row_blocks, seq, sms):
-    splits = num_splits_heuristic(batch, row_blocks, seq, sms)
-    programs = batch * row_blocks * splits
+def test_num_splits_heuristic_fills_one_wave(batch, row_blocks, seq, sms, per_sm):
+    splits = num_splits_heuristic(batch, row_blocks, seq, sms, programs_per_sm=per_sm)
+    programs, wave = batch * row_blocks * splits, per_sm * sms
     assert 1 <= splits <= min(256, math.ceil(seq / 64))  # at least one key block of 64 a split
-    assert splits == 1 or programs <= sms  # never a partial second wave
-    assert splits == 256 or splits == math.ceil(seq / 64) or programs + batch * row_blocks > sms  # the wave is full
+    assert splits == 1 or programs <= wave  # never a partial second wave
+    assert splits == 256 or splits == math.ceil(seq / 64) or programs + batch * row_blocks > wave  # the wave is full
 
 
 # -- prefill (varlen flash attention) ---------------------------------------------------------------------------------

@@ -134,16 +134,18 @@ class Op:
         return self.spec or self.reference
 
 
-NORMAL_CHUNK = 1 << 20  # float64 normals one generator draws; a larger draw is cut into chunks drawn in parallel
+NORMAL_CHUNK = 1 << 22  # float64 normals one generator draws (every tiny case's); larger draws: chunks, in parallel
 
 
 def normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
     """Standard normal float64 draws of ``shape``, a function of ``generator``'s state alone (not of the machine).
 
-    Up to :data:`NORMAL_CHUNK` elements: ``torch.randn`` from ``generator``. Larger (the full-scale caches): one
-    64-bit seed is drawn from ``generator``, and chunk ``i`` of the flat tensor comes from a generator seeded with
-    ``seed + i * φ·2^64`` (mod 2^63), filled on a thread pool (``normal_`` releases the GIL). The full-scale triton
-    run drew its inputs one normal at a time: 30 of its 62 seconds (H200 host, 2026-11-24)."""
+    Up to :data:`NORMAL_CHUNK` elements (every draw of the tiny cases, so the default run's inputs, and what
+    ``docs/sensitivity.md`` measured on them, are those of plain ``torch.randn``): ``torch.randn`` from
+    ``generator``. Larger (the full-scale caches): one 64-bit seed is drawn from ``generator``, and chunk ``i`` of
+    the flat tensor comes from a generator seeded with ``seed + i * φ·2^64`` (mod 2^63), filled on a thread pool
+    (``normal_`` releases the GIL). The full-scale triton run drew its inputs one normal at a time: 30 of its 62
+    seconds (H200 host, 2026-11-24)."""
     n = math.prod(shape)
     if n <= NORMAL_CHUNK:
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
