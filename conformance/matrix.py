@@ -87,10 +87,17 @@ def run_matrix(
     progress=None,
     reference_device: str = "auto",
     cache=None,
+    isolated: bool = True,
 ) -> dict:
     """Run the curated cases on each backend; returns the matrix as a JSON-able dict (see :func:`write_matrix`).
     ``reference_device`` and ``cache`` (a :class:`~mlaspec.conformance.references.ReferenceCache`, shared by the
-    backends) are :func:`~mlaspec.conformance.runner.run_case`'s."""
+    backends) are :func:`~mlaspec.conformance.runner.run_case`'s. ``isolated`` (default): each backend in a worker
+    process (:class:`~mlaspec.conformance.worker.WorkerBackend`), as ``mlaspec check`` runs it, so a backend that
+    crashes, exits or corrupts its CUDA context fails its own case and not the cases after it, nor the references
+    this process computes on the same GPU (in-process, a FlashMLA illegal address turned the 19 cases after it into
+    errors on the H200)."""
+    from .worker import WorkerBackend
+
     cases = curated_cases(scale=scale, dtypes=dtypes, ops=ops)
     out_dir = Path(out_dir)
     data = {
@@ -105,9 +112,9 @@ def run_matrix(
         entry = {"target": target, "usable": False, "version": "", "reason": "", "results": []}
         data["backends"][name] = entry
         try:
-            backend = load_backend(target)
+            backend = WorkerBackend(target, timeout=timeout) if isolated else load_backend(target)
         except Exception as exc:  # a backend that cannot load is a row of the matrix, not a crash
-            entry["reason"] = f"{type(exc).__name__}: {exc}"
+            entry["reason"] = str(exc).splitlines()[0] if isolated else f"{type(exc).__name__}: {exc}"
             if progress:
                 progress(f"{name}: not usable: {entry['reason']}")
             continue
@@ -117,17 +124,21 @@ def run_matrix(
             if progress:
                 progress(f"{name} [{i + 1:>3}/{len(cases)}] {r.verdict.upper():<5} {r.case_id}")
 
-        results = run_cases(
-            backend,
-            cases,
-            backend_name=name,
-            out_dir=out_dir / name,
-            scale=scale,
-            timeout=timeout,
-            on_result=on_result,
-            reference_device=reference_device,
-            cache=cache,
-        )
+        try:
+            results = run_cases(
+                backend,
+                cases,
+                backend_name=name,
+                out_dir=out_dir / name,
+                scale=scale,
+                timeout=timeout,
+                on_result=on_result,
+                reference_device=reference_device,
+                cache=cache,
+            )
+        finally:
+            if isolated:
+                backend.close()
         entry["results"] = [
             dict(
                 case_id=r.case_id,

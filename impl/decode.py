@@ -33,8 +33,9 @@ split the keys the same way):
 
 1. ``_mla_decode_split_kernel``: grid ``(row blocks, splits, B)``. Each program takes ``BLOCK_M`` query rows (rows
    are ``(s, h)`` flattened in ``q``'s own order, so any ``H_q`` and ``S_q`` work) against the pages of its split,
-   ``BLOCK_N`` keys at a time, with an online softmax in base 2 (``log2 e`` folded into the scale). It writes a
-   partial output and partial LSE (base 2) per split -- or, with one split, the final result directly.
+   ``BLOCK_N`` keys at a time, with an online softmax in base 2 (``log2 e`` folded into the scale), the next key
+   tile in flight during this one's dots (:func:`decode_config`: Triton's pipeliner needs 5 stages for that here).
+   It writes a partial output and partial LSE (base 2) per split -- or, with one split, the final result directly.
 2. ``_mla_decode_combine_kernel``: grid ``(R, B, D_V / BLOCK_D)``. Merges the splits by their LSE (the same math as
    :func:`mlaspec.spec.merge.merge_attn_states_n`) and converts the LSE to the natural log. At small batches each
    program takes 32 columns of one row and loads every split's partials at once (at large ones, a whole row): a loop

@@ -39,6 +39,20 @@ def misbehaving(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.mark.parametrize("adapter, verdict", [("Segfault", "crash"), ("OsExit", "crash")])
+def test_the_matrix_survives_its_backend(misbehaving, adapter, verdict):
+    """``mlaspec matrix`` runs each backend in a worker, as ``check`` does: a backend that dies on one case gets that
+    case's verdict, every case after it is still judged, and the next backend runs."""
+    from mlaspec.conformance.matrix import run_matrix
+
+    backends = [f"misbehaving:{adapter}", "torch"]
+    data = run_matrix(backends, out_dir=misbehaving / "m", ops=("attention",), dtypes=("float32",), timeout=20)
+    got = {r["case_id"]: r["verdict"] for r in data["backends"][backends[0]]["results"]}
+    assert list(got) == CASES and got[BAD] == verdict
+    assert {got[c] for c in CASES if c != BAD} == {"pass"}
+    assert {r["verdict"] for r in data["backends"]["torch"]["results"]} == {"pass"}
+
+
 def _check(adapter: str, out: Path, *extra: str) -> tuple[int, dict[str, dict]]:
     argv = ["check", "--backend", f"misbehaving:{adapter}", "--ops", "attention", "--dtypes", "float32"]
     status = main([*argv, "--report", str(out), "--timeout", "20", *extra])
@@ -364,3 +378,33 @@ def _dead(pid: int) -> bool:
 @pytest.mark.parametrize("extra", [("--warm", "-1"), ("--warm", "2", "--isolation", "none")])
 def test_warm_usage_errors(jit, extra):
     assert main(["check", "--backend", "misbehaving:FakeJit", "--report", str(jit), *extra]) == EXIT_USAGE
+    with pytest.raises(SystemExit, match=str(EXIT_USAGE)):  # argparse's own usage exit
+        main(["check", "--backend", "misbehaving:FakeJit", "--report", str(jit), "--warm", "many"])
+
+
+@pytest.mark.parametrize(
+    "device, cpus, isolated, dcp, expected",
+    [
+        ("cuda:0", 16, True, None, 8),  # a GPU host: 8 warm-ups
+        ("cuda", 6, True, None, 3),  # at most half the CPUs
+        ("cuda:0", 1, True, None, 0),  # one CPU: none
+        ("cpu", 16, True, None, 0),  # nothing to compile on the CPU
+        (None, 16, True, None, 0),  # a backend that does not say where it runs
+        ("cuda:0", 16, False, None, 0),  # --isolation none: nothing beside it
+        ("cuda:0", 16, True, 2, 0),  # --dcp: the ranks hold the GPUs
+    ],
+)
+def test_warm_auto_starts_warm_ups_only_beside_a_cuda_backend(monkeypatch, device, cpus, isolated, dcp, expected):
+    from mlaspec.conformance import cli
+
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: cpus)
+    assert cli.warm_count("auto", device, isolated=isolated, dcp=dcp) == expected
+    assert cli.warm_count(3, device, isolated=isolated, dcp=dcp) == 3  # a count is taken as given
+
+
+def test_warm_auto_is_the_default_and_no_usage_error_without_a_worker(jit, capsys):
+    """The default (``auto``) with ``--isolation none`` starts nothing and is no usage error; on the CPU backend
+    nothing is warmed (no warm-up line in the output)."""
+    assert main(["check", "--backend", "misbehaving:FakeJit", "--report", str(jit), "--isolation", "none"]) == 0
+    assert main(["check", "--backend", "misbehaving:FakeJit", "--report", str(jit)]) == 0
+    assert "warm-up" not in capsys.readouterr().out
