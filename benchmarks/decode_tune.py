@@ -23,10 +23,11 @@ from common import bench, load_flashmla, load_flashmla_fp8
 from decode import D_QK, D_V, PAGE, _flashmla_fn, _flashmla_fp8_fn, make_problem
 
 
-def tune(shape, *, block_ns, stages, warps, waves, fp8=False, fm=None) -> list[dict]:
+def tune(shape, *, block_ns, stages, warps, waves, block_ms=(None,), fp8=False, fm=None) -> list[dict]:
     """Time every config on one ``(H, B, S_kv)``; rows sorted fastest first, FlashMLA's and the default config's
-    times in each row. ``waves``: programs per SM, from which the split count follows; ``fp8``: vLLM's per-tensor
-    e4m3 cache (FlashMLA: its dense fp8 decode, ``fm`` the extension)."""
+    times in each row. ``waves``: programs per SM, from which the split count follows; ``block_ms``: query rows per
+    program (None: :func:`~mlaspec.impl.decode.decode_config`'s); ``fp8``: vLLM's per-tensor e4m3 cache (FlashMLA:
+    its dense fp8 decode, ``fm`` the extension)."""
     from mlaspec.impl.decode import DecodeConfig, decode_config, mla_decode_paged
 
     H, B, S_kv = shape
@@ -45,19 +46,19 @@ def tune(shape, *, block_ns, stages, warps, waves, fp8=False, fm=None) -> list[d
     call = functools.partial(mla_decode_paged, q, cache3, block_table, seq_lens, scale=scale, k_scale=k_scale)
     default = bench(lambda: call(max_seq_len=S_kv), graph=True)
     rows, sms = [], torch.cuda.get_device_properties(dev).multi_processor_count
-    row_blocks = -(-H // base.block_m)
-    for bn, st, w, wv in itertools.product(block_ns, stages, warps, waves):
-        sp = max(1, wv * sms // (B * row_blocks))  # wv programs per SM
-        cfg = DecodeConfig(base.block_m, bn, w, st)
+    for bm, bn, st, w, wv in itertools.product(block_ms, block_ns, stages, warps, waves):
+        bm = bm or base.block_m
+        sp = max(1, wv * sms // (B * -(-H // bm)))  # wv programs per SM
+        cfg = DecodeConfig(bm, bn, w, st)
         try:
             t = bench(functools.partial(call, max_seq_len=S_kv, num_splits=sp, config=cfg), graph=True)
         except Exception as exc:  # out of shared memory, or a config the compiler rejects: noted, the sweep goes on
             print(f"  {shape} {cfg} splits={sp}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
             continue
-        config = dict(block_n=bn, stages=st, warps=w, splits=sp, waves=wv, fp8=fp8)
+        config = dict(block_m=bm, block_n=bn, stages=st, warps=w, splits=sp, waves=wv, fp8=fp8)
         rows.append(dict(H=H, B=B, S_kv=S_kv, **config, us=t * 1e6, gbps=nbytes / t / 1e9))
         rows[-1].update(flashmla_us=flashmla * 1e6, default_us=default * 1e6)
-        print(f"  {shape} bn={bn} st={st} w={w} splits={sp}: {t * 1e6:7.1f} us", flush=True)
+        print(f"  {shape} bm={bm} bn={bn} st={st} w={w} splits={sp}: {t * 1e6:7.1f} us", flush=True)
     return sorted(rows, key=lambda r: r["us"])
 
 
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="16x1x65536,16x1x131072,16x2x65536,128x1x65536,128x2x32768")
+    parser.add_argument("--block-m", type=ints, help="query rows per program (default: decode_config's)")
     parser.add_argument("--block-n", type=ints, default=[32, 64])
     parser.add_argument("--stages", type=ints, default=[2, 5])
     parser.add_argument("--warps", type=ints, default=[4, 8])
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     for text in args.shapes.split(","):
         shape = tuple(int(x) for x in text.split("x"))
         tiles = dict(block_ns=args.block_n, stages=args.stages, warps=args.warps, waves=args.waves)
+        tiles["block_ms"] = args.block_m or (None,)
         rows = tune(shape, **tiles, fp8=args.fp8, fm=fm)
         results += rows
         for r in rows[:5]:
