@@ -14,6 +14,9 @@ An adapter is any object with
 * optionally ``numerics: Mapping[str, tuple[str, ...]]``: op name -> the arithmetic departures its kernel makes by
   design (:data:`mlaspec.conformance.numerics.DEPARTURES`, e.g. ``("fp8_mma_accumulation",)``): the op is judged under
   exactly that arithmetic and the verdict records it; ``--strict-numerics`` ignores the declaration;
+* optionally ``device`` (where it runs) and ``jit: bool``: it compiles kernels the first time a shape needs them
+  (Triton, FlashInfer); ``mlaspec check --warm auto`` starts warm-up processes only beside a ``jit`` backend on a
+  CUDA ``device``;
 * one method per op, named after it, taking the op's keyword arguments (the spec function's) and returning the
   spec's outputs (e.g. ``(out, lse)``) in the backend's own dtype and on any device.
 

@@ -103,16 +103,19 @@ def _check_warm(args: argparse.Namespace) -> None:
         raise UsageError("--warm runs beside the judged worker: it needs --isolation process and no --dcp")
 
 
-def warm_count(warm: int | str, device: str | None, *, isolated: bool, dcp: int | None) -> int:
-    """The warm-up processes to start: ``warm`` itself, or for ``auto`` :data:`WARM_AUTO` (at most half the CPUs)
-    when the judged worker's backend runs on a CUDA device, with process isolation and no ``--dcp``, else none.
+def warm_count(warm: int | str, device: str | None, *, jit: bool, isolated: bool, dcp: int | None) -> int:
+    """The warm-up processes to start: ``warm`` itself, or for ``auto`` :data:`WARM_AUTO` (at most half the CPUs
+    this process may use) when the judged worker's backend compiles kernels on first use (``jit``) and runs on a
+    CUDA device, with process isolation and no ``--dcp``, else none (beside a prebuilt backend they only contend:
+    52.5 s warm without them against 57.7 s with, triton on the H200).
     A JIT backend compiles each kernel variant in the process that first needs it: the full-scale triton run on an
     H200 took 77 s cold with 8 warm-ups, 212 s without; on the CPU there is nothing to compile (8.8 s against
     7.5 s on the float32 tiny run, 2 cores)."""
     if warm != "auto":
         return int(warm)
     on_cuda = str(device or "").startswith("cuda")
-    return min(WARM_AUTO, (os.cpu_count() or 2) // 2) if on_cuda and isolated and dcp is None else 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(WARM_AUTO, cpus // 2) if jit and on_cuda and isolated and dcp is None else 0
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -148,7 +151,8 @@ def _check(args: argparse.Namespace) -> int:
     warm = None
     try:
         device = getattr(backend, "device", None)
-        workers = warm_count(args.warm, device, isolated=args.isolation == "process", dcp=args.dcp)
+        jit = bool(getattr(backend, "jit", False))
+        workers = warm_count(args.warm, device, jit=jit, isolated=args.isolation == "process", dcp=args.dcp)
         if workers:  # after the judged worker has its device (a GPU in exclusive-process mode takes one process)
             from .warmup import WarmUp
 
@@ -459,7 +463,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="N more processes run the cases ahead of the judged worker, outputs thrown away, so that a JIT "
         "backend (Triton, FlashInfer) compiles its kernels in parallel into its disk cache (default: auto, "
-        f"{WARM_AUTO} when the backend runs on a CUDA device, at most half the CPUs, else none; "
+        f"{WARM_AUTO} beside a JIT backend (Triton, FlashInfer) on a CUDA device, at most half the CPUs, else none; "
         "mlaspec.conformance.warmup)",
     )
     check.add_argument(

@@ -114,7 +114,8 @@ def run_matrix(
         try:
             backend = WorkerBackend(target, timeout=timeout) if isolated else load_backend(target)
         except Exception as exc:  # a backend that cannot load is a row of the matrix, not a crash
-            entry["reason"] = str(exc).splitlines()[0] if isolated else f"{type(exc).__name__}: {exc}"
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]  # the worker's message: its first line
+            entry["reason"] = first if isolated else f"{type(exc).__name__}: {exc}"
             if progress:
                 progress(f"{name}: not usable: {entry['reason']}")
             continue

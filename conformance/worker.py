@@ -181,6 +181,7 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
         unavailable=getattr(backend, "unavailable", None),
         numerics={op: tuple(v) for op, v in (getattr(backend, "numerics", None) or {}).items()},
         device=str(getattr(backend, "device", None) or "") or None,
+        jit=bool(getattr(backend, "jit", False)),
     )
     conn.send(("ready", meta))
     while True:
@@ -250,6 +251,7 @@ class WorkerBackend:
         # and if that fails the same way, ``resume()`` starts it again (it was not the cause)
         self.beside = None
         self.device = meta["device"]  # where the backend runs (its own ``device``), or None: unknown
+        self.jit = meta["jit"]  # it compiles kernels on first use (the protocol's optional ``jit``)
         self.starts = 1
 
     def _start(self) -> dict:

@@ -37,8 +37,8 @@ split the keys the same way):
    tile in flight during this one's dots (:func:`decode_config`: Triton's pipeliner needs 5 stages for that here).
    It writes a partial output and partial LSE (base 2) per split -- or, with one split, the final result directly.
 2. ``_mla_decode_combine_kernel``: grid ``(R, B, D_V / BLOCK_D)``. Merges the splits by their LSE (the same math as
-   :func:`mlaspec.spec.merge.merge_attn_states_n`) and converts the LSE to the natural log. At small batches each
-   program takes 32 columns of one row and loads every split's partials at once (at large ones, a whole row): a loop
+   :func:`mlaspec.spec.merge.merge_attn_states_n`) and converts the LSE to the natural log. With few rows each
+   program takes 32 or 64 columns of one row and loads every split's partials at once (with many, a whole row): a loop
    over the splits one at a time, one program per row, took ~20 us at 16 heads, batch 1, 132 splits (more than the
    64K-key cache's own streaming; H200), and grew with the split count; 32 splits a load, 6 us.
 
@@ -293,7 +293,8 @@ def num_splits_heuristic(
     hold at once pays for a whole second wave, so this takes ``floor(programs_per_sm * num_sms / (batch *
     row_blocks))`` splits, at most one per key block and at most ``max_splits`` (the combine kernel loads every
     split's LSE at once). ``programs_per_sm``: 1 for the 16-bit tiles (150-220 KB of shared memory each), 2 for
-    the fp8 cache's 32-key byte tiles (~55 KB; two programs per SM hide each other's byte-to-bf16 conversion).
+    the fp8 cache's byte tiles of up to 32 rows (~55 KB at 16; two programs per SM hide each other's byte-to-bf16
+    conversion; at 64 rows q alone is 72 KB, and two waves cost 128 heads B = 4 4K keys 45.6 -> 62.6 us).
 
     Measured on an H200 (bf16, page 64, the two-tile pipeline of :func:`decode_config`): 16 heads, B = 2, 64K
     keys: 66 splits 47.1 us, 132 (two waves) 59.0; B = 1, 128K: 132 splits 49.0 us, 264 splits 62.9; B = 1, 8K:
@@ -387,12 +388,13 @@ def mla_decode_paged(
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
     row_blocks = triton.cdiv(rows, cfg.block_m)
+    small_fp8 = fp8 and cfg.block_m <= 32  # byte tiles small enough for two programs an SM (64 rows: q alone is 72 KB)
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if B else 0
     key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
     if num_splits is None:
         num_splits = num_splits_heuristic(
-            B, row_blocks, max_seq_len, _num_sms(q.device), block_n=cfg.block_n, programs_per_sm=2 if fp8 else 1
+            B, row_blocks, max_seq_len, _num_sms(q.device), block_n=cfg.block_n, programs_per_sm=2 if small_fp8 else 1
         )
     num_splits = max(1, min(int(num_splits), key_blocks))
     blocks_per_split = triton.cdiv(key_blocks, num_splits)
@@ -450,17 +452,22 @@ def mla_decode_paged(
             num_stages=stages,
         )
 
-    try:
-        launch(cfg.num_stages)
-    except triton.runtime.errors.OutOfResources:  # fp8: the byte tiles and their converted copies; one stage less
-        if cfg.num_stages <= 1:
-            raise
-        launch(1)
+    # a GPU with less shared memory than Hopper's 227 KB a block (A100: 163 KB, sm_86/89: 99 KB) cannot hold the two
+    # tiles in flight, and fp8's byte tiles with their converted copies may not fit either: fewer stages, then one
+    for stages in dict.fromkeys((cfg.num_stages, min(cfg.num_stages, 2), 1)):
+        try:
+            launch(stages)
+            break
+        except triton.runtime.errors.OutOfResources:
+            if stages == 1:
+                raise
     if num_splits > 1:
-        # few rows (small batches): 32 columns a program, every split's partials in one load (H200, 16 heads, B = 1,
-        # 132 splits: 6.2 us as 64 columns and 32 splits a load, 2.9 us so); enough rows to fill the SMs four times:
-        # one program a row (the LSEs read once; 64-column programs cost B64 16 heads 4K keys 85 -> 92 us)
-        block_d = d_v if B * rows >= 4 * _num_sms(q.device) else min(32, d_v)
+        # a few rows (16 heads, B = 1): 32 columns a program, every split's partials in one load (H200, 132 splits:
+        # 6.2 us as 64 columns and 32 splits a load, 2.9 us so); up to 4 rows an SM: 64 columns (32 cost 128 heads
+        # B = 4 4K keys 34.2 -> 37.7 us: twice the programs); more: one program a row (the LSEs read once; 64-column
+        # programs cost B64 16 heads 4K keys 85 -> 92 us)
+        sms = _num_sms(q.device)
+        block_d = min(d_v, 32 if B * rows <= 32 else 64 if B * rows < 4 * sms else d_v)
         _mla_decode_combine_kernel[(rows, B, d_v // block_d)](
             o_part,
             lse_part,
@@ -478,7 +485,7 @@ def mla_decode_paged(
             D_V=d_v,
             BLOCK_D=block_d,
             SPLITS_P2=triton.next_power_of_2(num_splits),
-            CHUNK=min(triton.next_power_of_2(num_splits), 8192 // block_d),  # <= 8192 partials a load
+            CHUNK=max(1, min(triton.next_power_of_2(num_splits), 8192 // block_d)),  # <= 8192 partials a load
             num_warps=4,
             num_stages=1,  # one load in flight is all there is
         )

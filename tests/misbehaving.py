@@ -178,6 +178,8 @@ class FakeJit(TorchBackend):
     With ``$MLASPEC_TEST_JIT_WAIT`` set, the judged worker's first call waits until a warm-up process has built one
     (so that a test does not race the warm-up processes' start)."""
 
+    jit = True
+
     compile_seconds = 1.5
 
     def attention(self, q, k, v, **kw):

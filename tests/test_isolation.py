@@ -383,28 +383,53 @@ def test_warm_usage_errors(jit, extra):
 
 
 @pytest.mark.parametrize(
-    "device, cpus, isolated, dcp, expected",
+    "device, jit, cpus, isolated, dcp, expected",
     [
-        ("cuda:0", 16, True, None, 8),  # a GPU host: 8 warm-ups
-        ("cuda", 6, True, None, 3),  # at most half the CPUs
-        ("cuda:0", 1, True, None, 0),  # one CPU: none
-        ("cpu", 16, True, None, 0),  # nothing to compile on the CPU
-        (None, 16, True, None, 0),  # a backend that does not say where it runs
-        ("cuda:0", 16, False, None, 0),  # --isolation none: nothing beside it
-        ("cuda:0", 16, True, 2, 0),  # --dcp: the ranks hold the GPUs
+        ("cuda:0", True, 16, True, None, 8),  # a JIT backend on a GPU host: 8 warm-ups
+        ("cuda", True, 6, True, None, 3),  # at most half the CPUs
+        ("cuda:0", True, 1, True, None, 0),  # one CPU: none
+        ("cuda:0", False, 16, True, None, 0),  # a prebuilt backend: nothing to compile, they would only contend
+        ("cpu", True, 16, True, None, 0),  # nothing to compile on the CPU
+        (None, True, 16, True, None, 0),  # a backend that does not say where it runs
+        ("cuda:0", True, 16, False, None, 0),  # --isolation none: nothing beside it
+        ("cuda:0", True, 16, True, 2, 0),  # --dcp: the ranks hold the GPUs
     ],
 )
-def test_warm_auto_starts_warm_ups_only_beside_a_cuda_backend(monkeypatch, device, cpus, isolated, dcp, expected):
+def test_warm_auto_starts_warm_ups_only_beside_a_jit_backend_on_cuda(
+    monkeypatch, device, jit, cpus, isolated, dcp, expected
+):
     from mlaspec.conformance import cli
 
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
     monkeypatch.setattr(cli.os, "cpu_count", lambda: cpus)
-    assert cli.warm_count("auto", device, isolated=isolated, dcp=dcp) == expected
-    assert cli.warm_count(3, device, isolated=isolated, dcp=dcp) == 3  # a count is taken as given
+    assert cli.warm_count("auto", device, jit=jit, isolated=isolated, dcp=dcp) == expected
+    assert cli.warm_count(3, device, jit=jit, isolated=isolated, dcp=dcp) == 3  # a count is taken as given
 
 
-def test_warm_auto_is_the_default_and_no_usage_error_without_a_worker(jit, capsys):
-    """The default (``auto``) with ``--isolation none`` starts nothing and is no usage error; on the CPU backend
-    nothing is warmed (no warm-up line in the output)."""
+def test_the_jit_backends_say_so():
+    """``--warm auto`` reads the protocol's ``jit``: the adapters whose kernels compile on first use declare it,
+    through the worker too."""
+    from mlaspec.conformance.backends.flashinfer import FlashInferBackend
+    from mlaspec.conformance.backends.flashmla import FlashMLABackend
+    from mlaspec.conformance.backends.torch_eager import TorchBackend
+    from mlaspec.conformance.backends.triton import TritonBackend
+    from mlaspec.conformance.backends.vllm import VLLMBackend
+    from mlaspec.conformance.worker import WorkerBackend
+
+    assert TritonBackend.jit and FlashInferBackend.jit and VLLMBackend.jit
+    assert not getattr(FlashMLABackend, "jit", False) and not getattr(TorchBackend, "jit", False)
+    with WorkerBackend("torch", timeout=60) as worker:
+        assert worker.jit is False
+
+
+def test_warm_auto_is_the_default_and_no_usage_error_without_a_worker(jit, monkeypatch):
+    """The default (``auto``) with ``--isolation none`` is no usage error; beside the CPU backend it starts no
+    warm-up process (``WarmUp`` is never built)."""
+    from mlaspec.conformance import warmup
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a warm-up process was started beside a CPU backend")
+
+    monkeypatch.setattr(warmup, "WarmUp", refuse)
     assert main(["check", "--backend", "misbehaving:FakeJit", "--report", str(jit), "--isolation", "none"]) == 0
     assert main(["check", "--backend", "misbehaving:FakeJit", "--report", str(jit)]) == 0
-    assert "warm-up" not in capsys.readouterr().out

@@ -333,6 +333,7 @@ class VLLMBackend(DCPByRanks):
 
     name = "vllm"
     ops = KERNEL_OPS | METADATA_OPS
+    jit = True  # its MLA decode and merge are Triton kernels, compiled on first use
     dtypes = frozenset({"bfloat16", "float16", "float32"})
 
     def __init__(self, device: str | None = None):
