@@ -106,8 +106,8 @@ def _check_warm(args: argparse.Namespace) -> None:
 def warm_count(warm: int | str, device: str | None, *, jit: bool, isolated: bool, dcp: int | None) -> int:
     """The warm-up processes to start: ``warm`` itself, or for ``auto`` :data:`WARM_AUTO` (at most half the CPUs
     this process may use) when the judged worker's backend compiles kernels on first use (``jit``) and runs on a
-    CUDA device, with process isolation and no ``--dcp``, else none (beside a prebuilt backend they only contend:
-    52.5 s warm without them against 57.7 s with, triton on the H200).
+    CUDA device, with process isolation and no ``--dcp``, else none (with nothing to compile they only contend: a
+    warm triton run on the H200, 57.7 s with them, 52.5 s without).
     A JIT backend compiles each kernel variant in the process that first needs it: the full-scale triton run on an
     H200 took 77 s cold with 8 warm-ups, 212 s without; on the CPU there is nothing to compile (8.8 s against
     7.5 s on the float32 tiny run, 2 cores)."""

@@ -63,5 +63,21 @@ def main(spec: dict) -> dict:
     }
 
 
+def cannot_compile_here(exc: BaseException) -> str | None:
+    """Why this machine cannot compile for the GPU at all (no NVIDIA backend in this Triton, no ``ptxas``), or None:
+    then ``exc`` is a real failure of the kernel or of this file."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ImportError) and "nvidia" in text:
+        return text
+    if "ptxas" in text and any(w in text for w in ("not found", "No such file", "could not find", "Could not find")):
+        return text
+    return None
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))))
+    try:
+        print(json.dumps(main(json.loads(sys.argv[1]))))
+    except Exception as exc:
+        if (why := cannot_compile_here(exc)) is None:
+            raise
+        print(json.dumps({"cannot_compile_here": why.splitlines()[0]}))

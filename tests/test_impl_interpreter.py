@@ -135,7 +135,7 @@ def test_decode_ignores_page_order_and_split_count():
 
 @pytest.mark.parametrize("H, B", [(4, 1), (16, 2)])  # B * H below / above 4 x the interpreter's 4 "SMs"
 def test_decode_combine_layouts_agree_with_one_split(H, B):
-    """The combine takes 64-column programs for few rows and whole rows for many (``B * R >= 4 SMs``): both give
+    """The combine takes 32-column programs for few rows and whole rows for many (``B * R >= 4 SMs``): both give
     the one-split result up to fp32 reassociation and the final rounding."""
     q, kv, cache, block_table, lens = _decode_case(B, 1, H, [300] * B, torch.float16, True, seed=3)
     split = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, num_splits=5)

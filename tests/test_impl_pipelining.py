@@ -41,19 +41,19 @@ def compiled(kernel: str, pointers: dict, constexprs: dict, **spec) -> dict:
         [sys.executable, str(Path(__file__).with_name("compiled.py")), arg], env=env, capture_output=True, text=True
     )
     if proc.returncode:
-        if "ptxas" in proc.stderr or "No module named 'triton.backends.nvidia'" in proc.stderr:
-            pytest.skip(f"this Triton cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
         raise AssertionError(proc.stderr)
-    return json.loads(proc.stdout.splitlines()[-1])
+    out = json.loads(proc.stdout.splitlines()[-1])
+    if "cannot_compile_here" in out:  # no NVIDIA backend or no ptxas in this Triton: nothing to look at
+        pytest.skip(f"this Triton cannot compile for sm_90 here: {out['cannot_compile_here']}")
+    return out
 
 
-def split_kernel(rows: int, page: int = 64, fp8: bool = False) -> tuple[dict, dict]:
-    cfg = decode_config(rows, page, torch.bfloat16, fp8)
+def split_kernel(rows: int, page: int = 64) -> tuple[dict, dict]:
+    cfg = decode_config(rows, page, torch.bfloat16)
     const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=page, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-    const.update(SINGLE=False, PRECISION="tf32", FP8=fp8)
-    pointers = POINTERS | ({"KV": "*u8"} if fp8 else {})
+    const.update(SINGLE=False, PRECISION="tf32", FP8=False)
     spec = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, tiles=[f"{cfg.block_n}x512xbf16"])
-    return compiled("mlaspec.impl.decode:_mla_decode_split_kernel", pointers, const, **spec), spec
+    return compiled("mlaspec.impl.decode:_mla_decode_split_kernel", POINTERS, const, **spec), spec
 
 
 @pytest.mark.parametrize("rows, page", [(16, 64), (32, 64), (16, 32)])
