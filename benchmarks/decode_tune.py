@@ -8,6 +8,9 @@ imports). Times are CUDA-graph replays (:func:`common.bench`), problems as :mod:
     python benchmarks/decode_tune.py --shapes 16x1x65536 --block-n 32,64 --stages 2,5 --waves 1,2,4
     python benchmarks/decode_tune.py --fp8 --block-n 32,64 --stages 2,5,7   # vLLM's per-tensor fp8 cache
 
+A config whose stages do not fit in shared memory runs with fewer (``mla_decode_paged`` falls back to 2, then
+1): its row is then the fewer stages' time (128 heads at 5 stages and 64-key tiles did, on the H200).
+
 Importing this module runs nothing.
 """
 
@@ -50,8 +53,12 @@ def tune(shape, *, block_ns, stages, warps, waves, block_ms=(None,), fp8=False, 
         bm = bm or base.block_m
         sp = max(1, wv * sms // (B * -(-H // bm)))  # wv programs per SM
         cfg = DecodeConfig(bm, bn, w, st)
+        fn = functools.partial(call, max_seq_len=S_kv, num_splits=sp, config=cfg)
         try:
-            t = bench(functools.partial(call, max_seq_len=S_kv, num_splits=sp, config=cfg), graph=True)
+            # once outside the graph first: a config that fails must fail here, not inside a capture (a capture that
+            # raises leaves the CUDA RNG mid-capture, and the next shape's randn fails; seen on the H200)
+            fn()
+            t = bench(fn, graph=True)
         except Exception as exc:  # out of shared memory, or a config the compiler rejects: noted, the sweep goes on
             print(f"  {shape} {cfg} splits={sp}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
             continue
