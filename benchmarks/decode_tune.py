@@ -23,7 +23,7 @@ import json
 
 import torch
 from common import bench, load_flashmla, load_flashmla_fp8
-from decode import D_QK, D_V, PAGE, _flashmla_fn, _flashmla_fp8_fn, make_problem
+from decode import D_QK, D_V, PAGE, _fn, make_problem
 
 
 def tune(shape, *, block_ns, stages, warps, waves, block_ms=(None,), fp8=False, fm=None) -> list[dict]:
@@ -40,14 +40,10 @@ def tune(shape, *, block_ns, stages, warps, waves, block_ms=(None,), fp8=False, 
     scale, cache3, k_scale = 192**-0.5, cache.view(-1, PAGE, D_QK), 0.5 if fp8 else None
     nbytes = B * S_kv * D_QK * (1 if fp8 else 2) + 2 * B * H * (D_QK + D_V)
     base = decode_config(H, PAGE, torch.bfloat16, fp8)
-    if fm is None:
-        flashmla = float("nan")
-    elif fp8:
-        flashmla = bench(_flashmla_fp8_fn(fm, q, cache, block_table, seq_lens, scale, k_scale), graph=True)
-    else:
-        flashmla = bench(_flashmla_fn(fm, q, cache, block_table, seq_lens, scale), graph=True)
+    problem = (q, cache, block_table, seq_lens, S_kv, scale, k_scale)
+    flashmla = bench(_fn("flashmla", fm, *problem), graph=True) if fm else float("nan")
+    default = bench(_fn("triton", fm, *problem), graph=True)
     call = functools.partial(mla_decode_paged, q, cache3, block_table, seq_lens, scale=scale, k_scale=k_scale)
-    default = bench(lambda: call(max_seq_len=S_kv), graph=True)
     rows, sms = [], torch.cuda.get_device_properties(dev).multi_processor_count
     for bm, bn, st, w, wv in itertools.product(block_ms, block_ns, stages, warps, waves):
         bm = bm or base.block_m

@@ -48,18 +48,16 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_EMPTY = 0, 1, 2, 3
 def _load(name: str, *, isolated: bool, timeout: float | None, dcp: int | None = None):
     """The backend ``name``, in a worker process (``isolated``), in ``dcp`` processes of one group
     (:class:`~mlaspec.conformance.distributed.RankGroup`) or in this one; a usage error when it cannot be loaded."""
-    from .backend import load_backend
-    from .worker import WorkerBackend
+    from .worker import load_failure, open_backend
 
     try:
         if dcp:
             from .distributed import RankGroup
 
             return RankGroup(name, dcp, timeout=timeout)
-        return WorkerBackend(name, timeout=timeout) if isolated else load_backend(name)
+        return open_backend(name, isolated=isolated, timeout=timeout)
     except Exception as exc:  # not importable, no such attribute, raises on construction
-        message = str(exc).splitlines()[0] if isolated else f"{type(exc).__name__}: {exc}"
-        message = message.removeprefix(f"backend {name!r} could not be loaded: ")
+        message = load_failure(exc, isolated=isolated).removeprefix(f"backend {name!r} could not be loaded: ")
         hint = ""
         if ":" in name:
             hint = (

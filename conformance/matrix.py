@@ -23,7 +23,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .backend import available_backends, load_backend
+from .backend import available_backends
 from .cases import curated_cases
 from .report import environment
 from .runner import run_cases
@@ -96,7 +96,7 @@ def run_matrix(
     crashes, exits or corrupts its CUDA context fails its own case and not the cases after it, nor the references
     this process computes on the same GPU (in-process, a FlashMLA illegal address turned the 19 cases after it into
     errors on the H200)."""
-    from .worker import WorkerBackend
+    from .worker import load_failure, open_backend
 
     cases = curated_cases(scale=scale, dtypes=dtypes, ops=ops)
     out_dir = Path(out_dir)
@@ -112,10 +112,9 @@ def run_matrix(
         entry = {"target": target, "usable": False, "version": "", "reason": "", "results": []}
         data["backends"][name] = entry
         try:
-            backend = WorkerBackend(target, timeout=timeout) if isolated else load_backend(target)
+            backend = open_backend(target, isolated=isolated, timeout=timeout)
         except Exception as exc:  # a backend that cannot load is a row of the matrix, not a crash
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]  # the worker's message: its first line
-            entry["reason"] = first if isolated else f"{type(exc).__name__}: {exc}"
+            entry["reason"] = load_failure(exc, isolated=isolated)
             if progress:
                 progress(f"{name}: not usable: {entry['reason']}")
             continue

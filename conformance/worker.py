@@ -226,6 +226,21 @@ def _status(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+def open_backend(name: str, *, isolated: bool, timeout: float | None):
+    """The backend ``name`` in a worker process (``isolated``: a :class:`WorkerBackend`) or in this one."""
+    from .backend import load_backend
+
+    return WorkerBackend(name, timeout=timeout) if isolated else load_backend(name)
+
+
+def load_failure(exc: BaseException, *, isolated: bool) -> str:
+    """Why :func:`open_backend` failed, in words: the worker's message (its first line), or the exception's type and
+    message when the backend was loaded in this process."""
+    if isolated:
+        return (str(exc).splitlines() or [type(exc).__name__])[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
 class WorkerBackend:
     """A backend, by name, in a worker process; it quacks like a backend for what the harness asks before a call
     (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``, ``numerics``, ``device``,

@@ -388,14 +388,14 @@ def mla_decode_paged(
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
     row_blocks = triton.cdiv(rows, cfg.block_m)
-    small_fp8 = fp8 and cfg.block_m <= 32  # byte tiles small enough for two programs an SM (64 rows: q alone is 72 KB)
+    sms = _num_sms(q.device)
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if B else 0
     key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
     if num_splits is None:
-        num_splits = num_splits_heuristic(
-            B, row_blocks, max_seq_len, _num_sms(q.device), block_n=cfg.block_n, programs_per_sm=2 if small_fp8 else 1
-        )
+        small_fp8 = fp8 and cfg.block_m <= 32  # byte tiles small enough for two programs an SM (64 rows: q is 72 KB)
+        per_sm = 2 if small_fp8 else 1
+        num_splits = num_splits_heuristic(B, row_blocks, max_seq_len, sms, block_n=cfg.block_n, programs_per_sm=per_sm)
     num_splits = max(1, min(int(num_splits), key_blocks))
     blocks_per_split = triton.cdiv(key_blocks, num_splits)
     num_splits = triton.cdiv(key_blocks, blocks_per_split)  # no split left with nothing at all to do
@@ -466,7 +466,6 @@ def mla_decode_paged(
         # 6.2 us as 64 columns and 32 splits a load, 2.9 us so); up to 4 rows an SM: 64 columns (32 cost 128 heads
         # B = 4 4K keys 34.2 -> 37.7 us: twice the programs); more: one program a row (the LSEs read once; 64-column
         # programs cost B64 16 heads 4K keys 85 -> 92 us)
-        sms = _num_sms(q.device)
         block_d = min(d_v, 32 if B * rows <= 32 else 64 if B * rows < 4 * sms else d_v)
         _mla_decode_combine_kernel[(rows, B, d_v // block_d)](
             o_part,
