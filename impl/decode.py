@@ -43,11 +43,16 @@ split the keys the same way):
    64K-key cache's own streaming; H200), and grew with the split count; 32 splits a load, 6 us.
 
 The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once).
+
+On Hopper, 64 rows a program run the same math as :mod:`mlaspec.impl.decode_sm90` (Gluon): there, the next key
+tile streams in during this one's dots, which Triton's pipeliner cannot fit beside a 64-row ``q`` in 227 KB, and each
+logit is computed once (:func:`use_sm90`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -56,7 +61,21 @@ import triton.language as tl
 
 from mlaspec.spec.paged_cache import page_entries
 
-__all__ = ["DecodeConfig", "DecodeOutput", "decode_config", "mla_decode_paged", "num_splits_heuristic", "page_cache"]
+from . import decode_sm90
+
+__all__ = [
+    "KERNELS",
+    "DecodeConfig",
+    "DecodeOutput",
+    "decode_config",
+    "mla_decode_paged",
+    "num_splits_heuristic",
+    "page_cache",
+    "sm90_why_not",
+    "use_sm90",
+]
+
+KERNELS = ("auto", "triton", "sm90")  # which split kernel: see use_sm90
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): ln(x) = log2(x) * LN2
@@ -307,6 +326,46 @@ def num_splits_heuristic(
     return max(1, min(per_wave, key_blocks, max_splits))
 
 
+def sm90_why_not(
+    capability: tuple[int, int] | None,
+    dtype: torch.dtype,
+    cfg: DecodeConfig,
+    *,
+    fp8: bool,
+    d_v: int,
+    d_rope: int,
+    page_size: int,
+) -> str | None:
+    """Why :mod:`mlaspec.impl.decode_sm90` cannot take this split (``capability``: the CUDA device's, ``None``
+    off CUDA), or ``None`` where it can: a Hopper GPU (sm_90), Gluon in this Triton, a 16-bit cache in q's dtype,
+    64-row tiles (more than 32 query rows), ``512 + 64`` entries and pages of a multiple of 64 slots."""
+    if not decode_sm90.AVAILABLE:
+        return "decode_sm90 needs triton's Gluon (triton >= 3.5)"
+    if capability is None or capability[0] != 9:
+        return f"decode_sm90 runs on a Hopper GPU (sm_90), got compute capability {capability}"
+    if fp8 or dtype not in (torch.bfloat16, torch.float16):
+        return f"decode_sm90 takes a 16-bit cache in q's dtype, got {'an fp8 cache' if fp8 else dtype}"
+    if (cfg.block_m, cfg.block_n) != (decode_sm90.BLOCK_M, decode_sm90.BLOCK_N):
+        return f"decode_sm90 takes 64-row tiles of 64 keys (more than 32 query rows), got {cfg.block_m} x {cfg.block_n}"
+    if (d_v, d_rope) != (512, 64) or page_size % decode_sm90.BLOCK_N:
+        return f"decode_sm90 takes 512 + 64 entries in pages of 64k slots, got {d_v} + {d_rope}, pages of {page_size}"
+    return None
+
+
+def use_sm90(kernel: str, q: torch.Tensor, cfg: DecodeConfig, **shape) -> bool:
+    """Whether the split runs :mod:`mlaspec.impl.decode_sm90` (Gluon) rather than the readable kernel: never for
+    ``kernel="triton"``, where :func:`sm90_why_not` finds nothing for ``"auto"``, and for ``"sm90"`` the same but
+    a ``ValueError`` saying why where it does not apply (benchmarks, tests). ``shape``: ``fp8, d_v, d_rope,
+    page_size``."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+    why = sm90_why_not(capability, q.dtype, cfg, **shape)
+    if kernel == "sm90" and why:
+        raise ValueError(why)
+    return kernel != "triton" and why is None
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -326,6 +385,7 @@ def mla_decode_paged(
     num_splits: int | None = None,
     max_seq_len: int | None = None,
     config: DecodeConfig | None = None,
+    kernel: str | None = None,
 ) -> DecodeOutput:
     """Absorbed MLA decode over a paged cache, in q's dtype or per-tensor fp8.
 
@@ -346,6 +406,8 @@ def mla_decode_paged(
         num_splits: pieces per sequence's keys; default :func:`num_splits_heuristic`.
         max_seq_len: ``max(seq_lens)`` if known (saves a device-to-host sync when choosing the splits).
         config: tile override (default :func:`decode_config`).
+        kernel: ``"auto"`` (default; or the ``MLASPEC_DECODE_KERNEL`` environment variable), ``"triton"`` (the
+            readable kernel only) or ``"sm90"`` (the Gluon kernel, an error where it does not apply): :func:`use_sm90`.
 
     Returns:
         ``out [B, S_q, H_q, d_v]`` in q's dtype and ``lse [B, H_q, S_q]`` fp32 (natural log).
@@ -410,9 +472,11 @@ def mla_decode_paged(
     else:  # unused by the kernel
         o_part, lse_part = out, lse
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+    kernel = kernel or os.environ.get("MLASPEC_DECODE_KERNEL", "auto")
+    sm90 = use_sm90(kernel, q, cfg, fp8=fp8, d_v=d_v, d_rope=d_rope, page_size=page_size)
 
     def launch(stages: int) -> None:
-        _mla_decode_split_kernel[(row_blocks, num_splits, B)](
+        args = (
             q,
             kv_cache,
             block_table,
@@ -439,17 +503,15 @@ def mla_decode_paged(
             H_q,
             blocks_per_split,
             num_splits,
-            CAUSAL=bool(causal),
-            D_V=d_v,
-            D_ROPE=d_rope,
-            PAGE=page_size,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            SINGLE=num_splits == 1,
-            PRECISION=precision,
-            FP8=fp8,
-            num_warps=cfg.num_warps,
-            num_stages=stages,
+        )
+        tile = dict(CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size, BLOCK_M=cfg.block_m)
+        tile.update(BLOCK_N=cfg.block_n, SINGLE=num_splits == 1)
+        grid = (row_blocks, num_splits, B)
+        if sm90:
+            decode_sm90.split_kernel[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
+            return
+        _mla_decode_split_kernel[grid](
+            *args, **tile, PRECISION=precision, FP8=fp8, num_warps=cfg.num_warps, num_stages=stages
         )
 
     # a GPU with less shared memory than Hopper's 227 KB a block (A100: 163 KB, sm_86/89: 99 KB) cannot hold the two

@@ -26,6 +26,8 @@ def compile_for(kernel, pointers: dict, constexprs: dict, *, num_warps: int, num
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel builds its IR through its own source class
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     names = list(kernel.arg_names)
     sig = {
         n: pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n.endswith("scale") else "i32")
@@ -44,6 +46,14 @@ def prefetched(ttgir: str, tile: str) -> int:
     return len(re.findall(r"async_copy_global_to_local .* -> <" + re.escape(tile) + r",", prologue))
 
 
+def copies_before_dots(ttgir: str) -> bool:
+    """Whether the main loop issues an async copy (the next tile's) before its first warpgroup MMA, so the copy
+    runs during this iteration's dots."""
+    body = ttgir.split("scf.for", 1)[1]
+    copy, dot = body.find("async_copy_global_to_local"), body.find("warp_group_dot ")
+    return 0 <= copy < dot
+
+
 def main(spec: dict) -> dict:
     module, name = spec["kernel"].split(":")
     kernel = getattr(importlib.import_module(module), name)
@@ -59,6 +69,7 @@ def main(spec: dict) -> dict:
     return {
         "shared": compiled.metadata.shared,
         "prefetched": {tile: prefetched(ttgir, tile) for tile in spec.get("tiles", [])},
+        "copies_before_dots": copies_before_dots(ttgir),
         "ptx_has": {word: word in ptx for word in spec.get("ptx_words", [])},
     }
 

@@ -32,37 +32,15 @@ from mlaspec.conformance.backends.triton import TritonBackend, interpreted
 from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.ops.common import attention_bounds, unit_roundoff
 from mlaspec.conformance.runner import run_case
-from mlaspec.impl.decode import DecodeConfig, mla_decode_paged, num_splits_heuristic, page_cache
+from mlaspec.impl.decode import DecodeConfig, mla_decode_paged, num_splits_heuristic
 from mlaspec.impl.merge import merge_attn_states
 from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen, prefill_config, split_head_dim
 from mlaspec.spec import merge as spec_merge
 from mlaspec.spec.attention import attention_varlen
-from mlaspec.spec.forms import mqa_latent_attention
 from tests.interpreter_cases import interpreter_cases
+from tests.kernel_checks import SCALE, assert_within, decode_case, decode_reference
 
 pytestmark = pytest.mark.interpreter
-SCALE = 192**-0.5
-
-
-def assert_within(name, got, ref, bound):
-    """±inf / NaN positions exactly, then every finite element within its derived bound."""
-    __tracebackhide__ = True
-    got = got.detach().to(torch.float64)
-    assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{name}: NaN positions differ"
-    inf = torch.isinf(ref)
-    assert torch.equal(torch.isinf(got), inf) and torch.equal(got[inf], ref[inf]), (
-        f"{name}: inf positions differ: got {got[torch.isinf(got) | torch.isinf(ref)].tolist()}, "
-        f"spec {ref[torch.isinf(got) | torch.isinf(ref)].tolist()}"
-    )
-    finite = torch.isfinite(ref)
-    err = torch.where(finite, (got - ref).abs(), 0.0)
-    ratio = err / torch.broadcast_to(bound, ref.shape).clamp_min(1e-300)
-    worst = int(ratio.argmax())
-    assert ratio.max() <= 1, (
-        f"{name}: error {err.flatten()[worst]:.3g} > bound "
-        f"{torch.broadcast_to(bound, ref.shape).flatten()[worst]:.3g} at flat index {worst}: "
-        f"got {got.flatten()[worst]:.6g}, spec {ref.flatten()[worst]:.6g}"
-    )
 
 
 def test_kernels_are_interpreted():
@@ -70,33 +48,6 @@ def test_kernels_are_interpreted():
 
 
 # -- decode ---------------------------------------------------------------------------------------------------------
-def _decode_case(B, S_q, H, seq_lens, dtype, causal, seed):
-    g = torch.Generator().manual_seed(seed)
-    s_max = max(seq_lens)
-    q = (torch.randn(B, S_q, H, 576, generator=g, dtype=torch.float64) * 3).to(dtype)
-    kv = torch.randn(B, s_max, 576, generator=g, dtype=torch.float64).to(dtype)
-    cache, block_table, _ = page_cache(kv, generator=g)  # shuffled pages, NaN past the end
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    for b, n in enumerate(seq_lens):  # shorter sequences: NaN in their tail slots too
-        pages = block_table[b, : (s_max + 63) // 64].long()
-        flat = cache[pages].view(-1, 576)
-        flat[n:] = math.nan
-        cache[pages] = flat.view(-1, 64, 576)
-    return q, kv, cache, block_table, lens
-
-
-def _decode_reference(q, kv, seq_lens, causal, u):
-    """Spec per sequence (its own length), and the harness's per-element budgets."""
-    outs, lses, out_bounds, lse_bounds = [], [], [], []
-    for b, n in enumerate(seq_lens):
-        qb, kb = q[b : b + 1], kv[b : b + 1, :n]
-        ref = mqa_latent_attention(qb, kb, d_v=512, scale=SCALE, causal=causal)
-        k = kb[:, :, None]
-        ob, lb = attention_bounds(qb, k, k[..., :512], scale=SCALE, causal=causal, ref=ref, u=u)
-        outs.append(ref.out), lses.append(ref.lse), out_bounds.append(ob), lse_bounds.append(lb)
-    return torch.cat(outs), torch.cat(lses), torch.cat(out_bounds), torch.cat(lse_bounds)
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize(
     "B, S_q, H, seq_lens, causal, num_splits",
@@ -108,16 +59,16 @@ def _decode_reference(q, kv, seq_lens, causal, u):
     ],
 )
 def test_decode_matches_spec(dtype, B, S_q, H, seq_lens, causal, num_splits):
-    q, kv, cache, block_table, lens = _decode_case(B, S_q, H, seq_lens, dtype, causal, seed=B * 100 + S_q * 10 + H)
+    q, kv, cache, block_table, lens = decode_case(B, S_q, H, seq_lens, dtype, causal, seed=B * 100 + S_q * 10 + H)
     out, lse = mla_decode_paged(q, cache, block_table, lens, d_v=512, scale=SCALE, causal=causal, num_splits=num_splits)
     assert out.dtype == dtype and out.shape == (B, S_q, H, 512) and lse.shape == (B, H, S_q)
-    ref_out, ref_lse, out_bound, lse_bound = _decode_reference(q, kv, seq_lens, causal, unit_roundoff(dtype))
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, seq_lens, causal, unit_roundoff(dtype))
     assert_within("out", out, ref_out, out_bound)
     assert_within("lse", lse, ref_lse, lse_bound)
 
 
 def test_decode_ignores_page_order_and_split_count():
-    q, kv, cache, block_table, lens = _decode_case(1, 1, 16, [100], torch.float16, True, seed=7)
+    q, kv, cache, block_table, lens = decode_case(1, 1, 16, [100], torch.float16, True, seed=7)
     a = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, num_splits=2)
     # the same pages in another physical order: bitwise the same result
     perm = torch.randperm(cache.shape[0], generator=torch.Generator().manual_seed(1))
@@ -137,7 +88,7 @@ def test_decode_ignores_page_order_and_split_count():
 def test_decode_combine_layouts_agree_with_one_split(H, B):
     """The combine takes 32-column programs for few rows and whole rows for many (``B * R >= 4 SMs``): both give
     the one-split result up to fp32 reassociation and the final rounding."""
-    q, kv, cache, block_table, lens = _decode_case(B, 1, H, [300] * B, torch.float16, True, seed=3)
+    q, kv, cache, block_table, lens = decode_case(B, 1, H, [300] * B, torch.float16, True, seed=3)
     split = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, num_splits=5)
     whole = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, num_splits=1)
     assert torch.allclose(split.out.float(), whole.out.float(), atol=2e-3, rtol=1e-2)
@@ -145,15 +96,15 @@ def test_decode_combine_layouts_agree_with_one_split(H, B):
 
 
 def test_decode_tile_override_runs_half_pages():
-    q, kv, cache, block_table, lens = _decode_case(1, 1, 4, [40], torch.float32, True, seed=3)
+    q, kv, cache, block_table, lens = decode_case(1, 1, 4, [40], torch.float32, True, seed=3)
     got = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, config=DecodeConfig(16, 32, 4, 1))
-    ref_out, ref_lse, out_bound, lse_bound = _decode_reference(q, kv, [40], True, unit_roundoff(torch.float32))
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, [40], True, unit_roundoff(torch.float32))
     assert_within("out", got.out, ref_out, out_bound)
     assert_within("lse", got.lse, ref_lse, lse_bound)
 
 
 def test_decode_errors_name_the_limit():
-    q, kv, cache, block_table, lens = _decode_case(1, 1, 2, [8], torch.float16, True, seed=0)
+    q, kv, cache, block_table, lens = decode_case(1, 1, 2, [8], torch.float16, True, seed=0)
     with pytest.raises(ValueError, match="d_v"):
         mla_decode_paged(q, cache, block_table, lens, d_v=500, scale=SCALE)
     with pytest.raises(ValueError, match="block_table"):

@@ -66,8 +66,26 @@ def test_a_light_decode_prefetches_the_next_key_tile(rows, page):
 
 
 def test_the_64_row_decode_fits_hopper():
-    """64 query rows load the next tile after this one's dots (a second tile in flight beside q does not fit):
-    what matters is that the config compiles in 227 KB."""
+    """64 query rows, the readable kernel: it fits 227 KB, but Triton's pipeliner issues the next tile's copy after
+    this tile's dots (a tile in flight during them needs a third buffer beside q, which does not fit) -- why the
+    Gluon kernel below exists. Should a Triton upgrade overlap them here, this fails and the Gluon kernel can go."""
     out, spec = split_kernel(128)
     assert out["prefetched"][spec["tiles"][0]] == 1, out
+    assert not out["copies_before_dots"], out
+    assert out["shared"] <= HOPPER_SHARED, out
+
+
+def test_the_gluon_decode_streams_during_its_dots():
+    """64 query rows on Hopper (:mod:`mlaspec.impl.decode_sm90`): the loop issues the next tile's copy before this
+    tile's first MMA, with q, two tiles and P in 227 KB."""
+    from mlaspec.impl import decode_sm90
+
+    if not decode_sm90.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=decode_sm90.BLOCK_M, BLOCK_N=decode_sm90.BLOCK_N)
+    const.update(SINGLE=False)
+    out = compiled(
+        "mlaspec.impl.decode_sm90:split_kernel", POINTERS, const, num_warps=decode_sm90.NUM_WARPS, num_stages=1
+    )
+    assert out["copies_before_dots"], out
     assert out["shared"] <= HOPPER_SHARED, out

@@ -39,29 +39,10 @@ from mlaspec.impl.sparse import (
 )
 from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.sparse import global_slot_indices, sparse_attention, sparse_decode, valid_slots
+from tests.kernel_checks import assert_within
 
 pytestmark = pytest.mark.interpreter
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
-
-
-def assert_within(name, got, ref, bound):
-    """±inf / NaN positions exactly, then every finite element within its derived bound."""
-    __tracebackhide__ = True
-    got = got.detach().cpu().to(torch.float64)
-    assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{name}: NaN positions differ"
-    inf = torch.isinf(ref)
-    assert torch.equal(torch.isinf(got), inf) and torch.equal(got[inf], ref[inf]), (
-        f"{name}: inf positions differ: got {got[torch.isinf(got) | inf].tolist()}, "
-        f"spec {ref[torch.isinf(got) | inf].tolist()}"
-    )
-    err = torch.where(torch.isfinite(ref), (got - ref).abs(), 0.0)
-    bound = torch.broadcast_to(bound, ref.shape)
-    ratio = err / bound.clamp_min(1e-300)
-    worst = int(ratio.argmax())
-    assert ratio.max() <= 1, (
-        f"{name}: error {err.flatten()[worst]:.3g} > bound {bound.flatten()[worst]:.3g} at "
-        f"{worst}: got {got.flatten()[worst]:.6g}, spec {ref.flatten()[worst]:.6g}"
-    )
 
 
 def _check(q, kv, idx, res, *, scale, d_v, topk_length=None, sink=None, max_logits=True):

@@ -1,0 +1,269 @@
+"""The 64-row split kernel of :mod:`mlaspec.impl.decode` for Hopper, in Gluon: the next key tile streams in
+while this one is used.
+
+Same math, arguments and outputs as ``_mla_decode_split_kernel`` (read that one first: it is the readable
+version); this one is what 64 query rows a program (128 heads, or 64 with MTP) need to go fast on an H100/H200,
+written in Triton's lower-level Gluon dialect because the three things it does differently cannot be asked of
+Triton's compiler (triton 3.6):
+
+1. **The next tile in flight during this one's dots, in two buffers.** ``q`` (72 KB) and two 64-key tiles (72 KB
+   each) fill 216 of the 227 KB an SM has. Triton's software pipeliner keeps a third tile buffer for a prefetch
+   that runs during the asynchronous MMAs (288 KB: does not fit) or, with two, issues the next tile's copy after
+   this tile's dots, so nothing overlaps. Here the copy of tile ``j + 1`` is issued at the top of iteration
+   ``j``, into the buffer whose last reader (the ``P @ V`` of tile ``j - 1``) has finished, and ``cp.async``
+   zero-fills the slots past a sequence's end as the readable kernel's masked loads do.
+2. **Each logit once.** Triton lays the ``[64, 64]`` logits out over both warpgroups by rows (``[8, 1]``), so
+   each warpgroup computes all of ``q @ k^T`` -- half the tensor-core work twice. Here the two warpgroups take 32
+   keys each (``[4, 2]``), the row max and sum cross them, and ``P`` goes through 8 KB of shared memory into
+   ``P @ V``, where each warpgroup owns 256 of the 512 value columns (FlashMLA's ``csrc/sm90/decode`` splits
+   the value columns between its two warpgroups the same way).
+3. **The page-table read one tile ahead.** The physical page of tile ``j + 2`` is read in iteration ``j``, so
+   the scalar load's latency is hidden behind a tile's work instead of stalling the copy.
+
+Rounding is the readable kernel's: fp32 logits from the MMA, ``P`` rounded to q's dtype for ``P @ V``, fp32
+accumulation, the same online softmax in base 2. The conformance harness judges both kernels
+(``MLASPEC_DECODE_KERNEL``, :func:`mlaspec.impl.decode.mla_decode_paged`).
+"""
+
+from __future__ import annotations
+
+try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs everywhere
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    # renamed after triton 3.6 (the H200 image's), same arguments: the cp.async copy and the CTA barrier
+    _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+except ImportError:  # pragma: no cover - depends on the installed triton
+    gluon = None
+
+__all__ = ["AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "split_kernel"]
+
+AVAILABLE = gluon is not None
+BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 8  # one warpgroup MMA tall; two warpgroups
+
+if AVAILABLE:
+
+    @gluon.jit
+    def _copy_tile(
+        kv_v,
+        kv_r,
+        KV,
+        page,
+        slot0,
+        first_key,
+        seq_len,
+        stride_kp,
+        stride_ks,
+        D_V: gl.constexpr,
+        D_ROPE: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        LOAD_V: gl.constexpr,
+        LOAD_R: gl.constexpr,
+    ):
+        """Issue the copy of ``BLOCK_N`` entries of one page into the shared buffers ``kv_v`` / ``kv_r``; keys past
+        ``seq_len`` are zero-filled (their slots may hold NaN)."""
+        base = KV + page * stride_kp + slot0 * stride_ks
+        n_v = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD_V))
+        d_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, LOAD_V))
+        ok_v = gl.expand_dims(first_key + n_v < seq_len, 1)
+        ptr_v = base + gl.expand_dims(n_v * stride_ks, 1) + gl.expand_dims(d_v, 0)
+        _async_load(kv_v, ptr_v, mask=ok_v)
+        n_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD_R))
+        d_r = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, LOAD_R))
+        ok_r = gl.expand_dims(first_key + n_r < seq_len, 1)
+        ptr_r = base + D_V + gl.expand_dims(n_r * stride_ks, 1) + gl.expand_dims(d_r, 0)
+        _async_load(kv_r, ptr_r, mask=ok_r)
+
+    @gluon.jit
+    def split_kernel(
+        Q,
+        KV,
+        BLOCK_TABLE,
+        SEQ_LENS,
+        O_PART,
+        LSE_PART,
+        OUT,
+        LSE,
+        stride_qb,
+        stride_qs,
+        stride_qh,
+        stride_kp,
+        stride_ks,
+        stride_btb,
+        stride_ob,
+        stride_os,
+        stride_oh,
+        stride_lb,
+        stride_lh,
+        stride_ls,
+        qk_scale,
+        k_scale,
+        S_Q,
+        H_Q,
+        blocks_per_split,
+        num_splits,
+        CAUSAL: gl.constexpr,
+        D_V: gl.constexpr,
+        D_ROPE: gl.constexpr,
+        PAGE: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        SINGLE: gl.constexpr,
+    ):
+        dtype: gl.constexpr = Q.dtype.element_ty
+        # -- layouts: logits [64, 64] as two warpgroups x 32 keys; the output [64, 512] as two x 256 columns --------
+        QK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+        PV: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+        ROW_QK: gl.constexpr = gl.SliceLayout(1, QK)
+        ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
+        LOAD_V: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 2], [1, 0])  # 16-byte copies of [*, 512]
+        LOAD_R: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])  # and of [*, 64]
+        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
+        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+        SUB: gl.constexpr = PAGE // BLOCK_N
+
+        pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+        R = S_Q * H_Q
+        seq_len = gl.load(SEQ_LENS + b)
+        n_blocks = gl.cdiv(seq_len, BLOCK_N)
+        blk_lo = split * blocks_per_split
+        blk_hi = gl.minimum(blk_lo + blocks_per_split, n_blocks)
+        bt = BLOCK_TABLE + b * stride_btb
+
+        # -- shared memory: q, two key tiles, P (224 KB) ------------------------------------------------------------
+        q_v = gl.allocate_shared_memory(dtype, [BLOCK_M, D_V], SH_V)
+        q_r = gl.allocate_shared_memory(dtype, [BLOCK_M, D_ROPE], SH_R)
+        kv_v = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], SH_V)
+        kv_r = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], SH_R)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], SH_P)
+
+        # -- copy group 0: the query block (rows (s, h) in q's order; rows past R are zeros) and the first tile ------
+        rows_v = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LOAD_V))
+        q_rows_v = b.to(gl.int64) * stride_qb + (rows_v // H_Q) * stride_qs + (rows_v % H_Q) * stride_qh
+        cols_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, LOAD_V))
+        _async_load(
+            q_v, Q + gl.expand_dims(q_rows_v, 1) + gl.expand_dims(cols_v, 0), mask=gl.expand_dims(rows_v < R, 1)
+        )
+        rows_r = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LOAD_R))
+        q_rows_r = b.to(gl.int64) * stride_qb + (rows_r // H_Q) * stride_qs + (rows_r % H_Q) * stride_qh
+        cols_r = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, LOAD_R))
+        _async_load(
+            q_r, Q + D_V + gl.expand_dims(q_rows_r, 1) + gl.expand_dims(cols_r, 0), mask=gl.expand_dims(rows_r < R, 1)
+        )
+        if blk_lo < blk_hi:
+            page = gl.load(bt + blk_lo // SUB).to(gl.int64)
+            _copy_tile(
+                kv_v.index(0),
+                kv_r.index(0),
+                KV,
+                page,
+                (blk_lo % SUB) * BLOCK_N,
+                blk_lo * BLOCK_N,
+                seq_len,
+                stride_kp,
+                stride_ks,
+                D_V,
+                D_ROPE,
+                BLOCK_N,
+                LOAD_V,
+                LOAD_R,
+            )
+        async_copy.commit_group()
+        next_page = gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0).to(gl.int64)
+
+        # -- which keys each row may see (causal: query s sees keys j <= s + seq_len - S_q) --------------------------
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_QK)
+        if CAUSAL:
+            n_keys = seq_len - S_Q + 1 + rows // H_Q
+        else:
+            n_keys = gl.zeros([BLOCK_M], gl.int32, ROW_QK) + seq_len
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, QK))
+
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW_QK)
+        l_i = gl.zeros([BLOCK_M], gl.float32, ROW_QK)
+        acc = gl.zeros([BLOCK_M, D_V], gl.float32, PV)
+        zero_qk = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, QK)
+        for blk in range(blk_lo, blk_hi):
+            buf = (blk - blk_lo) % 2
+            async_copy.wait_group(0)  # this tile (and q): issued one iteration ago, in flight during its work
+            fence_async_shared()
+            _barrier()  # every thread's part of the tile is in; every warpgroup is done with the other buffer and P
+            # -- tile blk + 1 into the other buffer, in flight during this tile's dots and softmax --------------------
+            if blk + 1 < blk_hi:
+                _copy_tile(
+                    kv_v.index(1 - buf),
+                    kv_r.index(1 - buf),
+                    KV,
+                    next_page,
+                    ((blk + 1) % SUB) * BLOCK_N,
+                    (blk + 1) * BLOCK_N,
+                    seq_len,
+                    stride_kp,
+                    stride_ks,
+                    D_V,
+                    D_ROPE,
+                    BLOCK_N,
+                    LOAD_V,
+                    LOAD_R,
+                )
+            async_copy.commit_group()
+            next_page = gl.load(bt + (blk + 2) // SUB, mask=blk + 2 < blk_hi, other=0).to(gl.int64)
+
+            # -- logits in base 2, fp32: each warpgroup 32 of the 64 keys -------------------------------------------
+            k_v = kv_v.index(buf)
+            qk = warpgroup_mma(q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)
+            qk = warpgroup_mma(q_r, kv_r.index(buf).permute((1, 0)), qk, is_async=True)
+            qk = warpgroup_mma_wait(0, deps=(qk,))
+            keys = blk * BLOCK_N + offs_n
+            allowed = gl.expand_dims(keys < seq_len, 0) & (gl.expand_dims(keys, 0) < gl.expand_dims(n_keys, 1))
+            qk = gl.where(allowed, qk * qk_scale, float("-inf"))
+
+            # -- online softmax (rows with nothing yet keep m = -inf) ------------------------------------------------
+            m_new = gl.maximum(m_i, gl.max(qk, 1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(qk - gl.expand_dims(m_use, 1))
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+
+            # -- P @ V: P rounded to q's dtype through shared memory, each warpgroup 256 value columns -------------
+            p_smem.store(p.to(dtype))
+            fence_async_shared()
+            _barrier()
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_PV), 1)
+            acc = warpgroup_mma(p_smem, k_v, acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+        async_copy.wait_group(0)
+
+        # -- epilogue: as the readable kernel ----------------------------------------------------------------------
+        l_o = gl.convert_layout(l_i, ROW_PV)
+        has_keys = l_o > 0.0
+        l_use = gl.where(has_keys, l_o, 1.0)
+        out = acc * gl.expand_dims(k_scale / l_use, 1)
+        lse2 = gl.where(has_keys, gl.convert_layout(m_i, ROW_PV) + gl.log2(l_use), float("-inf"))
+        rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_PV)
+        row_ok = rows_o < R
+        cols_o = gl.arange(0, D_V, layout=gl.SliceLayout(0, PV))
+        if SINGLE:
+            s, h = rows_o // H_Q, rows_o % H_Q
+            o_row = b.to(gl.int64) * stride_ob + s * stride_os + h * stride_oh
+            gl.store(
+                OUT + gl.expand_dims(o_row, 1) + gl.expand_dims(cols_o, 0),
+                out.to(dtype),
+                mask=gl.expand_dims(row_ok, 1),
+            )
+            gl.store(LSE + b * stride_lb + h * stride_lh + s * stride_ls, lse2 * 0.6931471805599453, mask=row_ok)
+        else:
+            part = (b * num_splits + split).to(gl.int64) * R + rows_o
+            gl.store(
+                O_PART + gl.expand_dims(part * D_V, 1) + gl.expand_dims(cols_o, 0), out, mask=gl.expand_dims(row_ok, 1)
+            )
+            gl.store(LSE_PART + part, lse2, mask=row_ok)

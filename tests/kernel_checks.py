@@ -1,0 +1,57 @@
+"""Inputs and judging shared by the kernel tests, interpreted (CI) or compiled (on a GPU).
+
+Import it after ``TRITON_INTERPRET`` is decided: it imports :mod:`mlaspec.impl.decode`, whose kernels are fixed as
+interpreted or compiled when they are defined.
+"""
+
+import torch
+
+from mlaspec.conformance.ops.common import attention_bounds
+from mlaspec.impl.decode import page_cache
+from mlaspec.spec.forms import mqa_latent_attention
+
+SCALE = 192**-0.5
+
+
+def assert_within(name, got, ref, bound):
+    """±inf / NaN positions exactly, then every finite element within its derived bound."""
+    __tracebackhide__ = True
+    got = got.detach().cpu().to(torch.float64)
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{name}: NaN positions differ"
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(got), inf) and torch.equal(got[inf], ref[inf]), (
+        f"{name}: inf positions differ: got {got[torch.isinf(got) | inf].tolist()}, "
+        f"spec {ref[torch.isinf(got) | inf].tolist()}"
+    )
+    err = torch.where(torch.isfinite(ref), (got - ref).abs(), 0.0)
+    bound = torch.broadcast_to(bound, ref.shape)
+    ratio = err / bound.clamp_min(1e-300)
+    worst = int(ratio.argmax())
+    assert ratio.max() <= 1, (
+        f"{name}: error {err.flatten()[worst]:.3g} > bound {bound.flatten()[worst]:.3g} at "
+        f"{worst}: got {got.flatten()[worst]:.6g}, spec {ref.flatten()[worst]:.6g}"
+    )
+
+
+def decode_case(B, S_q, H, seq_lens, dtype, causal, seed, *, page_size=64):
+    """``q [B, S_q, H, 576]``, the dense entries ``kv``, and a shuffled paged cache with NaN in every slot past a
+    sequence's end: ``(q, kv, cache, block_table, seq_lens)`` on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    s_max = max(seq_lens)
+    q = (torch.randn(B, S_q, H, 576, generator=g, dtype=torch.float64) * 3).to(dtype)
+    kv = torch.randn(B, s_max, 576, generator=g, dtype=torch.float64).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    cache, block_table, lens = page_cache(kv, page_size=page_size, generator=g, seq_lens=lens)
+    return q, kv, cache, block_table, lens
+
+
+def decode_reference(q, kv, seq_lens, causal, u):
+    """Spec per sequence (its own length), and the harness's per-element budgets for unit roundoff ``u``."""
+    outs, lses, out_bounds, lse_bounds = [], [], [], []
+    for b, n in enumerate(seq_lens):
+        qb, kb = q[b : b + 1], kv[b : b + 1, :n]
+        ref = mqa_latent_attention(qb, kb, d_v=512, scale=SCALE, causal=causal)
+        k = kb[:, :, None]
+        ob, lb = attention_bounds(qb, k, k[..., :512], scale=SCALE, causal=causal, ref=ref, u=u)
+        outs.append(ref.out), lses.append(ref.lse), out_bounds.append(ob), lse_bounds.append(lb)
+    return torch.cat(outs), torch.cat(lses), torch.cat(out_bounds), torch.cat(lse_bounds)

@@ -1,0 +1,94 @@
+"""The Gluon decode kernel for Hopper (:mod:`mlaspec.impl.decode_sm90`): when it runs, and what it computes.
+
+Its numbers need an H100/H200 (Gluon has no interpreter): ``test_matches_spec`` runs there against the float64
+spec within the harness's budgets, beside the readable kernel on the same inputs, and skips elsewhere (CI). Its
+structure -- the next key tile issued before this tile's dots, in 227 KB -- is checked without a GPU in
+``tests/test_impl_pipelining.py``; which kernel a call takes, here on any machine.
+"""
+
+import re
+
+import pytest
+import torch
+
+from mlaspec.conformance.ops.common import unit_roundoff
+from mlaspec.impl import decode_sm90
+from mlaspec.impl.decode import decode_config, mla_decode_paged, sm90_why_not, use_sm90
+from tests.kernel_checks import SCALE, assert_within, decode_case, decode_reference
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, d_rope=64, page_size=64):
+    cfg = decode_config(rows, page_size, dtype, fp8)
+    return sm90_why_not(capability, dtype, cfg, fp8=fp8, d_v=d_v, d_rope=d_rope, page_size=page_size)
+
+
+@pytest.mark.skipif(not decode_sm90.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize(
+    "kw, why",
+    [
+        (dict(), None),  # 128 heads, bf16, on an H200: the Gluon kernel
+        (dict(rows=64, dtype=torch.float16, page_size=128), None),
+        (dict(capability=None), "Hopper"),
+        (dict(capability=(10, 0)), "Hopper"),  # Blackwell: not this kernel's instructions
+        (dict(capability=(8, 0)), "Hopper"),
+        (dict(dtype=torch.float32), "16-bit"),
+        (dict(fp8=True), "fp8"),
+        (dict(rows=32), "64-row"),  # 16 heads with MTP 2: the readable kernel's 5-stage pipeline
+        (dict(page_size=32), "64-row tiles of 64 keys"),  # a 32-slot page: 32-key tiles
+        (dict(d_v=256, d_rope=64), "512 \\+ 64"),
+    ],
+)
+def test_where_the_gluon_kernel_applies(kw, why):
+    got = _why(**kw)
+    assert got is None if why is None else re.search(why, got), got
+
+
+def test_the_readable_kernel_when_asked_or_off_hopper():
+    q = torch.empty(1, 1, 128, 576, dtype=torch.bfloat16)  # on the CPU
+    cfg = decode_config(128, 64, torch.bfloat16)
+    shape = dict(fp8=False, d_v=512, d_rope=64, page_size=64)
+    assert not use_sm90("auto", q, cfg, **shape) and not use_sm90("triton", q, cfg, **shape)
+    with pytest.raises(ValueError, match="Hopper"):
+        use_sm90("sm90", q, cfg, **shape)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        use_sm90("gluon", q, cfg, **shape)
+
+
+def test_the_environment_picks_the_kernel(monkeypatch):
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU tensors run interpreted only
+    q, _, cache, block_table, lens = (t.to(device) for t in decode_case(1, 1, 2, [8], torch.float32, True, seed=0))
+    monkeypatch.setenv("MLASPEC_DECODE_KERNEL", "nonsense")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        mla_decode_paged(q, cache, block_table, lens, scale=SCALE)
+    monkeypatch.setenv("MLASPEC_DECODE_KERNEL", "sm90")
+    with pytest.raises(ValueError, match="decode_sm90"):
+        mla_decode_paged(q, cache, block_table, lens, scale=SCALE)
+    monkeypatch.setenv("MLASPEC_DECODE_KERNEL", "triton")
+    assert mla_decode_paged(q, cache, block_table, lens, scale=SCALE).out.shape == (1, 1, 2, 512)
+
+
+@pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize(
+    "B, S_q, H, seq_lens, dtype, causal, page_size, num_splits",
+    [
+        (1, 1, 128, [1000], torch.bfloat16, True, 64, None),  # TP1 decode, a part-filled last page
+        (3, 1, 128, [0, 77, 4096], torch.bfloat16, True, 64, None),  # an empty sequence; splits with nothing
+        (2, 2, 64, [5, 300], torch.bfloat16, True, 64, None),  # MTP: rows that see fewer keys
+        (2, 1, 40, [129, 64], torch.bfloat16, True, 64, None),  # 40 rows: a tile of 64 with 24 masked rows
+        (2, 1, 128, [2000, 3000], torch.float16, True, 64, None),
+        (2, 1, 128, [1000, 333], torch.bfloat16, True, 128, None),  # two tiles a page
+        (1, 1, 128, [700], torch.bfloat16, True, 64, 1),  # one split: the kernel writes the result itself
+        (1, 2, 64, [513], torch.bfloat16, False, 64, None),
+        (2, 1, 128, [64, 8192], torch.bfloat16, True, 64, 128),  # a sequence of one tile among 128 splits
+    ],
+)
+def test_matches_spec(B, S_q, H, seq_lens, dtype, causal, page_size, num_splits):
+    q, kv, cache, block_table, lens = decode_case(B, S_q, H, seq_lens, dtype, causal, seed=H + sum(seq_lens))
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, seq_lens, causal, unit_roundoff(dtype))
+    args = [t.cuda() for t in (q, cache, block_table, lens)]
+    for kernel in ("sm90", "triton"):
+        out, lse = mla_decode_paged(*args, scale=SCALE, causal=causal, num_splits=num_splits, kernel=kernel)
+        assert_within(f"{kernel} out", out, ref_out, out_bound)
+        assert_within(f"{kernel} lse", lse, ref_lse, lse_bound)
