@@ -7,6 +7,11 @@ imports). Times are CUDA-graph replays (:func:`common.bench`), problems as :mod:
     python benchmarks/decode_tune.py --shapes 16x1x65536,128x1x65536 --out /tmp/tune.json
     python benchmarks/decode_tune.py --shapes 16x1x65536 --block-n 32,64 --stages 2,5 --waves 1,2,4
     python benchmarks/decode_tune.py --fp8 --block-n 32,64 --stages 2,5,7   # vLLM's per-tensor fp8 cache
+    python benchmarks/decode_tune.py --shapes 128x1x65536 --kernels triton,sm90 --block-n 64 --stages 2 --warps 8
+
+``--kernels``: which split kernel runs a config (``mla_decode_paged``'s ``kernel``): ``auto`` (default) takes the
+Gluon one (:mod:`mlaspec.impl.decode_sm90`, which ignores stages and warps) for 64 x 64 tiles on Hopper, ``triton``
+the readable one always.
 
 A config whose stages do not fit in shared memory runs with fewer (``mla_decode_paged`` falls back to 2, then
 1): its row is then the fewer stages' time (128 heads at 5 stages and 64-key tiles did, on the H200).
@@ -26,10 +31,13 @@ from common import bench, load_flashmla, load_flashmla_fp8
 from decode import D_QK, D_V, PAGE, _fn, make_problem
 
 
-def tune(shape, *, block_ns, stages, warps, waves, block_ms=(None,), fp8=False, fm=None) -> list[dict]:
+def tune(
+    shape, *, block_ns, stages, warps, waves, block_ms=(None,), kernels=("auto",), fp8=False, fm=None
+) -> list[dict]:
     """Time every config on one ``(H, B, S_kv)``; rows sorted fastest first, FlashMLA's and the default config's
     times in each row. ``waves``: programs per SM, from which the split count follows; ``block_ms``: query rows per
-    program (None: :func:`~mlaspec.impl.decode.decode_config`'s); ``fp8``: vLLM's per-tensor e4m3 cache (FlashMLA:
+    program (None: :func:`~mlaspec.impl.decode.decode_config`'s); ``kernels``: ``mla_decode_paged``'s ``kernel``;
+    ``fp8``: vLLM's per-tensor e4m3 cache (FlashMLA:
     its dense fp8 decode, ``fm`` the extension)."""
     from mlaspec.impl.decode import DecodeConfig, decode_config, mla_decode_paged
 
@@ -45,11 +53,11 @@ def tune(shape, *, block_ns, stages, warps, waves, block_ms=(None,), fp8=False, 
     default = bench(_fn("triton", fm, *problem), graph=True)
     call = functools.partial(mla_decode_paged, q, cache3, block_table, seq_lens, scale=scale, k_scale=k_scale)
     rows, sms = [], torch.cuda.get_device_properties(dev).multi_processor_count
-    for bm, bn, st, w, wv in itertools.product(block_ms, block_ns, stages, warps, waves):
+    for kernel, bm, bn, st, w, wv in itertools.product(kernels, block_ms, block_ns, stages, warps, waves):
         bm = bm or base.block_m
         sp = max(1, wv * sms // (B * -(-H // bm)))  # wv programs per SM
         cfg = DecodeConfig(bm, bn, w, st)
-        fn = functools.partial(call, max_seq_len=S_kv, num_splits=sp, config=cfg)
+        fn = functools.partial(call, max_seq_len=S_kv, num_splits=sp, config=cfg, kernel=kernel)
         try:
             # once outside the graph first: a config that fails must fail here, not inside a capture (a capture that
             # raises leaves the CUDA RNG mid-capture, and the next shape's randn fails; seen on the H200)
@@ -58,10 +66,10 @@ def tune(shape, *, block_ns, stages, warps, waves, block_ms=(None,), fp8=False, 
         except Exception as exc:  # out of shared memory, or a config the compiler rejects: noted, the sweep goes on
             print(f"  {shape} {cfg} splits={sp}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
             continue
-        config = dict(block_m=bm, block_n=bn, stages=st, warps=w, splits=sp, waves=wv, fp8=fp8)
+        config = dict(kernel=kernel, block_m=bm, block_n=bn, stages=st, warps=w, splits=sp, waves=wv, fp8=fp8)
         rows.append(dict(H=H, B=B, S_kv=S_kv, **config, us=t * 1e6, gbps=nbytes / t / 1e9))
         rows[-1].update(flashmla_us=flashmla * 1e6, default_us=default * 1e6)
-        print(f"  {shape} bm={bm} bn={bn} st={st} w={w} splits={sp}: {t * 1e6:7.1f} us", flush=True)
+        print(f"  {shape} {kernel} bm={bm} bn={bn} st={st} w={w} splits={sp}: {t * 1e6:7.1f} us", flush=True)
     return sorted(rows, key=lambda r: r["us"])
 
 
@@ -74,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", type=ints, default=[2, 5])
     parser.add_argument("--warps", type=ints, default=[4, 8])
     parser.add_argument("--waves", type=ints, default=[1, 2], help="programs per SM (the split count follows)")
+    parser.add_argument("--kernels", default="auto", help="split kernels to time: auto, triton, sm90 (comma-separated)")
     parser.add_argument("--fp8", action="store_true", help="vLLM's per-tensor fp8 cache (FlashMLA: its fp8 decode)")
     parser.add_argument("--out", default="decode_tune.json")
     args = parser.parse_args(argv)
@@ -84,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     for text in args.shapes.split(","):
         shape = tuple(int(x) for x in text.split("x"))
         tiles = dict(block_ns=args.block_n, stages=args.stages, warps=args.warps, waves=args.waves)
-        tiles["block_ms"] = args.block_m or (None,)
+        tiles.update(block_ms=args.block_m or (None,), kernels=args.kernels.split(","))
         rows = tune(shape, **tiles, fp8=args.fp8, fm=fm)
         results += rows
         for r in rows[:5]:

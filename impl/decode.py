@@ -283,10 +283,10 @@ def decode_config(rows: int, page_size: int, dtype: torch.dtype, fp8: bool = Fal
     168 KB of shared memory at 16 rows, 188 KB at 32, one program per SM. Measured on an H200 (16 heads, bf16, one
     wave): B = 1, 64K keys 40.2 -> 31.8 us, 128K 65.2 -> 49.0 us; B = 64, 4K 86.7 -> 79.4 us. 64 rows keep
     2 stages (two 64-key buffers beside q do not fit in 227 KB; 32-key tiles, 5 stages, ran 97.7 us against
-    85.6 at 128 heads, B = 1, 64K). fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion fits the
-    registers (64-key tiles spill ~500 bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K
-    keys 35.7 -> 18.5 us, B = 64, 4K 185 -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x
-    slower).
+    85.6 at 128 heads, B = 1, 64K); on Hopper those rows run :mod:`mlaspec.impl.decode_sm90`, which does stream.
+    fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion fits the registers (64-key tiles spill ~500
+    bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K keys 35.7 -> 18.5 us, B = 64, 4K 185
+    -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
     """
     big = dtype == torch.float32
     block_m = min(32 if big else 64, max(16, triton.next_power_of_2(rows)))
