@@ -9,12 +9,9 @@ imports). Times are CUDA-graph replays (:func:`common.bench`), problems as :mod:
     python benchmarks/decode_tune.py --fp8 --block-n 32,64 --stages 2,5,7   # vLLM's per-tensor fp8 cache
     python benchmarks/decode_tune.py --shapes 128x1x65536 --kernels triton,sm90 --block-n 64 --stages 2 --warps 8
 
-``--kernels``: which split kernel runs a config (``mla_decode_paged``'s ``kernel``): ``auto`` (default) takes the
-Gluon one (:mod:`mlaspec.impl.decode_sm90`, which ignores stages and warps) for 64 x 64 tiles on Hopper, ``triton``
-the readable one always.
-
-A config whose stages do not fit in shared memory runs with fewer (``mla_decode_paged`` falls back to 2, then
-1): its row is then the fewer stages' time (128 heads at 5 stages and 64-key tiles did, on the H200).
+``--kernels``: which split kernel runs a config (``mla_decode_paged``'s ``kernel``): ``auto`` (default) and
+``triton`` the readable one (a tile override keeps it), ``sm90`` the Gluon one (:mod:`mlaspec.impl.decode_sm90`;
+64 x 64 tiles only, stages and warps ignored). Each row's ``default_us`` is the call without a config, as served.
 
 Importing this module runs nothing.
 """

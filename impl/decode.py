@@ -44,9 +44,9 @@ split the keys the same way):
 
 The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once).
 
-On Hopper, 64 rows a program run the same math as :mod:`mlaspec.impl.decode_sm90` (Gluon): there, the next key
-tile streams in during this one's dots, which Triton's pipeliner cannot fit beside a 64-row ``q`` in 227 KB, and each
-logit is computed once (:func:`use_sm90`).
+On Hopper, 64 rows a program over a 16-bit cache run the same math as :mod:`mlaspec.impl.decode_sm90` (Gluon):
+there, the next key tile streams in during this one's dots, which Triton's pipeliner cannot fit beside a 64-row
+``q`` in 227 KB, and each logit is computed once (:func:`use_sm90`).
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def decode_config(rows: int, page_size: int, dtype: torch.dtype, fp8: bool = Fal
     168 KB of shared memory at 16 rows, 188 KB at 32, one program per SM. Measured on an H200 (16 heads, bf16, one
     wave): B = 1, 64K keys 40.2 -> 31.8 us, 128K 65.2 -> 49.0 us; B = 64, 4K 86.7 -> 79.4 us. 64 rows keep
     2 stages (two 64-key buffers beside q do not fit in 227 KB; 32-key tiles, 5 stages, ran 97.7 us against
-    85.6 at 128 heads, B = 1, 64K); on Hopper those rows run :mod:`mlaspec.impl.decode_sm90`, which does stream.
+    85.6 at 128 heads, B = 1, 64K); on Hopper, over a 16-bit cache, they run :mod:`mlaspec.impl.decode_sm90`.
     fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion fits the registers (64-key tiles spill ~500
     bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K keys 35.7 -> 18.5 us, B = 64, 4K 185
     -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
@@ -334,36 +334,52 @@ def sm90_why_not(
     fp8: bool,
     d_v: int,
     d_rope: int,
-    page_size: int,
+    aligned: bool = True,
 ) -> str | None:
-    """Why :mod:`mlaspec.impl.decode_sm90` cannot take this split (``capability``: the CUDA device's, ``None``
-    off CUDA), or ``None`` where it can: a Hopper GPU (sm_90), Gluon in this Triton, a 16-bit cache in q's dtype,
-    64-row tiles (more than 32 query rows), ``512 + 64`` entries and pages of a multiple of 64 slots."""
+    """Why :mod:`mlaspec.impl.decode_sm90` cannot take this split, or ``None`` where it can.
+
+    It needs Gluon in this Triton, a Hopper GPU (``capability``: the CUDA device's compute capability, ``None`` off
+    CUDA or under the interpreter), a 16-bit cache in q's dtype, the ``64 x 64`` tile (more than 32 query rows,
+    pages of at least 64 slots), ``512 + 64`` entries, and (``aligned``) 16-byte-aligned tensors whose strides are
+    multiples of 16 elements (what its ``cp.async`` copies are compiled for).
+    """
     if not decode_sm90.AVAILABLE:
         return "decode_sm90 needs triton's Gluon (triton >= 3.5)"
     if capability is None or capability[0] != 9:
-        return f"decode_sm90 runs on a Hopper GPU (sm_90), got compute capability {capability}"
+        return f"decode_sm90 runs on a Hopper GPU (sm_90) with compiled kernels, got compute capability {capability}"
     if fp8 or dtype not in (torch.bfloat16, torch.float16):
         return f"decode_sm90 takes a 16-bit cache in q's dtype, got {'an fp8 cache' if fp8 else dtype}"
     if (cfg.block_m, cfg.block_n) != (decode_sm90.BLOCK_M, decode_sm90.BLOCK_N):
         return f"decode_sm90 takes 64-row tiles of 64 keys (more than 32 query rows), got {cfg.block_m} x {cfg.block_n}"
-    if (d_v, d_rope) != (512, 64) or page_size % decode_sm90.BLOCK_N:
-        return f"decode_sm90 takes 512 + 64 entries in pages of 64k slots, got {d_v} + {d_rope}, pages of {page_size}"
+    if (d_v, d_rope) != (512, 64):
+        return f"decode_sm90 takes entries of 512 + 64, got {d_v} + {d_rope}"
+    if not aligned:
+        return "decode_sm90 takes q and kv_cache 16-byte aligned with strides of multiples of 16 elements"
     return None
 
 
-def use_sm90(kernel: str, q: torch.Tensor, cfg: DecodeConfig, **shape) -> bool:
-    """Whether the split runs :mod:`mlaspec.impl.decode_sm90` (Gluon) rather than the readable kernel: never for
-    ``kernel="triton"``, where :func:`sm90_why_not` finds nothing for ``"auto"``, and for ``"sm90"`` the same but
-    a ``ValueError`` saying why where it does not apply (benchmarks, tests). ``shape``: ``fp8, d_v, d_rope,
-    page_size``."""
+def use_sm90(kernel: str, q: torch.Tensor, kv_cache: torch.Tensor, cfg: DecodeConfig, **shape) -> bool:
+    """Whether the split runs :mod:`mlaspec.impl.decode_sm90` (Gluon) rather than the readable kernel.
+
+    ``kernel="triton"``: never. ``"auto"``: where :func:`sm90_why_not` finds no reason against it. ``"sm90"``: the
+    same, but a ``ValueError`` with that reason where it does not apply (benchmarks, tests). ``shape``: ``fp8,
+    d_v, d_rope``.
+    """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
-    why = sm90_why_not(capability, q.dtype, cfg, **shape)
+    compiled = q.device.type == "cuda" and not _interpreted()
+    capability = torch.cuda.get_device_capability(q.device) if compiled else None
+    strides = (*q.stride()[:3], *kv_cache.stride()[:2])
+    aligned = q.data_ptr() % 16 == 0 and kv_cache.data_ptr() % 16 == 0 and all(x % 16 == 0 for x in strides)
+    why = sm90_why_not(capability, q.dtype, cfg, **shape, aligned=aligned)
     if kernel == "sm90" and why:
         raise ValueError(why)
     return kernel != "triton" and why is None
+
+
+def _interpreted() -> bool:
+    """Whether Triton's interpreter runs the kernels (fixed when they were defined; Gluon has no interpreter)."""
+    return type(_mla_decode_split_kernel).__name__ == "InterpretedFunction"
 
 
 def _num_sms(device: torch.device) -> int:
@@ -405,7 +421,7 @@ def mla_decode_paged(
             otherwise.
         num_splits: pieces per sequence's keys; default :func:`num_splits_heuristic`.
         max_seq_len: ``max(seq_lens)`` if known (saves a device-to-host sync when choosing the splits).
-        config: tile override (default :func:`decode_config`).
+        config: tile override (default :func:`decode_config`); it runs the readable kernel unless ``kernel="sm90"``.
         kernel: ``"auto"`` (default; or the ``MLASPEC_DECODE_KERNEL`` environment variable), ``"triton"`` (the
             readable kernel only) or ``"sm90"`` (the Gluon kernel, an error where it does not apply): :func:`use_sm90`.
 
@@ -445,6 +461,9 @@ def mla_decode_paged(
     k_scale = 1.0 if k_scale is None else float(k_scale)
     block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
 
+    kernel = kernel or os.environ.get("MLASPEC_DECODE_KERNEL", "auto")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} (MLASPEC_DECODE_KERNEL or kernel=)")
     rows = S_q * H_q
     cfg = config or decode_config(rows, page_size, q.dtype, fp8)
     if page_size % cfg.block_n:
@@ -472,8 +491,8 @@ def mla_decode_paged(
     else:  # unused by the kernel
         o_part, lse_part = out, lse
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
-    kernel = kernel or os.environ.get("MLASPEC_DECODE_KERNEL", "auto")
-    sm90 = use_sm90(kernel, q, cfg, fp8=fp8, d_v=d_v, d_rope=d_rope, page_size=page_size)
+    # a tile override keeps the readable kernel unless the Gluon one is asked for by name
+    sm90 = (config is None or kernel == "sm90") and use_sm90(kernel, q, kv_cache, cfg, fp8=fp8, d_v=d_v, d_rope=d_rope)
 
     def launch(stages: int) -> None:
         args = (
@@ -521,7 +540,11 @@ def mla_decode_paged(
             launch(stages)
             break
         except triton.runtime.errors.OutOfResources:
-            if stages == 1:
+            if sm90 and kernel == "auto":  # a Hopper part with less shared memory: the readable kernel
+                sm90 = False
+                launch(cfg.num_stages)
+                break
+            if stages == 1 or sm90:
                 raise
     if num_splits > 1:
         # a few rows (16 heads, B = 1): 32 columns a program, every split's partials in one load (H200, 132 splits:

@@ -1,10 +1,10 @@
 """The 64-row split kernel of :mod:`mlaspec.impl.decode` for Hopper, in Gluon: the next key tile streams in
 while this one is used.
 
-Same math, arguments and outputs as ``_mla_decode_split_kernel`` (read that one first: it is the readable
-version); this one is what 64 query rows a program (128 heads, or 64 with MTP) need to go fast on an H100/H200,
-written in Triton's lower-level Gluon dialect because the three things it does differently cannot be asked of
-Triton's compiler (triton 3.6):
+Same math and outputs as ``_mla_decode_split_kernel``, and its arguments less ``PRECISION`` and ``FP8`` (read
+that one first: it is the readable version); this one is what 64 query rows a program (128 heads, or 16 heads with
+3-4 MTP tokens) need to go fast on an H100/H200, written in Triton's lower-level Gluon dialect because the first
+two things it does differently cannot be asked of Triton's compiler (triton 3.6):
 
 1. **The next tile in flight during this one's dots, in two buffers.** ``q`` (72 KB) and two 64-key tiles (72 KB
    each) fill 216 of the 227 KB an SM has. Triton's software pipeliner keeps a third tile buffer for a prefetch
@@ -17,8 +17,8 @@ Triton's compiler (triton 3.6):
    keys each (``[4, 2]``), the row max and sum cross them, and ``P`` goes through 8 KB of shared memory into
    ``P @ V``, where each warpgroup owns 256 of the 512 value columns (FlashMLA's ``csrc/sm90/decode`` splits
    the value columns between its two warpgroups the same way).
-3. **The page-table read one tile ahead.** The physical page of tile ``j + 2`` is read in iteration ``j``, so
-   the scalar load's latency is hidden behind a tile's work instead of stalling the copy.
+3. And **the page-table read one tile ahead** (a plain Triton loop could do this one): the physical page of tile
+   ``j + 2`` is read in iteration ``j``, so the scalar load's latency hides behind a tile's work.
 
 Rounding is the readable kernel's: fp32 logits from the MMA, ``P`` rounded to q's dtype for ``P @ V``, fp32
 accumulation, the same online softmax in base 2. The conformance harness judges both kernels
@@ -40,7 +40,7 @@ try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs ever
     # renamed after triton 3.6 (the H200 image's), same arguments: the cp.async copy and the CTA barrier
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-except ImportError:  # pragma: no cover - depends on the installed triton
+except (ImportError, AttributeError):  # pragma: no cover - depends on the installed triton (a later rename)
     gluon = None
 
 __all__ = ["AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "split_kernel"]
@@ -49,37 +49,33 @@ AVAILABLE = gluon is not None
 BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 8  # one warpgroup MMA tall; two warpgroups
 
 if AVAILABLE:
+    # the copies' register layouts, 16 bytes a thread: rows of 512 over a warp, rows of 64 over a quarter warp
+    LOAD_V = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 2], [1, 0]))
+    LOAD_R = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))
+    BLOCK_N_C = gl.constexpr(BLOCK_N)
 
     @gluon.jit
-    def _copy_tile(
-        kv_v,
-        kv_r,
-        KV,
-        page,
-        slot0,
-        first_key,
-        seq_len,
-        stride_kp,
-        stride_ks,
-        D_V: gl.constexpr,
-        D_ROPE: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        LOAD_V: gl.constexpr,
-        LOAD_R: gl.constexpr,
-    ):
-        """Issue the copy of ``BLOCK_N`` entries of one page into the shared buffers ``kv_v`` / ``kv_r``; keys past
-        ``seq_len`` are zero-filled (their slots may hold NaN)."""
-        base = KV + page * stride_kp + slot0 * stride_ks
-        n_v = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD_V))
-        d_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, LOAD_V))
-        ok_v = gl.expand_dims(first_key + n_v < seq_len, 1)
-        ptr_v = base + gl.expand_dims(n_v * stride_ks, 1) + gl.expand_dims(d_v, 0)
-        _async_load(kv_v, ptr_v, mask=ok_v)
-        n_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD_R))
-        d_r = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, LOAD_R))
-        ok_r = gl.expand_dims(first_key + n_r < seq_len, 1)
-        ptr_r = base + D_V + gl.expand_dims(n_r * stride_ks, 1) + gl.expand_dims(d_r, 0)
-        _async_load(kv_r, ptr_r, mask=ok_r)
+    def _copy_part(dst, base, first, limit, div, stride_hi, stride_lo, col0, LOAD: gl.constexpr):
+        """Columns ``col0 ..`` of the rows :func:`_copy_rows` names, into ``dst``."""
+        r = first + gl.arange(0, dst.shape[0], layout=gl.SliceLayout(1, LOAD))
+        off = (r // div).to(gl.int64) * stride_hi + (r % div) * stride_lo
+        cols = col0 + gl.arange(0, dst.shape[1], layout=gl.SliceLayout(0, LOAD))
+        _async_load(dst, base + gl.expand_dims(off, 1) + gl.expand_dims(cols, 0), mask=gl.expand_dims(r < limit, 1))
+
+    @gluon.jit
+    def _copy_rows(dst_v, dst_r, base, first, limit, div, stride_hi, stride_lo):
+        """Issue the copy of entries ``[512 | 64]`` into ``dst_v`` / ``dst_r``: entry ``r`` of ``first, first + 1,
+        ..`` at ``base + (r // div) * stride_hi + (r % div) * stride_lo``; entries ``r >= limit`` are zero-filled
+        (never read: their slots may hold NaN)."""
+        _copy_part(dst_v, base, first, limit, div, stride_hi, stride_lo, 0, LOAD_V)
+        _copy_part(dst_r, base, first, limit, div, stride_hi, stride_lo, dst_v.shape[1], LOAD_R)
+
+    @gluon.jit
+    def _copy_tile(kv_v, kv_r, KV, page, blk, seq_len, stride_kp, stride_ks, PAGE: gl.constexpr):
+        """Key tile ``blk`` (``BLOCK_N`` entries of physical page ``page``); keys past ``seq_len`` zero-filled."""
+        slot0 = (blk % (PAGE // BLOCK_N_C)) * BLOCK_N_C
+        limit = slot0 + seq_len - blk * BLOCK_N_C
+        _copy_rows(kv_v, kv_r, KV + page * stride_kp, slot0, limit, PAGE, 0, stride_ks)
 
     @gluon.jit
     def split_kernel(
@@ -123,8 +119,6 @@ if AVAILABLE:
         PV: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
         ROW_QK: gl.constexpr = gl.SliceLayout(1, QK)
         ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
-        LOAD_V: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 2], [1, 0])  # 16-byte copies of [*, 512]
-        LOAD_R: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])  # and of [*, 64]
         SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
         SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
         SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
@@ -146,36 +140,11 @@ if AVAILABLE:
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], SH_P)
 
         # -- copy group 0: the query block (rows (s, h) in q's order; rows past R are zeros) and the first tile ------
-        rows_v = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LOAD_V))
-        q_rows_v = b.to(gl.int64) * stride_qb + (rows_v // H_Q) * stride_qs + (rows_v % H_Q) * stride_qh
-        cols_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, LOAD_V))
-        _async_load(
-            q_v, Q + gl.expand_dims(q_rows_v, 1) + gl.expand_dims(cols_v, 0), mask=gl.expand_dims(rows_v < R, 1)
-        )
-        rows_r = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LOAD_R))
-        q_rows_r = b.to(gl.int64) * stride_qb + (rows_r // H_Q) * stride_qs + (rows_r % H_Q) * stride_qh
-        cols_r = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, LOAD_R))
-        _async_load(
-            q_r, Q + D_V + gl.expand_dims(q_rows_r, 1) + gl.expand_dims(cols_r, 0), mask=gl.expand_dims(rows_r < R, 1)
-        )
+        q_b = Q + b.to(gl.int64) * stride_qb
+        _copy_rows(q_v, q_r, q_b, pid_m * BLOCK_M, R, H_Q, stride_qs, stride_qh)
         if blk_lo < blk_hi:
             page = gl.load(bt + blk_lo // SUB).to(gl.int64)
-            _copy_tile(
-                kv_v.index(0),
-                kv_r.index(0),
-                KV,
-                page,
-                (blk_lo % SUB) * BLOCK_N,
-                blk_lo * BLOCK_N,
-                seq_len,
-                stride_kp,
-                stride_ks,
-                D_V,
-                D_ROPE,
-                BLOCK_N,
-                LOAD_V,
-                LOAD_R,
-            )
+            _copy_tile(kv_v.index(0), kv_r.index(0), KV, page, blk_lo, seq_len, stride_kp, stride_ks, PAGE)
         async_copy.commit_group()
         next_page = gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0).to(gl.int64)
 
@@ -198,22 +167,8 @@ if AVAILABLE:
             _barrier()  # every thread's part of the tile is in; every warpgroup is done with the other buffer and P
             # -- tile blk + 1 into the other buffer, in flight during this tile's dots and softmax --------------------
             if blk + 1 < blk_hi:
-                _copy_tile(
-                    kv_v.index(1 - buf),
-                    kv_r.index(1 - buf),
-                    KV,
-                    next_page,
-                    ((blk + 1) % SUB) * BLOCK_N,
-                    (blk + 1) * BLOCK_N,
-                    seq_len,
-                    stride_kp,
-                    stride_ks,
-                    D_V,
-                    D_ROPE,
-                    BLOCK_N,
-                    LOAD_V,
-                    LOAD_R,
-                )
+                _copy_tile(kv_v.index(1 - buf), kv_r.index(1 - buf), KV, next_page, blk + 1, seq_len, stride_kp,
+                           stride_ks, PAGE)  # fmt: skip
             async_copy.commit_group()
             next_page = gl.load(bt + (blk + 2) // SUB, mask=blk + 2 < blk_hi, other=0).to(gl.int64)
 

@@ -13,15 +13,15 @@ import torch
 
 from mlaspec.conformance.ops.common import unit_roundoff
 from mlaspec.impl import decode_sm90
-from mlaspec.impl.decode import decode_config, mla_decode_paged, sm90_why_not, use_sm90
+from mlaspec.impl.decode import DecodeConfig, decode_config, mla_decode_paged, sm90_why_not, use_sm90
 from tests.kernel_checks import SCALE, assert_within, decode_case, decode_reference
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, d_rope=64, page_size=64):
+def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, d_rope=64, page_size=64, aligned=True):
     cfg = decode_config(rows, page_size, dtype, fp8)
-    return sm90_why_not(capability, dtype, cfg, fp8=fp8, d_v=d_v, d_rope=d_rope, page_size=page_size)
+    return sm90_why_not(capability, dtype, cfg, fp8=fp8, d_v=d_v, d_rope=d_rope, aligned=aligned)
 
 
 @pytest.mark.skipif(not decode_sm90.AVAILABLE, reason="this Triton has no Gluon")
@@ -38,6 +38,7 @@ def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, 
         (dict(rows=32), "64-row"),  # 16 heads with MTP 2: the readable kernel's 5-stage pipeline
         (dict(page_size=32), "64-row tiles of 64 keys"),  # a 32-slot page: 32-key tiles
         (dict(d_v=256, d_rope=64), "512 \\+ 64"),
+        (dict(aligned=False), "16-byte aligned"),  # q sliced out of wider rows: the readable kernel takes it
     ],
 )
 def test_where_the_gluon_kernel_applies(kw, why):
@@ -47,13 +48,18 @@ def test_where_the_gluon_kernel_applies(kw, why):
 
 def test_the_readable_kernel_when_asked_or_off_hopper():
     q = torch.empty(1, 1, 128, 576, dtype=torch.bfloat16)  # on the CPU
+    cache = torch.empty(2, 64, 576, dtype=torch.bfloat16)
     cfg = decode_config(128, 64, torch.bfloat16)
-    shape = dict(fp8=False, d_v=512, d_rope=64, page_size=64)
-    assert not use_sm90("auto", q, cfg, **shape) and not use_sm90("triton", q, cfg, **shape)
+    shape = dict(fp8=False, d_v=512, d_rope=64)
+    assert not use_sm90("auto", q, cache, cfg, **shape) and not use_sm90("triton", q, cache, cfg, **shape)
     with pytest.raises(ValueError, match="Hopper"):
-        use_sm90("sm90", q, cfg, **shape)
+        use_sm90("sm90", q, cache, cfg, **shape)
     with pytest.raises(ValueError, match="kernel must be one of"):
-        use_sm90("gluon", q, cfg, **shape)
+        use_sm90("gluon", q, cache, cfg, **shape)
+    empty = torch.empty(0, 1, 128, 576)  # checked before the early return of an empty batch
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        mla_decode_paged(empty, cache.float(), torch.empty(0, 1, dtype=torch.int32), torch.empty(0, dtype=torch.int32),
+                         scale=SCALE, kernel="gluon")  # fmt: skip
 
 
 def test_the_environment_picks_the_kernel(monkeypatch):
@@ -85,10 +91,40 @@ def test_the_environment_picks_the_kernel(monkeypatch):
     ],
 )
 def test_matches_spec(B, S_q, H, seq_lens, dtype, causal, page_size, num_splits):
-    q, kv, cache, block_table, lens = decode_case(B, S_q, H, seq_lens, dtype, causal, seed=H + sum(seq_lens))
+    q, kv, cache, block_table, lens = decode_case(
+        B, S_q, H, seq_lens, dtype, causal, seed=H + sum(seq_lens), page_size=page_size
+    )
     ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, seq_lens, causal, unit_roundoff(dtype))
     args = [t.cuda() for t in (q, cache, block_table, lens)]
     for kernel in ("sm90", "triton"):
         out, lse = mla_decode_paged(*args, scale=SCALE, causal=causal, num_splits=num_splits, kernel=kernel)
         assert_within(f"{kernel} out", out, ref_out, out_bound)
         assert_within(f"{kernel} lse", lse, ref_lse, lse_bound)
+
+
+@pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+def test_inputs_it_does_not_take_run_the_readable_kernel(monkeypatch):
+    """q sliced out of 584-wide rows (a stride its 16-byte copies are not compiled for), and a tile override: the
+    readable kernel runs them under ``auto``, right, and ``kernel="sm90"`` says why it cannot."""
+    q, kv, cache, block_table, lens = decode_case(1, 1, 128, [300], torch.bfloat16, True, seed=5)
+    wide = torch.zeros(1, 1, 128, 584, dtype=q.dtype)
+    wide[..., :576] = q
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, [300], True, unit_roundoff(q.dtype))
+    args = [wide.cuda()[..., :576], *(t.cuda() for t in (cache, block_table, lens))]
+    out, lse = mla_decode_paged(*args, scale=SCALE)
+    assert_within("out", out, ref_out, out_bound)
+    assert_within("lse", lse, ref_lse, lse_bound)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        mla_decode_paged(*args, scale=SCALE, kernel="sm90")
+    args[0] = args[0].contiguous()  # now the Gluon kernel applies ...
+    assert use_sm90("auto", args[0], args[1], decode_config(128, 64, q.dtype), fp8=False, d_v=512, d_rope=64)
+
+    class Refused:
+        def __getitem__(self, grid):
+            raise AssertionError("the Gluon kernel ran under a tile override")
+
+    monkeypatch.setattr(decode_sm90, "split_kernel", Refused())  # ... but a tile override keeps the readable one
+    out, lse = mla_decode_paged(*args, scale=SCALE, config=DecodeConfig(64, 64, 8, 2))
+    assert_within("out", out, ref_out, out_bound)
+    with pytest.raises(AssertionError, match="Gluon kernel ran"):  # and the stub is what the default would call
+        mla_decode_paged(*args, scale=SCALE)
