@@ -494,7 +494,7 @@ def mla_decode_paged(
     # a tile override keeps the readable kernel unless the Gluon one is asked for by name
     sm90 = (config is None or kernel == "sm90") and use_sm90(kernel, q, kv_cache, cfg, fp8=fp8, d_v=d_v, d_rope=d_rope)
 
-    def launch(stages: int) -> None:
+    def launch(gluon: bool, stages: int) -> None:
         args = (
             q,
             kv_cache,
@@ -526,25 +526,26 @@ def mla_decode_paged(
         tile = dict(CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size, BLOCK_M=cfg.block_m)
         tile.update(BLOCK_N=cfg.block_n, SINGLE=num_splits == 1)
         grid = (row_blocks, num_splits, B)
-        if sm90:
+        if gluon:
             decode_sm90.split_kernel[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
             return
         _mla_decode_split_kernel[grid](
             *args, **tile, PRECISION=precision, FP8=fp8, num_warps=cfg.num_warps, num_stages=stages
         )
 
-    # a GPU with less shared memory than Hopper's 227 KB a block (A100: 163 KB, sm_86/89: 99 KB) cannot hold the two
-    # tiles in flight, and fp8's byte tiles with their converted copies may not fit either: fewer stages, then one
-    for stages in dict.fromkeys((cfg.num_stages, min(cfg.num_stages, 2), 1)):
+    # what to launch, in order, until one fits: the Gluon kernel where it applies, then (unless asked for by name) the
+    # readable one; a GPU with less shared memory than Hopper's 227 KB a block (A100: 163 KB, sm_86/89: 99 KB) cannot
+    # hold its two tiles in flight, and fp8's byte tiles with their converted copies may not fit either: fewer
+    # stages, then one
+    attempts = [(True, 1)] if sm90 else []
+    if kernel != "sm90":
+        attempts += [(False, stages) for stages in dict.fromkeys((cfg.num_stages, min(cfg.num_stages, 2), 1))]
+    for i, attempt in enumerate(attempts):
         try:
-            launch(stages)
+            launch(*attempt)
             break
         except triton.runtime.errors.OutOfResources:
-            if sm90 and kernel == "auto":  # a Hopper part with less shared memory: the readable kernel
-                sm90 = False
-                launch(cfg.num_stages)
-                break
-            if stages == 1 or sm90:
+            if i == len(attempts) - 1:
                 raise
     if num_splits > 1:
         # a few rows (16 heads, B = 1): 32 columns a program, every split's partials in one load (H200, 132 splits:

@@ -52,7 +52,6 @@ if AVAILABLE:
     # the copies' register layouts, 16 bytes a thread: rows of 512 over a warp, rows of 64 over a quarter warp
     LOAD_V = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 2], [1, 0]))
     LOAD_R = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))
-    BLOCK_N_C = gl.constexpr(BLOCK_N)
 
     @gluon.jit
     def _copy_part(dst, base, first, limit, div, stride_hi, stride_lo, col0, LOAD: gl.constexpr):
@@ -72,9 +71,11 @@ if AVAILABLE:
 
     @gluon.jit
     def _copy_tile(kv_v, kv_r, KV, page, blk, seq_len, stride_kp, stride_ks, PAGE: gl.constexpr):
-        """Key tile ``blk`` (``BLOCK_N`` entries of physical page ``page``); keys past ``seq_len`` zero-filled."""
-        slot0 = (blk % (PAGE // BLOCK_N_C)) * BLOCK_N_C
-        limit = slot0 + seq_len - blk * BLOCK_N_C
+        """Key tile ``blk`` (as many entries as ``kv_v`` holds, of physical page ``page``); keys past ``seq_len``
+        zero-filled."""
+        n: gl.constexpr = kv_v.shape[0]
+        slot0 = (blk % (PAGE // n)) * n
+        limit = slot0 + seq_len - blk * n
         _copy_rows(kv_v, kv_r, KV + page * stride_kp, slot0, limit, PAGE, 0, stride_ks)
 
     @gluon.jit
