@@ -19,7 +19,9 @@ import re
 import sys
 
 
-def compile_for(kernel, pointers: dict, constexprs: dict, *, num_warps: int, num_stages: int, capability: int = 90):
+def compile_for(
+    kernel, pointers: dict, constexprs: dict, *, num_warps: int, num_stages: int, capability: int = 90, **options
+):
     """Compile ``kernel`` for ``cuda:capability``; every argument not in ``pointers`` (name -> ``"*bf16"`` etc.)
     or ``constexprs`` is an ``fp32`` if its name ends in ``scale``, else an ``i32``."""
     import triton
@@ -36,7 +38,7 @@ def compile_for(kernel, pointers: dict, constexprs: dict, *, num_warps: int, num
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in pointers or n.startswith("stride")}
     source = ASTSource(kernel, sig, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=aligned)
     target = GPUTarget("cuda", capability, 32)
-    return triton.compile(source, target=target, options=dict(num_warps=num_warps, num_stages=num_stages))
+    return triton.compile(source, target=target, options=dict(num_warps=num_warps, num_stages=num_stages, **options))
 
 
 def prefetched(ttgir: str, tile: str) -> int:
@@ -55,6 +57,7 @@ def copies_before_dots(ttgir: str) -> bool:
 
 
 def main(spec: dict) -> dict:
+    sys.path[:0] = spec.get("path", [])  # e.g. benchmarks/, for a script's kernel
     module, name = spec["kernel"].split(":")
     kernel = getattr(importlib.import_module(module), name)
     compiled = compile_for(
@@ -64,6 +67,7 @@ def main(spec: dict) -> dict:
         num_warps=spec["num_warps"],
         num_stages=spec["num_stages"],
         capability=spec.get("capability", 90),
+        **spec.get("options", {}),  # e.g. maxnreg
     )
     ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
     return {
