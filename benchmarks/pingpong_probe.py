@@ -17,7 +17,9 @@ against a different running max and outputs differ from it in the last bf16 plac
 with the same errors against the float64 spec (``.vendor``-side checks on the H200: NaN tails, empty sequences, MTP,
 40 rows, non-causal, 128-slot pages, one split). It writes partials even for a single split (constexprs do not
 cross ``warp_specialize`` in triton 3.6 -- they arrive as runtime values -- and a runtime branch between the two
-output layouts fails in the LLVM lowering), so the launcher below converts a single split's partials on the host.
+output layouts fails in the LLVM lowering), so the launcher below converts a single split's partials on the host;
+for the same reason the partitions take their arguments as one :class:`Part` and the causal mask is a uniform
+runtime branch.
 
 Why it is slower, measured with Nsight Compute on the H200 (B64 8K, 128 heads): warps stall on the long
 scoreboard 5.1 cycles per issued instruction (the landed kernel: 0.95, its largest stall being the CTA barrier,
@@ -32,8 +34,6 @@ N = 64 reads q half as often) with FlashMLA's release of a buffer's column range
 Importing this module compiles nothing and needs no GPU.
 """
 
-from __future__ import annotations
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -43,76 +43,88 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.language.core import _aggregate as aggregate
 
 from mlaspec.impl import decode_sm90
-from mlaspec.impl.decode_sm90 import _async_load, _barrier
+from mlaspec.impl.decode_sm90 import _barrier, _copy_rows
 
-TILE = gl.constexpr(32)
-NBUF = gl.constexpr(4)
+TILE = gl.constexpr(32)  # keys a tile
+NBUF = gl.constexpr(4)  # tile buffers: 4 x 36 KB beside q's 72 KB
 MAXNREG = 168  # 384 threads (two consumer warpgroups and the loader's) share 64K registers
+# the loader's copies, 16 bytes a thread over 4 warps: rows of 512 over a warp, rows of 64 over a quarter warp
 LOAD_V = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))
 LOAD_R = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+# mbarriers, one array: q | ready[NBUF] (tile landed) | free[NBUF] (both warpgroups done with it) | m_ready[2]
+# (warpgroup w's P / max / alpha published) | p_free[2] (the other warpgroup done with them) | l_ready[2]
+READY, FREE = gl.constexpr(1), gl.constexpr(1 + NBUF.value)
+M_READY, P_FREE, L_READY = (
+    gl.constexpr(1 + 2 * NBUF.value),
+    gl.constexpr(3 + 2 * NBUF.value),
+    gl.constexpr(5 + 2 * NBUF.value),
+)
+
+
+@aggregate
+class Part:
+    """What every partition reads: this program's sequence, its shared buffers and barriers, where it writes."""
+
+    q_b: gl.tensor  # q of this batch entry
+    KV: gl.tensor
+    bt: gl.tensor  # this entry's block-table row
+    seq_len: gl.tensor
+    t_lo: gl.tensor  # first 32-key tile of this split
+    n: gl.tensor  # tiles in this split
+    R: gl.tensor  # query rows (S_q * H_q)
+    H_Q: gl.tensor
+    S_Q: gl.tensor
+    pid_m: gl.tensor
+    causal: gl.tensor
+    page: gl.tensor  # slots a page
+    stride_qs: gl.tensor
+    stride_qh: gl.tensor
+    stride_kp: gl.tensor
+    stride_ks: gl.tensor
+    qk_scale: gl.tensor
+    k_scale: gl.tensor
+    o_part: gl.tensor  # this program's [rows, 512] fp32 partials
+    lse_part: gl.tensor
+    q_v: gl.shared_memory_descriptor
+    q_r: gl.shared_memory_descriptor
+    kv_v: gl.shared_memory_descriptor
+    kv_r: gl.shared_memory_descriptor
+    p_s: gl.shared_memory_descriptor  # [2, 64, 32]: P of warpgroup w's latest tile
+    m_s: gl.shared_memory_descriptor  # its running max
+    a_s: gl.shared_memory_descriptor  # its rescale factor
+    l_s: gl.shared_memory_descriptor  # each warpgroup's row sums, at the end
+    bars: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, *values, _names=tuple(__annotations__)):  # the fields, in order
+        # positional, in the fields' order: triton 3.6 writes no constructor for an aggregate itself
+        for name, value in zip(_names, values, strict=True):
+            setattr(self, name, value)
 
 
 @gluon.jit
-def _copy_part(dst, base, first, limit, div, stride_hi, stride_lo, col0, LOAD: gl.constexpr):
-    r = first + gl.arange(0, dst.shape[0], layout=gl.SliceLayout(1, LOAD))
-    off = (r // div).to(gl.int64) * stride_hi + (r % div) * stride_lo
-    cols = col0 + gl.arange(0, dst.shape[1], layout=gl.SliceLayout(0, LOAD))
-    _async_load(dst, base + gl.expand_dims(off, 1) + gl.expand_dims(cols, 0), mask=gl.expand_dims(r < limit, 1))
-
-
-@gluon.jit
-def _copy_rows(dst_v, dst_r, base, first, limit, div, stride_hi, stride_lo):
-    _copy_part(dst_v, base, first, limit, div, stride_hi, stride_lo, 0, LOAD_V)
-    _copy_part(dst_r, base, first, limit, div, stride_hi, stride_lo, dst_v.shape[1], LOAD_R)
-
-
-@gluon.jit
-def _loader(
-    q_b,
-    KV,
-    bt,
-    seq_len,
-    t_lo,
-    n,
-    R,
-    H_Q,
-    stride_qs,
-    stride_qh,
-    stride_kp,
-    stride_ks,
-    pid_m,
-    q_v,
-    q_r,
-    kv_v,
-    kv_r,
-    p_s,
-    m_s,
-    a_s,
-    l_s,
-    bars,
-    PAGE,
-    W: gl.constexpr,
-):
-    q_ready = bars.index(0)
-    _copy_rows(q_v, q_r, q_b, pid_m * q_v.shape[0], R, H_Q, stride_qs, stride_qh)
-    async_copy.mbarrier_arrive(q_ready, increment_count=False)
-    T: gl.constexpr = kv_v.shape[1]
-    NB: gl.constexpr = kv_v.shape[0]
+def _load(p):
+    """The loader warpgroup: q, then every tile into buffer ``i % NBUF`` once both consumers freed it."""
+    _copy_rows(p.q_v, p.q_r, p.q_b, p.pid_m * p.q_v.shape[0], p.R, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V, LOAD_R))
+    async_copy.mbarrier_arrive(p.bars.index(0), increment_count=False)
+    T: gl.constexpr = p.kv_v.shape[1]
+    NB: gl.constexpr = p.kv_v.shape[0]
     # the page of tile i + 2 is read in iteration i: the scalar load's latency hides behind two tiles' waits
-    page0 = gl.load(bt + (t_lo * T) // PAGE, mask=n > 0, other=0).to(gl.int64)
-    page1 = gl.load(bt + ((t_lo + 1) * T) // PAGE, mask=n > 1, other=0).to(gl.int64)
-    for i in range(0, n):
+    page0 = gl.load(p.bt + (p.t_lo * T) // p.page, mask=p.n > 0, other=0).to(gl.int64)
+    page1 = gl.load(p.bt + ((p.t_lo + 1) * T) // p.page, mask=p.n > 1, other=0).to(gl.int64)
+    for i in range(0, p.n):
         s = i % NB
-        t = t_lo + i
-        page2 = gl.load(bt + ((t + 2) * T) // PAGE, mask=i + 2 < n, other=0).to(gl.int64)
-        mbarrier.wait(bars.index(1 + NB + s), ((i // NB) & 1) ^ 1)  # free[s]
-        slot0 = (t % (PAGE // T)) * T
-        _copy_rows(
-            kv_v.index(s), kv_r.index(s), KV + page0 * stride_kp, slot0, slot0 + seq_len - t * T, PAGE, 0, stride_ks
-        )
-        async_copy.mbarrier_arrive(bars.index(1 + s), increment_count=False)  # ready[s]
+        t = p.t_lo + i
+        page2 = gl.load(p.bt + ((t + 2) * T) // p.page, mask=i + 2 < p.n, other=0).to(gl.int64)
+        mbarrier.wait(p.bars.index(FREE + s), ((i // NB) & 1) ^ 1)
+        slot0 = (t % (p.page // T)) * T
+        base = p.KV + page0 * p.stride_kp
+        limit = slot0 + p.seq_len - t * T  # keys past the sequence's end: zeros
+        _copy_rows(p.kv_v.index(s), p.kv_r.index(s), base, slot0, limit, p.page, 0, p.stride_ks, (LOAD_V, LOAD_R))
+        async_copy.mbarrier_arrive(p.bars.index(READY + s), increment_count=False)
         page0 = page1
         page1 = page2
 
@@ -126,473 +138,138 @@ def _pv(acc, alpha, p_smem, kv_v, s, W: gl.constexpr, PV: gl.constexpr):
 
 
 @gluon.jit
-def _step(
-    u,
-    S,
-    acc,
-    l_i,
-    m_i,
-    q_v,
-    q_r,
-    kv_v,
-    kv_r,
-    p_s,
-    m_s,
-    a_s,
-    bars,
-    t_lo,
-    n,
-    seq_len,
-    n_keys,
-    qk_scale,
-    W: gl.constexpr,
-    QK: gl.constexpr,
-    PV: gl.constexpr,
-    DT: gl.constexpr,
-    HAS_PREV: gl.constexpr,
-):
+def _receive(p, v, W: gl.constexpr, ROW: gl.constexpr):
+    """The other warpgroup's tile ``v``: wait for its publication, return its rescale factor and running max."""
+    O: gl.constexpr = 1 - W
+    mbarrier.wait(p.bars.index(M_READY + O), ((v - O) // 2) & 1)
+    return p.a_s.index(O).load(ROW), p.m_s.index(O).load(ROW)
+
+
+@gluon.jit
+def _release(p, v, W: gl.constexpr):
+    """This warpgroup is done with the other's tile ``v``: its buffer and its P."""
+    _barrier()
+    mbarrier.arrive(p.bars.index(FREE + v % p.kv_v.shape[0]), count=1)
+    mbarrier.arrive(p.bars.index(P_FREE + 1 - W), count=1)
+
+
+@gluon.jit
+def _step(u, S, acc, l_i, m_i, p, n_keys, W: gl.constexpr, QK: gl.constexpr, PV: gl.constexpr, HAS_PREV: gl.constexpr):
     """Tile u (this warpgroup's logits) and, before it, tile u - 1 (the other's): the softmax of u right after the
     other's max of u - 1 arrives, published at once (the only serial chain between the warpgroups); then both P @ V
     and the q k^T of tile u + 2, off that chain."""
-    T: gl.constexpr = kv_v.shape[1]
-    NB: gl.constexpr = kv_v.shape[0]
+    T: gl.constexpr = p.kv_v.shape[1]
+    NB: gl.constexpr = p.kv_v.shape[0]
     O: gl.constexpr = 1 - W
     S = warpgroup_mma_wait(0, deps=(S,))
     alpha_v = gl.full([S.shape[0]], 1.0, gl.float32, gl.SliceLayout(1, QK))
     if HAS_PREV:
-        mbarrier.wait(bars.index(1 + 2 * NB + O), ((u - 1 - O) // 2) & 1)  # m_ready[O]: tile u - 1
-        alpha_v = a_s.index(O).load(gl.SliceLayout(1, QK))
-        m_i = m_s.index(O).load(gl.SliceLayout(1, QK))
+        alpha_v, m_i = _receive(p, u - 1, W, gl.SliceLayout(1, QK))
         l_i = l_i * alpha_v
-    keys = (t_lo + u) * T + gl.arange(0, T, layout=gl.SliceLayout(0, QK))
-    allowed = gl.expand_dims(keys < seq_len, 0) & (gl.expand_dims(keys, 0) < gl.expand_dims(n_keys, 1))
-    S = gl.where(allowed, S * qk_scale, float("-inf"))
+    keys = (p.t_lo + u) * T + gl.arange(0, T, layout=gl.SliceLayout(0, QK))
+    allowed = gl.expand_dims(keys < p.seq_len, 0) & (gl.expand_dims(keys, 0) < gl.expand_dims(n_keys, 1))
+    S = gl.where(allowed, S * p.qk_scale, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(S, 1))
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha_u = gl.exp2(m_i - m_use)
-    p = gl.exp2(S - gl.expand_dims(m_use, 1))
+    prob = gl.exp2(S - gl.expand_dims(m_use, 1))
     k = (u - W) // 2
-    mbarrier.wait(bars.index(1 + 2 * NB + 2 + W), (k - 1) & 1, pred=k > 0)  # p_free[W]: tile u - 2 read
-    p_s.index(W).store(p.to(DT))
-    m_s.index(W).store(m_new)
-    a_s.index(W).store(alpha_u)
+    mbarrier.wait(p.bars.index(P_FREE + W), (k - 1) & 1, pred=k > 0)  # the other is done with tile u - 2's
+    p.p_s.index(W).store(prob.to(p.q_v.dtype))
+    p.m_s.index(W).store(m_new)
+    p.a_s.index(W).store(alpha_u)
     fence_async_shared()
     _barrier()
-    mbarrier.arrive(bars.index(1 + 2 * NB + W), count=1)  # m_ready[W]: tile u
-    l_i = l_i * alpha_u + gl.sum(p, 1)
-    if u + 2 < n:
+    mbarrier.arrive(p.bars.index(M_READY + W), count=1)
+    l_i = l_i * alpha_u + gl.sum(prob, 1)
+    if u + 2 < p.n:
         if HAS_PREV:
-            acc = _pv(acc, alpha_v, p_s.index(O), kv_v, (u - 1) % NB, W, PV)
+            acc = _pv(acc, alpha_v, p.p_s.index(O), p.kv_v, (u - 1) % NB, W, PV)
         s2 = (u + 2) % NB
-        mbarrier.wait(bars.index(1 + s2), ((u + 2) // NB) & 1)
+        mbarrier.wait(p.bars.index(READY + s2), ((u + 2) // NB) & 1)
         fence_async_shared()
-        S = warpgroup_mma(q_v, kv_v.index(s2).permute((1, 0)), S, use_acc=False, is_async=True)
-        S = warpgroup_mma(q_r, kv_r.index(s2).permute((1, 0)), S, is_async=True)
+        S = warpgroup_mma(p.q_v, p.kv_v.index(s2).permute((1, 0)), S, use_acc=False, is_async=True)
+        S = warpgroup_mma(p.q_r, p.kv_r.index(s2).permute((1, 0)), S, is_async=True)
         if HAS_PREV:
             acc, S = warpgroup_mma_wait(2, deps=(acc, S))  # P @ V of u - 1 done; q k^T of u + 2 still running
         else:
             S = warpgroup_mma_wait(2, deps=(S,))
-    else:
-        if HAS_PREV:
-            acc = _pv(acc, alpha_v, p_s.index(O), kv_v, (u - 1) % NB, W, PV)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+    elif HAS_PREV:
+        acc = _pv(acc, alpha_v, p.p_s.index(O), p.kv_v, (u - 1) % NB, W, PV)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
     if HAS_PREV:
-        _barrier()
-        mbarrier.arrive(bars.index(1 + NB + (u - 1) % NB), count=1)  # free: tile u - 1
-        mbarrier.arrive(bars.index(1 + 2 * NB + 2 + O), count=1)  # p_free[O]
-    acc = _pv(acc, alpha_u, p_s.index(W), kv_v, u % NB, W, PV)
+        _release(p, u - 1, W)
+    acc = _pv(acc, alpha_u, p.p_s.index(W), p.kv_v, u % NB, W, PV)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     _barrier()
-    mbarrier.arrive(bars.index(1 + NB + u % NB), count=1)  # free: tile u
+    mbarrier.arrive(p.bars.index(FREE + u % NB), count=1)
     return S, acc, l_i, m_new
 
 
 @gluon.jit
-def _other(v, acc, l_i, kv_v, p_s, m_s, a_s, bars, W: gl.constexpr, QK: gl.constexpr, PV: gl.constexpr):
-    """The last tile, the other warpgroup's: its max and alpha, then this half's P @ V."""
-    NB: gl.constexpr = kv_v.shape[0]
-    O: gl.constexpr = 1 - W
-    mbarrier.wait(bars.index(1 + 2 * NB + O), ((v - O) // 2) & 1)  # m_ready[O]
-    alpha = a_s.index(O).load(gl.SliceLayout(1, QK))
-    m_i = m_s.index(O).load(gl.SliceLayout(1, QK))
-    l_i = l_i * alpha
-    acc = _pv(acc, alpha, p_s.index(O), kv_v, v % NB, W, PV)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    _barrier()
-    mbarrier.arrive(bars.index(1 + NB + v % NB), count=1)  # free[s]
-    mbarrier.arrive(bars.index(1 + 2 * NB + 2 + O), count=1)  # p_free[O]
-    return acc, l_i, m_i
-
-
-@gluon.jit
-def _consumer(
-    q_b,
-    KV,
-    bt,
-    seq_len,
-    t_lo,
-    n,
-    R,
-    H_Q,
-    stride_qs,
-    stride_qh,
-    stride_kp,
-    stride_ks,
-    pid_m,
-    q_v,
-    q_r,
-    kv_v,
-    kv_r,
-    p_s,
-    m_s,
-    a_s,
-    l_s,
-    bars,
-    PAGE,
-    W: gl.constexpr,
-    out_b,
-    lse_b,
-    opart_b,
-    lsepart_b,
-    lse_stride,
-    qk_scale,
-    k_scale,
-    S_Q,
-    CAUSAL: gl.constexpr,
-    SINGLE: gl.constexpr,
-    stride_os,
-    stride_oh,
-    stride_ls,
-):
-    DT: gl.constexpr = q_v.dtype
-    T: gl.constexpr = kv_v.shape[1]
-    NB: gl.constexpr = kv_v.shape[0]
-    M: gl.constexpr = q_v.shape[0]
-    HALF: gl.constexpr = kv_v.shape[2] // 2
+def _consumer(p, W: gl.constexpr):
+    """Consumer warpgroup ``W``: logits of tiles ``W, W + 2, ..``, P @ V of every tile into value columns
+    ``256 W ..``, then its half of the partials (and, warpgroup 0, the LSE)."""
+    T: gl.constexpr = p.kv_v.shape[1]
+    M: gl.constexpr = p.q_v.shape[0]
+    HALF: gl.constexpr = p.kv_v.shape[2] // 2
     QK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, T, 16])
     PV: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
     ROW_QK: gl.constexpr = gl.SliceLayout(1, QK)
     ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
-    rows = pid_m * M + gl.arange(0, M, layout=ROW_QK)
-    if CAUSAL:
-        n_keys = seq_len - S_Q + 1 + rows // H_Q
-    else:
-        n_keys = gl.zeros([M], gl.int32, ROW_QK) + seq_len
+    rows = p.pid_m * M + gl.arange(0, M, layout=ROW_QK)
+    n_keys = gl.zeros([M], gl.int32, ROW_QK) + p.seq_len
+    if p.causal:  # query s sees keys j <= s + seq_len - S_q
+        n_keys = p.seq_len - p.S_Q + 1 + rows // p.H_Q
     m_i = gl.full([M], float("-inf"), gl.float32, ROW_QK)
     l_i = gl.zeros([M], gl.float32, ROW_QK)
     acc = gl.zeros([M, HALF], gl.float32, PV)
     S = gl.zeros([M, T], gl.float32, QK)
-    mbarrier.wait(bars.index(0), 0)  # q
-    if n > W:
-        mbarrier.wait(bars.index(1 + W), 0)
+    mbarrier.wait(p.bars.index(0), 0)  # q
+    if p.n > W:
+        mbarrier.wait(p.bars.index(READY + W), 0)
         fence_async_shared()
-        S = warpgroup_mma(q_v, kv_v.index(W).permute((1, 0)), S, use_acc=False, is_async=True)
-        S = warpgroup_mma(q_r, kv_r.index(W).permute((1, 0)), S, is_async=True)
+        S = warpgroup_mma(p.q_v, p.kv_v.index(W).permute((1, 0)), S, use_acc=False, is_async=True)
+        S = warpgroup_mma(p.q_r, p.kv_r.index(W).permute((1, 0)), S, is_async=True)
         S = warpgroup_mma_wait(2, deps=(S,))  # still running: waited for in _step
     if W == 0:  # noqa: SIM102 - W is a constexpr (a static branch), n a runtime value
-        if n >= 1:
-            S, acc, l_i, m_i = _step(
-                0,
-                S,
-                acc,
-                l_i,
-                m_i,
-                q_v,
-                q_r,
-                kv_v,
-                kv_r,
-                p_s,
-                m_s,
-                a_s,
-                bars,
-                t_lo,
-                n,
-                seq_len,
-                n_keys,
-                qk_scale,
-                W,
-                QK,
-                PV,
-                DT,
-                False,
-            )
-    for u in range(2 - W, n, 2):
-        S, acc, l_i, m_i = _step(
-            u,
-            S,
-            acc,
-            l_i,
-            m_i,
-            q_v,
-            q_r,
-            kv_v,
-            kv_r,
-            p_s,
-            m_s,
-            a_s,
-            bars,
-            t_lo,
-            n,
-            seq_len,
-            n_keys,
-            qk_scale,
-            W,
-            QK,
-            PV,
-            DT,
-            True,
-        )
-    if (n >= 1) & ((n - 1) % 2 != W):  # the last tile is the other warpgroup's
-        acc, l_i, m_i = _other(n - 1, acc, l_i, kv_v, p_s, m_s, a_s, bars, W, QK, PV)
+        if p.n >= 1:
+            S, acc, l_i, m_i = _step(0, S, acc, l_i, m_i, p, n_keys, W, QK, PV, False)
+    for u in range(2 - W, p.n, 2):
+        S, acc, l_i, m_i = _step(u, S, acc, l_i, m_i, p, n_keys, W, QK, PV, True)
+    if (p.n >= 1) & ((p.n - 1) % 2 != W):  # the last tile is the other warpgroup's
+        alpha, m_i = _receive(p, p.n - 1, W, ROW_QK)
+        l_i = l_i * alpha
+        acc = _pv(acc, alpha, p.p_s.index(1 - W), p.kv_v, (p.n - 1) % p.kv_v.shape[0], W, PV)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        _release(p, p.n - 1, W)
     # -- both halves' row sums: l = l_0 + l_1 (each relative to the last tile's max) ---------------------------------
-    l_s.index(W).store(l_i)
+    p.l_s.index(W).store(l_i)
     _barrier()
-    mbarrier.arrive(bars.index(1 + 2 * NB + 4 + W), count=1)
-    mbarrier.wait(bars.index(1 + 2 * NB + 4 + (1 - W)), 0)
-    l_i = l_i + l_s.index(1 - W).load(ROW_QK)
-    l_o = gl.convert_layout(l_i, ROW_PV)
+    mbarrier.arrive(p.bars.index(L_READY + W), count=1)
+    mbarrier.wait(p.bars.index(L_READY + 1 - W), 0)
+    l_o = gl.convert_layout(l_i + p.l_s.index(1 - W).load(ROW_QK), ROW_PV)
     has_keys = l_o > 0.0
     l_use = gl.where(has_keys, l_o, 1.0)
-    out = acc * gl.expand_dims(k_scale / l_use, 1)
-    lse2 = gl.where(has_keys, gl.convert_layout(m_i, ROW_PV) + gl.log2(l_use), float("-inf"))
-    rows_o = pid_m * M + gl.arange(0, M, layout=ROW_PV)
-    row_ok = rows_o < R
+    out = acc * gl.expand_dims(p.k_scale / l_use, 1)
+    rows_o = p.pid_m * M + gl.arange(0, M, layout=ROW_PV)
+    row_ok = rows_o < p.R
     cols_o = W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, PV))
-    if True:  # partials always (a single split too: the launcher converts)
-        gl.store(
-            opart_b + gl.expand_dims(rows_o.to(gl.int64) * (2 * HALF), 1) + gl.expand_dims(cols_o, 0),
-            out,
-            mask=gl.expand_dims(row_ok, 1),
-        )
-        if W == 0:
-            gl.store(lsepart_b + rows_o, lse2, mask=row_ok)
+    o_off = gl.expand_dims(rows_o.to(gl.int64) * (2 * HALF), 1) + gl.expand_dims(cols_o, 0)
+    gl.store(p.o_part + o_off, out, mask=gl.expand_dims(row_ok, 1))
+    if W == 0:
+        lse2 = gl.where(has_keys, gl.convert_layout(m_i, ROW_PV) + gl.log2(l_use), float("-inf"))
+        gl.store(p.lse_part + rows_o, lse2, mask=row_ok)
 
 
 @gluon.jit
-def _wg0(
-    q_b,
-    KV,
-    bt,
-    seq_len,
-    t_lo,
-    n,
-    R,
-    H_Q,
-    stride_qs,
-    stride_qh,
-    stride_kp,
-    stride_ks,
-    pid_m,
-    q_v,
-    q_r,
-    kv_v,
-    kv_r,
-    p_s,
-    m_s,
-    a_s,
-    l_s,
-    bars,
-    PAGE,
-    out_b,
-    lse_b,
-    opart_b,
-    lsepart_b,
-    lse_stride,
-    qk_scale,
-    k_scale,
-    S_Q,
-    CAUSAL,
-    SINGLE,
-    stride_os,
-    stride_oh,
-    stride_ls,
-):
-    _consumer(
-        q_b,
-        KV,
-        bt,
-        seq_len,
-        t_lo,
-        n,
-        R,
-        H_Q,
-        stride_qs,
-        stride_qh,
-        stride_kp,
-        stride_ks,
-        pid_m,
-        q_v,
-        q_r,
-        kv_v,
-        kv_r,
-        p_s,
-        m_s,
-        a_s,
-        l_s,
-        bars,
-        PAGE,
-        0,
-        out_b,
-        lse_b,
-        opart_b,
-        lsepart_b,
-        lse_stride,
-        qk_scale,
-        k_scale,
-        S_Q,
-        CAUSAL,
-        SINGLE,
-        stride_os,
-        stride_oh,
-        stride_ls,
-    )
+def _wg0(p):
+    _consumer(p, 0)
 
 
 @gluon.jit
-def _wg1(
-    q_b,
-    KV,
-    bt,
-    seq_len,
-    t_lo,
-    n,
-    R,
-    H_Q,
-    stride_qs,
-    stride_qh,
-    stride_kp,
-    stride_ks,
-    pid_m,
-    q_v,
-    q_r,
-    kv_v,
-    kv_r,
-    p_s,
-    m_s,
-    a_s,
-    l_s,
-    bars,
-    PAGE,
-    out_b,
-    lse_b,
-    opart_b,
-    lsepart_b,
-    lse_stride,
-    qk_scale,
-    k_scale,
-    S_Q,
-    CAUSAL,
-    SINGLE,
-    stride_os,
-    stride_oh,
-    stride_ls,
-):
-    _consumer(
-        q_b,
-        KV,
-        bt,
-        seq_len,
-        t_lo,
-        n,
-        R,
-        H_Q,
-        stride_qs,
-        stride_qh,
-        stride_kp,
-        stride_ks,
-        pid_m,
-        q_v,
-        q_r,
-        kv_v,
-        kv_r,
-        p_s,
-        m_s,
-        a_s,
-        l_s,
-        bars,
-        PAGE,
-        1,
-        out_b,
-        lse_b,
-        opart_b,
-        lsepart_b,
-        lse_stride,
-        qk_scale,
-        k_scale,
-        S_Q,
-        CAUSAL,
-        SINGLE,
-        stride_os,
-        stride_oh,
-        stride_ls,
-    )
-
-
-@gluon.jit
-def _load(
-    q_b,
-    KV,
-    bt,
-    seq_len,
-    t_lo,
-    n,
-    R,
-    H_Q,
-    stride_qs,
-    stride_qh,
-    stride_kp,
-    stride_ks,
-    pid_m,
-    q_v,
-    q_r,
-    kv_v,
-    kv_r,
-    p_s,
-    m_s,
-    a_s,
-    l_s,
-    bars,
-    PAGE,
-    out_b,
-    lse_b,
-    opart_b,
-    lsepart_b,
-    lse_stride,
-    qk_scale,
-    k_scale,
-    S_Q,
-    CAUSAL,
-    SINGLE,
-    stride_os,
-    stride_oh,
-    stride_ls,
-):
-    _loader(
-        q_b,
-        KV,
-        bt,
-        seq_len,
-        t_lo,
-        n,
-        R,
-        H_Q,
-        stride_qs,
-        stride_qh,
-        stride_kp,
-        stride_ks,
-        pid_m,
-        q_v,
-        q_r,
-        kv_v,
-        kv_r,
-        p_s,
-        m_s,
-        a_s,
-        l_s,
-        bars,
-        PAGE,
-        2,
-    )
+def _wg1(p):
+    _consumer(p, 1)
 
 
 @gluon.jit
@@ -631,94 +308,59 @@ def _pp_kernel(
     BLOCK_N: gl.constexpr,
     SINGLE: gl.constexpr,
 ):
+    """The landed split kernel's arguments (``SINGLE`` must be false: :class:`_Launcher` sees to it)."""
     dtype: gl.constexpr = Q.dtype.element_ty
     T: gl.constexpr = TILE
-    SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([T, D_V], dtype)
-    SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([T, D_ROPE], dtype)
-    SH_QV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_V], dtype)
-    SH_QR: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_ROPE], dtype)
-    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, T], dtype)
     SH_1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     R = S_Q * H_Q
     seq_len = gl.load(SEQ_LENS + b)
-    n_tiles = gl.cdiv(seq_len, T)
     per: gl.constexpr = BLOCK_N // T
     t_lo = split * blocks_per_split * per
-    n = gl.maximum(gl.minimum(t_lo + blocks_per_split * per, n_tiles) - t_lo, 0)
-    bt = BLOCK_TABLE + b * stride_btb
-    q_b = Q + b.to(gl.int64) * stride_qb
-
-    q_v = gl.allocate_shared_memory(dtype, [BLOCK_M, D_V], SH_QV)
-    q_r = gl.allocate_shared_memory(dtype, [BLOCK_M, D_ROPE], SH_QR)
-    kv_v = gl.allocate_shared_memory(dtype, [NBUF, T, D_V], SH_V)
-    kv_r = gl.allocate_shared_memory(dtype, [NBUF, T, D_ROPE], SH_R)
-    p_s = gl.allocate_shared_memory(dtype, [2, BLOCK_M, T], SH_P)
-    m_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], SH_1)
-    a_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], SH_1)
-    l_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], SH_1)
-    # barriers: q | ready[NBUF] | free[NBUF] | m_ready[2] | p_free[2] | l_ready[2]
-    NBAR: gl.constexpr = 1 + 2 * NBUF + 6
-    bars = gl.allocate_shared_memory(gl.int64, [NBAR, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(bars.index(0), count=128)
+    n = gl.maximum(gl.minimum(t_lo + blocks_per_split * per, gl.cdiv(seq_len, T)) - t_lo, 0)
+    bars = gl.allocate_shared_memory(gl.int64, [L_READY + 2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bars.index(0), count=128)  # the loader's 128 threads each arrive once its copies landed
     for i in gl.static_range(NBUF):
-        mbarrier.init(bars.index(1 + i), count=128)
-        mbarrier.init(bars.index(1 + NBUF + i), count=2)
+        mbarrier.init(bars.index(READY + i), count=128)
+        mbarrier.init(bars.index(FREE + i), count=2)
     for i in gl.static_range(6):
-        mbarrier.init(bars.index(1 + 2 * NBUF + i), count=1)
-
+        mbarrier.init(bars.index(M_READY + i), count=1)
     part = (b * num_splits + split).to(gl.int64) * R
-    args = (
-        q_b,
+    # every scalar a tensor: Triton's launcher passes an int argument equal to 1 as a constant
+    p = Part(
+        Q + b.to(gl.int64) * stride_qb,
         KV,
-        bt,
-        seq_len,
+        BLOCK_TABLE + b * stride_btb,
+        gl.to_tensor(seq_len),
         t_lo,
         n,
-        R,
-        H_Q,
-        stride_qs,
-        stride_qh,
-        stride_kp,
-        stride_ks,
+        gl.to_tensor(R),
+        gl.to_tensor(H_Q),
+        gl.to_tensor(S_Q),
         pid_m,
-        q_v,
-        q_r,
-        kv_v,
-        kv_r,
-        p_s,
-        m_s,
-        a_s,
-        l_s,
-        bars,
-        PAGE,
-    )
-    # constexprs do not cross warp_specialize (they arrive as runtime values): the causal and single-split choices
-    # are uniform runtime branches, both outputs' pointers passed
-    tail = (
-        OUT + b.to(gl.int64) * stride_ob,
-        LSE + b * stride_lb,
+        gl.to_tensor(CAUSAL),
+        gl.to_tensor(PAGE),
+        gl.to_tensor(stride_qs),
+        gl.to_tensor(stride_qh),
+        gl.to_tensor(stride_kp),
+        gl.to_tensor(stride_ks),
+        gl.to_tensor(qk_scale),
+        gl.to_tensor(k_scale),
         O_PART + part * D_V,
         LSE_PART + part,
-        stride_lh,
-        qk_scale,
-        k_scale,
-        S_Q,
-        CAUSAL,
-        SINGLE,
-        stride_os,
-        stride_oh,
-        stride_ls,
+        gl.allocate_shared_memory(dtype, [BLOCK_M, D_V], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_V], dtype)),
+        gl.allocate_shared_memory(
+            dtype, [BLOCK_M, D_ROPE], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_ROPE], dtype)
+        ),
+        gl.allocate_shared_memory(dtype, [NBUF, T, D_V], gl.NVMMASharedLayout.get_default_for([T, D_V], dtype)),
+        gl.allocate_shared_memory(dtype, [NBUF, T, D_ROPE], gl.NVMMASharedLayout.get_default_for([T, D_ROPE], dtype)),
+        gl.allocate_shared_memory(dtype, [2, BLOCK_M, T], gl.NVMMASharedLayout.get_default_for([BLOCK_M, T], dtype)),
+        gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], SH_1),
+        gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], SH_1),
+        gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], SH_1),
+        bars,
     )
-    gl.warp_specialize(
-        [
-            (_wg0, args + tail),
-            (_wg1, args + tail),
-            (_load, args + tail),
-        ],
-        [4, 4],
-        [232, 40],
-    )
+    gl.warp_specialize([(_wg0, (p,)), (_wg1, (p,)), (_load, (p,))], [4, 4], [232, 40])
 
 
 class _Launcher:

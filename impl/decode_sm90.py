@@ -62,12 +62,13 @@ if AVAILABLE:
         _async_load(dst, base + gl.expand_dims(off, 1) + gl.expand_dims(cols, 0), mask=gl.expand_dims(r < limit, 1))
 
     @gluon.jit
-    def _copy_rows(dst_v, dst_r, base, first, limit, div, stride_hi, stride_lo):
+    def _copy_rows(dst_v, dst_r, base, first, limit, div, stride_hi, stride_lo, LAYOUTS: gl.constexpr):
         """Issue the copy of entries ``[512 | 64]`` into ``dst_v`` / ``dst_r``: entry ``r`` of ``first, first + 1,
         ..`` at ``base + (r // div) * stride_hi + (r % div) * stride_lo``; entries ``r >= limit`` are zero-filled
-        (never read: their slots may hold NaN)."""
-        _copy_part(dst_v, base, first, limit, div, stride_hi, stride_lo, 0, LOAD_V)
-        _copy_part(dst_r, base, first, limit, div, stride_hi, stride_lo, dst_v.shape[1], LOAD_R)
+        (never read: their slots may hold NaN). ``LAYOUTS``: the two copies' register layouts, ``(LOAD_V, LOAD_R)``
+        here (the copying warps' count is in them)."""
+        _copy_part(dst_v, base, first, limit, div, stride_hi, stride_lo, 0, LAYOUTS[0])
+        _copy_part(dst_r, base, first, limit, div, stride_hi, stride_lo, dst_v.shape[1], LAYOUTS[1])
 
     @gluon.jit
     def _copy_tile(kv_v, kv_r, KV, page, blk, seq_len, stride_kp, stride_ks, PAGE: gl.constexpr):
@@ -76,7 +77,7 @@ if AVAILABLE:
         n: gl.constexpr = kv_v.shape[0]
         slot0 = (blk % (PAGE // n)) * n
         limit = slot0 + seq_len - blk * n
-        _copy_rows(kv_v, kv_r, KV + page * stride_kp, slot0, limit, PAGE, 0, stride_ks)
+        _copy_rows(kv_v, kv_r, KV + page * stride_kp, slot0, limit, PAGE, 0, stride_ks, (LOAD_V, LOAD_R))
 
     @gluon.jit
     def split_kernel(
@@ -142,7 +143,7 @@ if AVAILABLE:
 
         # -- copy group 0: the query block (rows (s, h) in q's order; rows past R are zeros) and the first tile ------
         q_b = Q + b.to(gl.int64) * stride_qb
-        _copy_rows(q_v, q_r, q_b, pid_m * BLOCK_M, R, H_Q, stride_qs, stride_qh)
+        _copy_rows(q_v, q_r, q_b, pid_m * BLOCK_M, R, H_Q, stride_qs, stride_qh, (LOAD_V, LOAD_R))
         if blk_lo < blk_hi:
             page = gl.load(bt + blk_lo // SUB).to(gl.int64)
             _copy_tile(kv_v.index(0), kv_r.index(0), KV, page, blk_lo, seq_len, stride_kp, stride_ks, PAGE)
