@@ -67,6 +67,7 @@ __all__ = [
     "KERNELS",
     "DecodeConfig",
     "DecodeOutput",
+    "compiled_capability",
     "decode_config",
     "mla_decode_paged",
     "num_splits_heuristic",
@@ -367,8 +368,7 @@ def use_sm90(kernel: str, q: torch.Tensor, kv_cache: torch.Tensor, cfg: DecodeCo
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    compiled = q.device.type == "cuda" and not _interpreted()
-    capability = torch.cuda.get_device_capability(q.device) if compiled else None
+    capability = compiled_capability(q.device)
     strides = (*q.stride()[:3], *kv_cache.stride()[:2])
     aligned = q.data_ptr() % 16 == 0 and kv_cache.data_ptr() % 16 == 0 and all(x % 16 == 0 for x in strides)
     why = sm90_why_not(capability, q.dtype, cfg, **shape, aligned=aligned)
@@ -380,6 +380,14 @@ def use_sm90(kernel: str, q: torch.Tensor, kv_cache: torch.Tensor, cfg: DecodeCo
 def _interpreted() -> bool:
     """Whether Triton's interpreter runs the kernels (fixed when they were defined; Gluon has no interpreter)."""
     return type(_mla_decode_split_kernel).__name__ == "InterpretedFunction"
+
+
+def compiled_capability(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of the CUDA GPU that compiled kernels run on for tensors on ``device``; ``None`` off
+    CUDA or under Triton's interpreter (where no Gluon kernel runs)."""
+    if device.type != "cuda" or _interpreted():
+        return None
+    return torch.cuda.get_device_capability(device)
 
 
 def _num_sms(device: torch.device) -> int:

@@ -25,7 +25,9 @@ columns of one ``[D, BLOCK_M * H]`` fp8 tile, loops over key tiles ``[BLOCK_N, D
 with the keys as the MMA's rows (fp8 e4m3 inputs, fp32 accumulation; on Hopper a ``QGMMA``; DeepGEMM's layout, so
 the head sum stays inside a warp), the ReLU, the weighted head sum and the scale, and writes only the
 ``[BLOCK_M, BLOCK_N]`` logits: read ``M H D + (M / BLOCK_M) N D`` bytes, write ``4 M N``. Key tiles
-that no row of the block can see are not read; their columns are written ``-inf``.
+that no row of the block can see are not read; their columns are written ``-inf``. On Hopper, 64 heads of 128
+(DeepSeek V3.2) run the same math as :mod:`mlaspec.impl.indexer_sm90` (Gluon), whose MMAs are issued one per token
+so a token's epilogue runs while the next token's MMA does (``kernel=``, :func:`indexer_sm90_why_not`).
 
 The top-k is a threshold select: the ``K``-th largest valid logit is found bit by bit on an order-preserving
 32-bit key of the fp32 value (32 counting passes over the row), then one pass writes every index above the
@@ -34,11 +36,16 @@ threshold and the first ``K - count_above`` indices equal to it, compacted with 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["indexer_logits", "paged_indexer_logits", "topk_indices"]
+from . import indexer_sm90
+from .decode import KERNELS, compiled_capability
+
+__all__ = ["indexer_logits", "indexer_sm90_why_not", "paged_indexer_logits", "topk_indices"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -279,6 +286,27 @@ def _fp8(name: str, x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
+def indexer_sm90_why_not(
+    capability: tuple[int, int] | None, heads: int, dim: int, *, aligned: bool = True
+) -> str | None:
+    """Why :mod:`mlaspec.impl.indexer_sm90` cannot compute these logits, or ``None`` where it can.
+
+    It needs Gluon in this Triton, a Hopper GPU (``capability``: the CUDA device's compute capability, ``None`` off
+    CUDA or under the interpreter), ``q [M, 64, 128]`` (``heads``, ``dim``: DeepSeek V3.2's indexer, the shape it is
+    compiled and timed for) and (``aligned``) q and k 16-byte aligned (its ``cp.async`` copies move 16 bytes).
+    """
+    g = indexer_sm90
+    if not g.AVAILABLE:
+        return "indexer_sm90 needs triton's Gluon (triton >= 3.5)"
+    if capability is None or capability[0] != 9:
+        return f"indexer_sm90 runs on a Hopper GPU (sm_90) with compiled kernels, got compute capability {capability}"
+    if (heads, dim) != (g.HEADS, g.DIM):
+        return f"indexer_sm90 takes {g.HEADS} heads of {g.DIM}, got {heads} of {dim}"
+    if not aligned:
+        return "indexer_sm90 takes q and k 16-byte aligned"
+    return None
+
+
 def indexer_logits(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -288,10 +316,11 @@ def indexer_logits(
     k_scale: torch.Tensor | None = None,
     *,
     block_m: int | None = None,
-    block_n: int = 64,
-    tiles: int = 32,
-    num_warps: int = 4,
-    num_stages: int = 3,
+    block_n: int | None = None,
+    tiles: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    kernel: str | None = None,
 ) -> torch.Tensor:
     """Ragged fp8 indexer logits, absolute columns (see the module docstring).
 
@@ -302,9 +331,15 @@ def indexer_logits(
         ks, ke: ``[M]`` int, ``0 <= ks <= ke <= N``.
         k_scale: optional ``[N]`` float (fp32), the per-key scale.
         block_m: query tokens per program (default ``128 / H``, at least ``16 / H``); ``block_n``: keys per
-            tile; ``tiles``: key tiles per program; ``num_warps`` / ``num_stages``: Triton's launch options. The
-            defaults were the fastest of 19 configurations timed on an H200 (S = 8192 causal: 659 TFLOP/s; 8 tiles
-            a program 584, 128-key tiles or 8 warps 370-520).
+            tile (default 64, fewer when ``N`` is small); ``tiles``: key tiles per program (default 32);
+            ``num_warps`` / ``num_stages``: Triton's launch options (default 4 and 3). The defaults were the
+            fastest of 19 configurations timed on an H200 (S = 8192 causal: 659 TFLOP/s; 8 tiles a program 584,
+            128-key tiles or 8 warps 370-520). Any of them given keeps the readable kernel unless
+            ``kernel="sm90"``.
+        kernel: ``"auto"`` (default; or the ``MLASPEC_INDEXER_KERNEL`` environment variable): on Hopper, for 64
+            heads of 128, :mod:`mlaspec.impl.indexer_sm90` (Gluon; 1.3-1.4x the readable kernel), else the
+            readable one; ``"triton"``: the readable kernel; ``"sm90"``: the Gluon kernel, a ``ValueError`` saying
+            why where it does not apply (:func:`indexer_sm90_why_not`).
 
     Returns:
         ``logits [M, N]`` float32, ``-inf`` outside ``[ks, ke)``.
@@ -320,14 +355,33 @@ def indexer_logits(
     w = weights.to(device=dev, dtype=torch.float32).contiguous()
     ks32, ke32 = (t.to(device=dev, dtype=torch.int32).contiguous() for t in (ks, ke))
     scale = None if k_scale is None else k_scale.to(device=dev, dtype=torch.float32).contiguous()
+    kernel = kernel or os.environ.get("MLASPEC_INDEXER_KERNEL", "auto")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} (MLASPEC_INDEXER_KERNEL or kernel=)")
+    tuned = any(x is not None for x in (block_m, block_n, tiles, num_warps, num_stages))
+    why = "not asked for"
+    if kernel == "sm90" or (kernel == "auto" and not tuned):
+        aligned = q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0
+        why = indexer_sm90_why_not(compiled_capability(dev), H, D, aligned=aligned)
+    if kernel == "sm90" and why:
+        raise ValueError(why)
     out = torch.empty(M, N, dtype=torch.float32, device=dev)
     if M == 0 or N == 0:
+        return out
+    if why is None:
+        g = indexer_sm90
+        grid = (triton.cdiv(M, g.BLOCK_Q), triton.cdiv(N, g.BLOCK_N * g.TILES))
+        g.logits_kernel[grid](
+            q, k, w, ks32, ke32, scale if scale is not None else w, out, M, N, out.stride(0), H=H, D=D,
+            BLOCK_N=g.BLOCK_N, TILES=g.TILES, STAGES=g.STAGES, HAS_SCALE=scale is not None, num_warps=g.NUM_WARPS,
+        )  # fmt: skip
         return out
     if block_m is None:
         block_m = max(1, 128 // H)  # 128 rows of the MMA tile
     _pow2("block_m", block_m)
     block_m = max(block_m, 16 // H)  # tl.dot needs at least 16 rows: H * BLOCK_M >= 16
-    block_n = min(block_n, max(16, triton.next_power_of_2(N)))
+    block_n = min(block_n or 64, max(16, triton.next_power_of_2(N)))
+    tiles, num_warps, num_stages = tiles or 32, num_warps or 4, num_stages or 3
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n * tiles))
     _indexer_logits_kernel[grid](
         q,

@@ -103,3 +103,21 @@ def test_the_ping_pong_probe_still_compiles_for_hopper():
     spec = dict(num_warps=4, num_stages=1, options={"maxnreg": 168}, path=[bench])
     out = compiled("pingpong_probe:_pp_kernel", POINTERS, const, **spec)
     assert out["shared"] <= HOPPER_SHARED, out
+
+
+def test_the_gluon_indexer_waits_for_one_token_at_a_time():
+    """The indexer's logits on Hopper (:mod:`mlaspec.impl.indexer_sm90`): fp8 warpgroup MMAs, the first token's
+    waited for alone (``wgmma.wait_group 1``) so its epilogue runs under the second's, the next tile's copy issued
+    before this tile's MMAs, and shared memory small enough for four programs an SM."""
+    from mlaspec.impl import indexer_sm90 as g
+
+    if not g.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    pointers = dict(Q="*fp8e4nv", K="*fp8e4nv", W="*fp32", KS="*i32", KE="*i32", KSCALE="*fp32", OUT="*fp32")
+    const = dict(H=g.HEADS, D=g.DIM, BLOCK_N=g.BLOCK_N, TILES=g.TILES, STAGES=g.STAGES, HAS_SCALE=True)
+    words = ["wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3", "wgmma.wait_group.sync.aligned 1;"]
+    out = compiled("mlaspec.impl.indexer_sm90:logits_kernel", pointers, const, num_warps=g.NUM_WARPS, num_stages=1,
+                   ptx_words=words)  # fmt: skip
+    assert all(out["ptx_has"].values()), out
+    assert out["copies_before_dots"], out
+    assert 4 * out["shared"] <= HOPPER_SHARED, out
