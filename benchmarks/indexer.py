@@ -10,9 +10,11 @@ the rows (kernel ``topk``). Counts::
                                                      # W = max(ke - ks) compressed columns (DeepGEMM >= 2.8)
     top-k: bytes = 4 * M * N + 4 * M * K             # read the logits, write int32 indices; no FLOPs counted
 
-Providers: ``triton`` (:func:`mlaspec.impl.indexer.indexer_logits`), ``deepgemm`` (``fp8_fp4_mqa_logits`` /
-``fp8_mqa_logits`` through :class:`mlaspec.conformance.backends.deepgemm.DeepGEMMBackend`'s bound functions, the raw
-call only, skipped with a note when not importable), ``torch`` (fp32 einsum, as vLLM's fallback). The top-k compares
+Providers: ``triton`` (:func:`mlaspec.impl.indexer.indexer_logits` as called: on Hopper the Gluon kernel of
+:mod:`mlaspec.impl.indexer_sm90`, ``MLASPEC_INDEXER_KERNEL=triton`` for the readable one), ``deepgemm``
+(``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits`` through
+:class:`mlaspec.conformance.backends.deepgemm.DeepGEMMBackend`'s bound functions, the raw call only, skipped with a
+note when not importable), ``torch`` (fp32 einsum, as vLLM's fallback). The top-k compares
 :func:`mlaspec.impl.indexer.topk_indices` with ``torch.topk`` on the same logits. The table gives the speed against
 DeepGEMM (logits) and ``torch.topk`` measured in the same run.
 
@@ -108,7 +110,7 @@ def run(
 
 
 def sweep(S: int) -> None:
-    """Time the ragged kernel's launch options on one problem (block_m, block_n, tiles, warps, stages)."""
+    """Time the readable ragged kernel's launch options on one problem (block_m, block_n, tiles, warps, stages)."""
     from mlaspec.impl.indexer import indexer_logits
 
     q, k, k_scale, w, ks, ke = make_problem(S, torch.device("cuda"))
