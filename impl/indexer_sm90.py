@@ -124,7 +124,7 @@ if AVAILABLE:
         # -- columns no token of the block sees: -inf, no key read -------------------------------------------------
         for t in gl.static_range(2):
             tok = pid_m * 2 + t
-            _fill(OUT, tok, p_lo * BLOCK_N, j_lo * BLOCK_N, M, N, stride_om, 4 * 32 * WARPS, FILL)
+            _fill(OUT, tok, p_lo * BLOCK_N, gl.minimum(j_lo, p_hi) * BLOCK_N, M, N, stride_om, 4 * 32 * WARPS, FILL)
             _fill(OUT, tok, j_hi * BLOCK_N, p_hi * BLOCK_N, M, N, stride_om, 4 * 32 * WARPS, FILL)
         if j_lo < j_hi:
             # -- q of both tokens (rows past M zero), their head weights; the first STAGES - 1 key tiles -----------

@@ -85,6 +85,7 @@ def _case(seed, m, n, *, scale=True, nan_outside=True):
         (64, 1000, False, False),  # no key scale
         (257, 3001, True, True),  # N not a multiple of 64; programs past the spans write -inf only
         (300, 4096 + 64, True, False),  # three programs' worth of keys (2048 a program)
+        (16, 9000, True, True),  # spans starting past whole programs' keys: those programs write -inf only
     ],
 )
 def test_matches_spec(m, n, scale, nan_outside):
