@@ -76,7 +76,7 @@ __all__ = [
     "use_sm90",
 ]
 
-KERNELS = ("auto", "triton", "sm90")  # which split kernel: see use_sm90
+KERNELS = ("auto", "triton", "sm90")  # which kernel: see use_sm90 (and indexer.indexer_logits, which shares them)
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): ln(x) = log2(x) * LN2

@@ -359,20 +359,22 @@ def indexer_logits(
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} (MLASPEC_INDEXER_KERNEL or kernel=)")
     tuned = any(x is not None for x in (block_m, block_n, tiles, num_warps, num_stages))
-    why = "not asked for"
-    if kernel == "sm90" or (kernel == "auto" and not tuned):
+    gluon = kernel == "sm90" or (kernel == "auto" and not tuned)
+    if gluon:
         aligned = q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0
         why = indexer_sm90_why_not(compiled_capability(dev), H, D, aligned=aligned)
-    if kernel == "sm90" and why:
-        raise ValueError(why)
+        if why and kernel == "sm90":
+            raise ValueError(why)
+        gluon = why is None
     out = torch.empty(M, N, dtype=torch.float32, device=dev)
     if M == 0 or N == 0:
         return out
-    if why is None:
+    scale_arg = scale if scale is not None else w  # not read without HAS_SCALE
+    if gluon:
         g = indexer_sm90
         grid = (triton.cdiv(M, g.BLOCK_Q), triton.cdiv(N, g.BLOCK_N * g.TILES))
         g.logits_kernel[grid](
-            q, k, w, ks32, ke32, scale if scale is not None else w, out, M, N, out.stride(0), H=H, D=D,
+            q, k, w, ks32, ke32, scale_arg, out, M, N, out.stride(0), H=H, D=D,
             BLOCK_N=g.BLOCK_N, TILES=g.TILES, STAGES=g.STAGES, HAS_SCALE=scale is not None, num_warps=g.NUM_WARPS,
         )  # fmt: skip
         return out
@@ -389,7 +391,7 @@ def indexer_logits(
         w,
         ks32,
         ke32,
-        scale if scale is not None else w,
+        scale_arg,
         out,
         M,
         N,

@@ -38,7 +38,7 @@ try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs ever
         warpgroup_mma_wait,
     )
 
-    from .decode_sm90 import _async_load, _barrier
+    from .decode_sm90 import _barrier, _copy_part
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed triton
     gluon = None
 
@@ -50,14 +50,6 @@ HEADS, DIM = 64, 128  # the shape it is compiled and timed for: DeepSeek V3.2's 
 NUM_WARPS, BLOCK_N, STAGES, TILES = 4, 64, 4, 32  # one warpgroup, 64 keys a tile, 4 buffers, 2048 keys a program
 
 if AVAILABLE:
-
-    @gluon.jit
-    def _copy(dst, src, first, limit, D: gl.constexpr, LOAD: gl.constexpr):
-        """Issue the copy of rows ``first ..`` of ``src [., D]`` into ``dst``; rows ``>= limit`` zero-filled."""
-        r = first + gl.arange(0, dst.shape[0], layout=gl.SliceLayout(1, LOAD))
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
-        ptrs = src + gl.expand_dims(r.to(gl.int64) * D, 1) + gl.expand_dims(cols, 0)
-        _async_load(dst, ptrs, mask=gl.expand_dims(r < limit, 1))
 
     @gluon.jit
     def _epilogue(acc, w, ks, ke, tok, k0, KSCALE, OUT, M, N, stride_om, HAS_SCALE: gl.constexpr):
@@ -130,11 +122,11 @@ if AVAILABLE:
             # -- q of both tokens (rows past M zero), their head weights; the first STAGES - 1 key tiles -----------
             q_s = gl.allocate_shared_memory(gl.float8e4nv, [2, H, D], SH_Q)
             k_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D], SH)
-            _copy(q_s.index(0), Q, t0 * H, M * H, D, LOAD)
-            _copy(q_s.index(1), Q, t1 * H, M * H, D, LOAD)
+            _copy_part(q_s.index(0), Q, t0 * H, M * H, 1, D, 0, 0, LOAD)
+            _copy_part(q_s.index(1), Q, t1 * H, M * H, 1, D, 0, 0, LOAD)
             for s in gl.static_range(STAGES - 1):
                 if j_lo + s < j_hi:
-                    _copy(k_s.index(s), K, (j_lo + s) * BLOCK_N, N, D, LOAD)
+                    _copy_part(k_s.index(s), K, (j_lo + s) * BLOCK_N, N, 1, D, 0, 0, LOAD)
                 async_copy.commit_group()
             heads = gl.arange(0, H, layout=HEAD)
             w0 = gl.load(W + t0 * H + heads)
@@ -146,7 +138,7 @@ if AVAILABLE:
                 fence_async_shared()
                 _barrier()  # every thread's part is in; every warpgroup is done with tile j - 1's buffer
                 if j + STAGES - 1 < j_hi:
-                    _copy(k_s.index((i + STAGES - 1) % STAGES), K, (j + STAGES - 1) * BLOCK_N, N, D, LOAD)
+                    _copy_part(k_s.index((i + STAGES - 1) % STAGES), K, (j + STAGES - 1) * BLOCK_N, N, 1, D, 0, 0, LOAD)
                 async_copy.commit_group()
                 k_j = k_s.index(i % STAGES)
                 # -- one MMA per token (keys x heads); token 0's epilogue runs while token 1's MMA does --------------

@@ -8,6 +8,7 @@ import torch
 
 from mlaspec.conformance.ops.common import attention_bounds
 from mlaspec.impl.decode import page_cache
+from mlaspec.spec import indexer as indexer_spec
 from mlaspec.spec.forms import mqa_latent_attention
 
 SCALE = 192**-0.5
@@ -55,3 +56,36 @@ def decode_reference(q, kv, seq_lens, causal, u):
         ob, lb = attention_bounds(qb, k, k[..., :512], scale=SCALE, causal=causal, ref=ref, u=u)
         outs.append(ref.out), lses.append(ref.lse), out_bounds.append(ob), lse_bounds.append(lb)
     return torch.cat(outs), torch.cat(lses), torch.cat(out_bounds), torch.cat(lse_bounds)
+
+
+def indexer_case(seed, m, n, h, d, *, starts_past_zero=True):
+    """Ragged indexer inputs quantized as the spec does: fp8 ``q [m, h, d]`` with folded weights, fp8 ``k [n, d]``
+    with per-key scales; spans ``[ks, ke)`` with an empty one (row 0), starting past 0 unless not
+    ``starts_past_zero``; NaN keys (and scales) outside every span."""
+    g = torch.Generator().manual_seed(seed)
+    q = indexer_spec.quantize_indexer_q(
+        torch.randn(m, h, d, generator=g, dtype=torch.float64) * 3, torch.randn(m, h, generator=g, dtype=torch.float64)
+    )
+    k_fp8, k_scale = indexer_spec.quantize_indexer_k(torch.randn(n, d, generator=g, dtype=torch.float64) * 2)
+    ks = torch.randint(0, n // 2 if starts_past_zero else 1, (m,), generator=g)
+    ke = torch.minimum(ks + torch.randint(0, n, (m,), generator=g), torch.tensor(n))
+    ke[0] = ks[0]  # an empty span
+    outside = torch.ones(n, dtype=torch.bool)
+    for s, e in zip(ks.tolist(), ke.tolist()):
+        outside[s:e] = False
+    k_fp8 = k_fp8.view(torch.uint8).masked_fill(outside[:, None], 0x7F).view(torch.float8_e4m3fn)  # NaN keys
+    k_scale = k_scale.masked_fill(outside, float("nan"))
+    return q.q_fp8, k_fp8, q.weights.float(), ks.int(), ke.int(), k_scale
+
+
+def assert_logits(got, ref, bound):
+    """-inf positions exactly, then every finite logit within the harness's fp32 budget."""
+    __tracebackhide__ = True
+    got = got.detach().cpu().to(torch.float64)
+    assert got.shape == ref.shape, f"shape {list(got.shape)}, spec {list(ref.shape)}"
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(got), inf), f"-inf positions differ: got {torch.isinf(got).nonzero().tolist()[:8]}"
+    assert not torch.isnan(got).any(), "NaN in the logits"
+    err = (got - ref).abs()[~inf]
+    b = bound[~inf].clamp_min(1e-300)
+    assert bool((err <= b).all()), f"worst error/bound {float((err / b).max()):.3g}"

@@ -30,22 +30,10 @@ from mlaspec.conformance.runner import run_case
 from mlaspec.impl.indexer import indexer_logits, paged_indexer_logits, topk_indices
 from mlaspec.spec import indexer as spec
 from mlaspec.spec.topk import topk_agreement
+from tests.kernel_checks import assert_logits, indexer_case
 
 pytestmark = pytest.mark.interpreter
 OPS = ("indexer_logits", "paged_indexer_logits", "topk_indices")
-
-
-def assert_logits(got, ref, bound):
-    """-inf positions exactly, then every finite logit within the harness's fp32 budget."""
-    __tracebackhide__ = True
-    got = got.detach().to(torch.float64)
-    assert got.shape == ref.shape, f"shape {list(got.shape)}, spec {list(ref.shape)}"
-    inf = torch.isinf(ref)
-    assert torch.equal(torch.isinf(got), inf), f"-inf positions differ: got {torch.isinf(got).nonzero().tolist()[:8]}"
-    assert not torch.isnan(got).any(), "NaN in the logits"
-    err = (got - ref).abs()[~inf]
-    b = bound[~inf].clamp_min(1e-300)
-    assert bool((err <= b).all()), f"worst error/bound {float((err / b).max()):.3g}"
 
 
 @pytest.mark.parametrize("case", curated_cases(ops=OPS, dtypes=("bfloat16", "float16", "float32")), ids=str)
@@ -60,33 +48,16 @@ def test_composed_backend_declares_the_ops():
 
 
 # -- ragged logits ---------------------------------------------------------------------------------------------------
-def _ragged(seed, m, n, h, d, *, starts_past_zero=True):
-    g = torch.Generator().manual_seed(seed)
-    q = spec.quantize_indexer_q(
-        torch.randn(m, h, d, generator=g, dtype=torch.float64) * 3, torch.randn(m, h, generator=g, dtype=torch.float64)
-    )
-    k_fp8, k_scale = spec.quantize_indexer_k(torch.randn(n, d, generator=g, dtype=torch.float64) * 2)
-    ks = torch.randint(0, n // 2 if starts_past_zero else 1, (m,), generator=g)
-    ke = torch.minimum(ks + torch.randint(0, n, (m,), generator=g), torch.tensor(n))
-    ke[0] = ks[0]  # an empty span
-    outside = torch.ones(n, dtype=torch.bool)
-    for s, e in zip(ks.tolist(), ke.tolist()):
-        outside[s:e] = False
-    k_fp8 = k_fp8.view(torch.uint8).masked_fill(outside[:, None], 0x7F).view(torch.float8_e4m3fn)  # NaN keys
-    k_scale = k_scale.masked_fill(outside, math.nan)
-    return q.q_fp8, k_fp8, q.weights.float(), ks.int(), ke.int(), k_scale
-
-
 @pytest.mark.parametrize("m,n,h", [(1, 17, 16), (7, 203, 8), (5, 131, 4), (3, 300, 64)])
 def test_indexer_logits_awkward_shapes(m, n, h):
-    q, k, w, ks, ke, k_scale = _ragged(m * n + h, m, n, h, 32)
+    q, k, w, ks, ke, k_scale = indexer_case(m * n + h, m, n, h, 32)
     got = indexer_logits(q, k, w, ks, ke, k_scale, block_n=32, tiles=2)
     ref = spec.indexer_logits(q, k, w, ks, ke, k_scale)
     assert_logits(got, ref, logits_bound(q, k, w, k_scale))
 
 
 def test_indexer_logits_without_scale_and_all_columns_minus_inf_outside():
-    q, k, w, ks, ke, _ = _ragged(3, 6, 90, 8, 16)
+    q, k, w, ks, ke, _ = indexer_case(3, 6, 90, 8, 16)
     k = k.view(torch.uint8).masked_fill(k.view(torch.uint8) == 0x7F, 0x38).view(torch.float8_e4m3fn)  # finite keys
     got = indexer_logits(q, k, w, ks, ke)
     assert_logits(got, spec.indexer_logits(q, k, w, ks, ke), logits_bound(q, k, w, None))
@@ -95,7 +66,7 @@ def test_indexer_logits_without_scale_and_all_columns_minus_inf_outside():
 @settings(max_examples=8)
 @given(st.integers(1, 9), st.integers(1, 80), st.sampled_from([2, 4, 8]), st.integers(0, 2**16))
 def test_indexer_logits_property(m, n, h, seed):
-    q, k, w, ks, ke, k_scale = _ragged(seed, m, n, h, 16, starts_past_zero=n > 1)
+    q, k, w, ks, ke, k_scale = indexer_case(seed, m, n, h, 16, starts_past_zero=n > 1)
     got = indexer_logits(q, k, w, ks, ke, k_scale, block_n=16, tiles=1)
     assert_logits(got, spec.indexer_logits(q, k, w, ks, ke, k_scale), logits_bound(q, k, w, k_scale))
 

@@ -15,6 +15,7 @@ from mlaspec.conformance.ops.indexer import logits_bound
 from mlaspec.impl import indexer_sm90
 from mlaspec.impl.indexer import indexer_logits, indexer_sm90_why_not
 from mlaspec.spec import indexer as spec
+from tests.kernel_checks import assert_logits, indexer_case
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
@@ -55,50 +56,27 @@ def test_the_kernel_is_chosen_by_name_or_environment(monkeypatch):
         indexer_logits(q, k, w, ks, ke)
 
 
-def _case(seed, m, n, *, scale=True, nan_outside=True):
-    """fp8 q [m, 64, 128] and k [n, 128] as the spec quantizes them, ragged spans with an empty one, NaN keys (and
-    scales) outside every span."""
-    g = torch.Generator().manual_seed(seed)
-    q = spec.quantize_indexer_q(
-        torch.randn(m, 64, 128, generator=g, dtype=torch.float64) * 3,
-        torch.randn(m, 64, generator=g, dtype=torch.float64),
-    )
-    k_fp8, k_scale = spec.quantize_indexer_k(torch.randn(n, 128, generator=g, dtype=torch.float64) * 2)
-    ks = torch.randint(0, max(1, n // 2), (m,), generator=g)
-    ke = torch.minimum(ks + torch.randint(0, n + 1, (m,), generator=g), torch.tensor(n))
-    ke[0] = ks[0]  # an empty span
-    if nan_outside:
-        outside = torch.ones(n, dtype=torch.bool)
-        for s, e in zip(ks.tolist(), ke.tolist()):
-            outside[s:e] = False
-        k_fp8 = k_fp8.view(torch.uint8).masked_fill(outside[:, None], 0x7F).view(torch.float8_e4m3fn)
-        k_scale = k_scale.masked_fill(outside, float("nan"))
-    return q.q_fp8, k_fp8, q.weights.float(), ks.int(), ke.int(), k_scale if scale else None
-
-
 @pytest.mark.skipif(not (HOPPER and indexer_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
 @pytest.mark.parametrize(
-    "m, n, scale, nan_outside",
+    "m, n, scale",
     [
-        (1, 5, True, False),  # fewer keys than a tile: zero-filled rows past N
-        (7, 100, True, True),  # an odd token count: the last program's second token is past M
-        (64, 1000, False, False),  # no key scale
-        (257, 3001, True, True),  # N not a multiple of 64; programs past the spans write -inf only
-        (300, 4096 + 64, True, False),  # three programs' worth of keys (2048 a program)
-        (16, 9000, True, True),  # spans starting past whole programs' keys: those programs write -inf only
+        (2, 5, True),  # fewer keys than a tile: zero-filled rows past N (row 0 empty, row 1 not)
+        (7, 100, True),  # an odd token count: the last program's second token is past M
+        (64, 1000, False),  # no key scale
+        (257, 3001, True),  # N not a multiple of 64; programs past the spans write -inf only
+        (300, 4096 + 64, True),  # three programs' worth of keys (2048 a program)
+        (16, 9000, True),  # spans starting past whole programs' keys: those programs write -inf only
     ],
 )
-def test_matches_spec(m, n, scale, nan_outside):
-    q, k, w, ks, ke, k_scale = _case(m * n, m, n, scale=scale, nan_outside=nan_outside)
+def test_matches_spec(m, n, scale):
+    """Every case has an empty span and NaN keys (and key scales) outside every span (:func:`indexer_case`)."""
+    q, k, w, ks, ke, k_scale = indexer_case(m * n, m, n, 64, 128)
+    k_scale = k_scale if scale else None
     ref = spec.indexer_logits(q, k, w, ks, ke, k_scale)
     bound = logits_bound(q, k, w, k_scale)
     args = [t.cuda() for t in (q, k, w, ks, ke)] + [k_scale.cuda() if k_scale is not None else None]
     got = {kernel: indexer_logits(*args, kernel=kernel).cpu() for kernel in ("sm90", "triton")}
-    for kernel, out in got.items():
-        out64, inf = out.to(torch.float64), torch.isinf(ref)
-        assert torch.equal(torch.isinf(out64), inf), f"{kernel}: -inf positions differ"
-        assert not torch.isnan(out64).any(), f"{kernel}: NaN in the logits"
-        err, b = (out64 - ref).abs()[~inf], bound[~inf].clamp_min(1e-300)
-        assert bool((err <= b).all()), f"{kernel}: worst error/bound {float((err / b).max()):.3g}"
+    for out in got.values():
+        assert_logits(out, ref, bound)
     if n >= 64:  # both run Hopper's fp8 MMA on 64-key tiles: the same roundings
         assert torch.equal(got["sm90"], got["triton"])
