@@ -51,6 +51,7 @@ there, the next key tile streams in during this one's dots, which Triton's pipel
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import NamedTuple
@@ -382,17 +383,24 @@ def _interpreted() -> bool:
     return type(_mla_decode_split_kernel).__name__ == "InterpretedFunction"
 
 
+@functools.cache
+def _properties(device: torch.device):
+    """The CUDA device's properties, once a process: torch's query costs ~8 us a call, as much as a small kernel."""
+    return torch.cuda.get_device_properties(device)
+
+
 def compiled_capability(device: torch.device) -> tuple[int, int] | None:
     """The compute capability of the CUDA GPU that compiled kernels run on for tensors on ``device``; ``None`` off
     CUDA or under Triton's interpreter (where no Gluon kernel runs)."""
     if device.type != "cuda" or _interpreted():
         return None
-    return torch.cuda.get_device_capability(device)
+    props = _properties(device)
+    return props.major, props.minor
 
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _properties(device).multi_processor_count
     return 4  # the interpreter: a few splits, so the combine kernel runs in tests too
 
 

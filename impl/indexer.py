@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from . import indexer_sm90
-from .decode import KERNELS, compiled_capability
+from .decode import KERNELS, _num_sms, compiled_capability
 
 __all__ = ["indexer_logits", "indexer_sm90_why_not", "paged_indexer_logits", "topk_indices"]
 
@@ -335,7 +335,8 @@ def indexer_logits(
             ``num_warps`` / ``num_stages``: Triton's launch options (default 4 and 3). The defaults were the
             fastest of 19 configurations timed on an H200 (S = 8192 causal: 659 TFLOP/s; 8 tiles a program 584,
             128-key tiles or 8 warps 370-520). Any of them given keeps the readable kernel unless
-            ``kernel="sm90"``.
+            ``kernel="sm90"``, which takes ``tiles`` (default :func:`mlaspec.impl.indexer_sm90.tiles_for`) and
+            raises a ``ValueError`` for the others.
         kernel: ``"auto"`` (default; or the ``MLASPEC_INDEXER_KERNEL`` environment variable): on Hopper, for 64
             heads of 128, :mod:`mlaspec.impl.indexer_sm90` (Gluon; 1.3-1.4x the readable kernel), else the
             readable one; ``"triton"``: the readable kernel; ``"sm90"``: the Gluon kernel, a ``ValueError`` saying
@@ -358,8 +359,11 @@ def indexer_logits(
     kernel = kernel or os.environ.get("MLASPEC_INDEXER_KERNEL", "auto")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} (MLASPEC_INDEXER_KERNEL or kernel=)")
-    tuned = any(x is not None for x in (block_m, block_n, tiles, num_warps, num_stages))
-    gluon = kernel == "sm90" or (kernel == "auto" and not tuned)
+    options = {"block_m": block_m, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    readable_only = [name for name, x in options.items() if x is not None]
+    if kernel == "sm90" and readable_only:
+        raise ValueError(f"{', '.join(readable_only)} tune the readable kernel; kernel='sm90' takes only tiles")
+    gluon = kernel == "sm90" or (kernel == "auto" and tiles is None and not readable_only)
     if gluon:
         aligned = q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0
         why = indexer_sm90_why_not(compiled_capability(dev), H, D, aligned=aligned)
@@ -372,10 +376,13 @@ def indexer_logits(
     scale_arg = scale if scale is not None else w  # not read without HAS_SCALE
     if gluon:
         g = indexer_sm90
-        grid = (triton.cdiv(M, g.BLOCK_Q), triton.cdiv(N, g.BLOCK_N * g.TILES))
+        if tiles is None:
+            tiles = g.tiles_for(M, N, _num_sms(dev))
+        _pow2("tiles", tiles)
+        grid = (triton.cdiv(M, g.BLOCK_Q) * triton.cdiv(N, g.BLOCK_N * tiles),)
         g.logits_kernel[grid](
             q, k, w, ks32, ke32, scale_arg, out, M, N, out.stride(0), H=H, D=D,
-            BLOCK_N=g.BLOCK_N, TILES=g.TILES, STAGES=g.STAGES, HAS_SCALE=scale is not None, num_warps=g.NUM_WARPS,
+            BLOCK_N=g.BLOCK_N, TILES=tiles, STAGES=g.STAGES, HAS_SCALE=scale is not None, num_warps=g.NUM_WARPS,
         )  # fmt: skip
         return out
     if block_m is None:
