@@ -480,32 +480,43 @@ class SparseConfig(NamedTuple):
     block_n: int  # slots per step
     num_warps: int
     num_stages: int
+    per_sm: int = 1  # programs an SM: the decode views' default splits fill this many a SM (decode_splits)
 
 
-def sparse_config(group: int, dtype: torch.dtype, fp8: bool = False) -> SparseConfig:
-    """Tiles for ``group`` query heads per KV head: up to 64 heads (one Hopper warpgroup MMA tall) x 64 slots for
-    16-bit inputs and the fp8 caches (a 72 KB bf16 key tile; q is 72 KB), 8 warps so the ``[64, 512]`` fp32
-    accumulator is 128 registers a thread; half tiles for fp32. Measured on an H200 (fp8 656 B cache, B = 64, H_q =
-    128, K = 2048): 64 slots 247 us, 32 slots 321 us, 16 slots (4 warps) 923 us."""
+def sparse_config(group: int, dtype: torch.dtype, fp8: bool = False, rows: int = 0) -> SparseConfig:
+    """Tiles for ``group`` query heads per KV head (and ``rows`` query rows, for the fp8 caches' few-head tiles): up
+    to 64 heads (one Hopper warpgroup MMA tall) x 64 slots for 16-bit inputs and the fp8 caches (a 72 KB bf16 key
+    tile; q is 72 KB), 8 warps so the ``[64, 512]`` fp32 accumulator is 128 registers a thread; half tiles for fp32.
+    Measured on an H200 (fp8 656 B cache, B = 64, H_q = 128, K = 2048): 64 slots 247 us, 32 slots 321 us, 16 slots
+    (4 warps) 923 us.
+
+    The fp8 caches at up to 16 heads (V3.2's 128 heads over 8 GPUs) gather more than they multiply. From 32 rows:
+    32 slots, 3 stages and two programs an SM (:func:`decode_splits`); below, where the splits are what keep the card
+    busy: 64 slots, 8 warps, one stage. Timed on an H200 (K = 2048, CUDA-graph replays) against the 64-slot,
+    4-warp, 2-stage tiles these replace: B = 1 / 8 / 16 24.0 / 24.6 / 34.2 -> 21.7 / 21.4 / 29.4 us, B = 32 / 64 /
+    128 67.3 / 122.5 / 224.5 -> 54.4 / 96.0 / 178.9 us (FlashMLA, 64 padded heads: 18.3 / 21.6 / 29.8, 48.1 / 76.3 /
+    114.0 us). At 64 and 128 heads no tiles of a 48-configuration sweep were more than 2% faster."""
     big = dtype == torch.float32
     block_h = min(32 if big else 64, max(16, triton.next_power_of_2(group)))
+    if fp8 and block_h == 16 and not big:
+        return SparseConfig(16, 32, 4, 3, per_sm=2) if rows >= 32 else SparseConfig(16, 64, 8, 1)
     block_n = 32 if big else 64
     return SparseConfig(block_h, block_n, 8 if block_h >= 64 else 4, 1 if big else 2)
 
 
-def decode_splits(programs: int, num_sms: int) -> int:
+def decode_splits(programs: int, num_sms: int, per_sm: int = 1) -> int:
     """Splits per row for ``programs`` (rows x head blocks) decode programs: the most that still fit one whole wave
-    (one program per SM), ``floor(num_sms / programs)``, at least 1. A partial wave costs a whole one: measured on an
-    H200 (fp8 656-byte cache, top-k 2048), B = 64, H_q = 64: 2 splits 124 us, 5 splits 157 us; B = 16, H_q = 128:
-    4 splits 119 us, 9 splits 189 us; B = 128, H_q = 128: 1 split 403 us, 2 splits 456 us."""
-    return max(1, num_sms // max(1, programs))
+    of ``per_sm`` programs an SM, ``floor(per_sm * num_sms / programs)``, at least 1. A partial wave costs a whole
+    one: measured on an H200 (fp8 656-byte cache, top-k 2048), B = 64, H_q = 64: 2 splits 124 us, 5 splits 157 us;
+    B = 16, H_q = 128: 4 splits 119 us, 9 splits 189 us; B = 128, H_q = 128: 1 split 403 us, 2 splits 456 us."""
+    return max(1, per_sm * num_sms // max(1, programs))
 
 
 def _default_splits(rows: int, q: torch.Tensor, keys: KeyCache, config: SparseConfig | None) -> int:
     """:func:`decode_splits` for ``rows`` query rows of ``q [..., H_q, D_qk]`` (the decode views' default)."""
     H_q = q.shape[-2]
-    cfg = config or sparse_config(H_q, q.dtype, keys.fmt != "float")
-    return decode_splits(rows * triton.cdiv(H_q, cfg.block_h), _num_sms(q.device))
+    cfg = config or sparse_config(H_q, q.dtype, keys.fmt != "float", rows)
+    return decode_splits(rows * triton.cdiv(H_q, cfg.block_h), _num_sms(q.device), cfg.per_sm)
 
 
 def _source_args(src: KeyCache, dtype: torch.dtype):
@@ -627,7 +638,7 @@ def sparse_mla(
         extra_topk_length = torch.full((R,), extra_indices.shape[1], dtype=torch.int32, device=dev)
 
     fp8 = keys.fmt != "float" or (extra is not None and extra.fmt != "float")
-    cfg = config or sparse_config(G, q.dtype, fp8)
+    cfg = config or sparse_config(G, q.dtype, fp8, R)
     K_E = 0 if extra is None else extra_indices.shape[1]
     tiles = triton.cdiv(K, cfg.block_n) + triton.cdiv(K_E, cfg.block_n)
     num_splits = max(1, min(int(num_splits), max(tiles, 1)))

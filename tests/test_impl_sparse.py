@@ -34,6 +34,7 @@ from mlaspec.impl.sparse import (
     decode_splits,
     float_keys,
     quantize_keys,
+    sparse_config,
     sparse_mla,
     sparse_mla_decode,
 )
@@ -283,8 +284,22 @@ def test_curated_case(case):
     assert result.verdict == "pass", f"{result.reason} worst={result.worst}"
 
 
-@pytest.mark.parametrize("programs, sms, expected", [(64, 132, 2), (256, 132, 1), (32, 132, 4), (133, 132, 1)])
-def test_decode_splits_fill_one_whole_wave(programs, sms, expected):
-    splits = decode_splits(programs, sms)
+@pytest.mark.parametrize(
+    "programs, sms, per_sm, expected",
+    [(64, 132, 1, 2), (256, 132, 1, 1), (32, 132, 1, 4), (133, 132, 1, 1), (64, 132, 2, 4), (128, 132, 2, 2)],
+)
+def test_decode_splits_fill_one_whole_wave(programs, sms, per_sm, expected):
+    splits = decode_splits(programs, sms, per_sm)
     assert splits == expected
-    assert splits == 1 or programs * splits <= sms < programs * (splits + 1)
+    slots = per_sm * sms
+    assert splits == 1 or programs * splits <= slots < programs * (splits + 1)
+
+
+@pytest.mark.parametrize(
+    "heads, fp8, rows, per_sm",
+    [(16, True, 64, 2), (8, True, 32, 2), (16, True, 31, 1), (16, False, 64, 1), (64, True, 128, 1)],
+)
+def test_only_many_rows_of_few_head_fp8_tiles_take_two_programs_an_sm(heads, fp8, rows, per_sm):
+    cfg = sparse_config(heads, torch.bfloat16, fp8, rows)
+    assert cfg.per_sm == per_sm
+    assert cfg.block_n == (32 if per_sm == 2 else 64)
