@@ -205,15 +205,19 @@ def _decode_check(q, cache, slots, lengths, out, lse, *, extra=None, sink=None):
     assert_within("lse", lse, spec.lse, lse_b.reshape(b, s_q, h_q).transpose(1, 2))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_decode_fp8_v32_cache_dequantized_in_kernel(dtype):
-    """656-byte records with 0xFF (NaN) in every slot no index names; page shuffles; the request of length 0."""
+@pytest.mark.parametrize("dtype, rows", [(torch.float16, 0), (torch.float16, 32), (torch.float32, 0)])
+def test_decode_fp8_v32_cache_dequantized_in_kernel(dtype, rows):
+    """656-byte records with 0xFF (NaN) in every slot no index names; page shuffles; the request of length 0; the
+    few-head tiles of few rows and (``rows = 32``) of many."""
     q, cache, slots, lengths = _decode_problem(576, seed=11, dtype=dtype)
     keys = quantize_keys(cache.view(-1, 576), page_size=16)
     assert keys is not None and keys.fmt == "fp8_v32"
     sink = torch.tensor([1.0, math.inf, -2.0, 0.0, -math.inf])
+    cfg = sparse_config(q.shape[2], dtype, True, rows)
     for splits in (1, 3):
-        out, lse = sparse_mla_decode(q, keys, slots, scale=0.1, topk_length=lengths, attn_sink=sink, num_splits=splits)
+        out, lse = sparse_mla_decode(
+            q, keys, slots, scale=0.1, topk_length=lengths, attn_sink=sink, num_splits=splits, config=cfg
+        )
         _decode_check(q, cache, slots, lengths, out, lse, sink=sink)
         assert torch.isposinf(lse[2]).all() and torch.equal(out[2], torch.zeros_like(out[2]))
 
