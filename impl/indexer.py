@@ -386,7 +386,7 @@ def indexer_logits(
         if tiles is None:
             tiles = g.tiles_for(M, N, _num_sms(dev))
         _pow2("tiles", tiles)
-        grid = (-(-M // g.BLOCK_Q) * -(-N // (g.BLOCK_N * tiles)),)  # not triton.cdiv: ~4 us a call from Python
+        grid = (g.programs(M, N, tiles),)
         g.logits_kernel[grid](
             q, k, w, ks32, ke32, scale_arg, out, M, N, out.stride(0), H=H, D=D,
             BLOCK_N=g.BLOCK_N, TILES=tiles, STAGES=g.STAGES, HAS_SCALE=scale is not None, num_warps=g.NUM_WARPS,
@@ -457,13 +457,13 @@ def paged_indexer_logits(
     dev = q.device
     P = cache.shape[1]
     cache = cache.contiguous()
-    lens = context_lens.to(device=dev, dtype=torch.int32).contiguous()
+    lens = _on(context_lens, dev, torch.int32)
     if lens.dim() not in (1, 2):
         raise ValueError(f"context_lens must be [B] or [B, next_n], got {list(context_lens.shape)}")
     if max_context_len is None:  # the longest row: with 1-D lengths, the last query of b sees context_lens[b] keys
         max_context_len = max(int(lens.max()), 0) if lens.numel() and next_n else 0
-    table = block_table.to(device=dev, dtype=torch.int32).contiguous()
-    w = weights.to(device=dev, dtype=torch.float32).contiguous()
+    table = _on(block_table, dev, torch.int32)
+    w = _on(weights, dev, torch.float32)
     out = torch.empty(B * next_n, max_context_len, dtype=torch.float32, device=dev)
     if out.numel() == 0:
         return out
@@ -524,8 +524,8 @@ def topk_indices(
     if x.stride(1) != 1:
         x = x.contiguous()
     M, N = x.shape
-    starts = None if row_starts is None else row_starts.to(device=dev, dtype=torch.int32).contiguous()
-    ends = None if row_ends is None else row_ends.to(device=dev, dtype=torch.int32).contiguous()
+    starts = None if row_starts is None else _on(row_starts, dev, torch.int32)
+    ends = None if row_ends is None else _on(row_ends, dev, torch.int32)
     out = torch.empty(M, k, dtype=torch.int32, device=dev)
     if M == 0:
         return out

@@ -59,6 +59,7 @@ __all__ = [
     "STAGES",
     "TILES",
     "logits_kernel",
+    "programs",
     "tiles_for",
 ]
 
@@ -70,13 +71,18 @@ TILES = (32, 16, 8)  # key tiles a program, most first (:func:`tiles_for`)
 PROGRAMS_PER_SM = 4  # 48 KB of shared memory and 125 registers a thread
 
 
+def programs(m: int, n: int, tiles: int) -> int:
+    """The kernel's one-dimensional grid for ``m`` query tokens and ``n`` keys: a program per token pair and chunk of
+    ``tiles`` key tiles (plain integers: ``triton.cdiv`` costs ~4 us a call from Python)."""
+    return -(-m // BLOCK_Q) * -(-n // (BLOCK_N * tiles))
+
+
 def tiles_for(m: int, n: int, num_sms: int) -> int:
     """Key tiles a program for ``m`` query tokens and ``n`` keys on ``num_sms`` SMs: the most of :data:`TILES` whose
     grid fills every SM's program slots twice (the fewest where none does). Fewer tiles split a long row's keys
     over more programs, so the heaviest program is shorter; more tiles fill each pipeline fewer times."""
-    programs = -(-m // BLOCK_Q)
     for tiles in TILES:
-        if programs * -(-n // (BLOCK_N * tiles)) >= 2 * PROGRAMS_PER_SM * num_sms:
+        if programs(m, n, tiles) >= 2 * PROGRAMS_PER_SM * num_sms:
             return tiles
     return TILES[-1]
 
