@@ -31,6 +31,7 @@ Prints a table with the speed against FlashMLA measured in the same run and writ
     python benchmarks/sparse.py --mode decode --batch 64 128 --heads 64 128 --topk 2048 --s-kv 8192
     python benchmarks/sparse.py --mode prefill --s-q 4096 --s-kv 8192 65536 --heads 64 128
     python benchmarks/sparse.py --mode decode --providers triton-fp8 triton-fp8@64,8,2 triton-fp8@16,4,3   # tiles
+    python benchmarks/sparse.py --mode decode --providers triton-fp8 triton-fp8:triton flashmla   # Gluon, readable
 
 Importing this module runs nothing.
 """
@@ -115,6 +116,7 @@ def _decode_fn(prov: str, fm, q, raw, flat, idx, scale: float):
     from mlaspec.conformance.backends.common import pad_heads, pad_last
     from mlaspec.impl.sparse import SparseConfig, float_keys, fp8_keys, sparse_mla_decode
 
+    prov, _, kernel = prov.partition(":")  # "triton-fp8:triton": the readable kernel (sparse_mla's kernel=)
     name, _, tile = prov.partition("@")  # "triton-fp8@64,8,2": block_n, num_warps, num_stages
     cfg = None
     if tile:
@@ -122,10 +124,10 @@ def _decode_fn(prov: str, fm, q, raw, flat, idx, scale: float):
         cfg = SparseConfig(min(64, max(16, triton.next_power_of_2(q.shape[2]))), bn, w, st)
     if name == "triton-fp8":
         keys = fp8_keys(raw, "fp8_v32", PAGE)
-        return (lambda: sparse_mla_decode(q, keys, idx, scale=scale, config=cfg)), 656
+        return (lambda: sparse_mla_decode(q, keys, idx, scale=scale, config=cfg, kernel=kernel or None)), 656
     if name == "triton-bf16":
         keys = float_keys(flat)
-        return (lambda: sparse_mla_decode(q, keys, idx, scale=scale, config=cfg)), 1152
+        return (lambda: sparse_mla_decode(q, keys, idx, scale=scale, config=cfg, kernel=kernel or None)), 1152
     if name == "flashmla":  # heads zero-padded to 64 / 128, top-k to a multiple of 64 with -1
         qp = pad_heads(q, _pad_to(q.shape[2], (64, 128)), 2).contiguous()
         cache, idx_p = raw.view(-1, PAGE, 1, 656), pad_last(idx, 64, -1).contiguous()
@@ -249,8 +251,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--providers",
         nargs="+",
-        help=f"decode: {' '.join(DECODE_PROVIDERS)} (tiles: triton-fp8@"
-        f"block_n,warps,stages); prefill: {' '.join(PREFILL_PROVIDERS)}; default all",
+        help=f"decode: {' '.join(DECODE_PROVIDERS)} (tiles: triton-fp8@block_n,warps,stages; a kernel: "
+        f"triton-fp8:triton or :sm90); prefill: {' '.join(PREFILL_PROVIDERS)}; default all",
     )
     ap.add_argument("--torch-max-gb", type=float, default=8.0, help="skip torch above this many GB of temporaries")
     ap.add_argument("--graphs", action="store_true", help="time decode as CUDA graph replays (default: do_bench)")
@@ -261,7 +263,7 @@ def main(argv=None) -> int:
     given = a.providers or DECODE_PROVIDERS + PREFILL_PROVIDERS
     rows: list[Row] = []
     if a.mode in ("decode", "both"):
-        dec = [p for p in given if p.partition("@")[0] in DECODE_PROVIDERS]
+        dec = [p for p in given if p.partition(":")[0].partition("@")[0] in DECODE_PROVIDERS]
         rows += decode_rows(a.batch, a.heads, a.topk, a.s_kv, dec, graph=a.graphs, torch_max_gb=a.torch_max_gb)
     if a.mode in ("prefill", "both"):
         pre = [p for p in given if p in PREFILL_PROVIDERS]

@@ -4,12 +4,17 @@ Import it after ``TRITON_INTERPRET`` is decided: it imports :mod:`mlaspec.impl.d
 interpreted or compiled when they are defined.
 """
 
+import math
+
 import torch
 
-from mlaspec.conformance.ops.common import attention_bounds
+from mlaspec.conformance.ops.common import attention_bounds, unit_roundoff
+from mlaspec.conformance.ops.sparse import gather_keys, sparse_bounds
 from mlaspec.impl.decode import page_cache
+from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec import indexer as indexer_spec
 from mlaspec.spec.forms import mqa_latent_attention
+from mlaspec.spec.sparse import global_slot_indices, sparse_decode
 
 SCALE = 192**-0.5
 
@@ -89,3 +94,75 @@ def assert_logits(got, ref, bound):
     err = (got - ref).abs()[~inf]
     b = bound[~inf].clamp_min(1e-300)
     assert bool((err <= b).all()), f"worst error/bound {float((err / b).max()):.3g}"
+
+
+def paged_fp8(num_blocks, page, d, dtype, gen):
+    """A cache ``[NB, P, d]`` exactly representable in the fp8 sparse layout (FlashMLA's pow2 scales)."""
+    x = torch.randn(num_blocks * page, d, generator=gen, dtype=torch.float64)
+    layout = cl.FP8_DS_MLA_V32 if d == 576 else cl.FP8_DS_MLA_V4
+    x = cl.dequantize(cl.quantize(x, layout, pow2_scales=d == 576).raw, layout).entries
+    return x.to(dtype).view(num_blocks, page, d)
+
+
+def sparse_decode_case(d, seed, dtype=torch.float16, page=16, *, h_q=5, k=20, seq_lens=(40, 9, 33), lengths=None):
+    """Requests of ``seq_lens`` tokens over shuffled pages, two query tokens each; per-request top-k ``k`` as global
+    slots (``-1`` past a prefix); NaN in every slot not named. ``(q [b, 2, h_q, d], cache [NB, page, d], slots [b, 2,
+    k] int32, topk_length [b])`` on the CPU; ``topk_length`` ``lengths`` (default ``[k, 4, 0]``: one request that
+    uses no slot)."""
+    g = torch.Generator().manual_seed(seed)
+    b, s_q = len(seq_lens), 2
+    pages = [-(-n // page) for n in seq_lens]
+    num_blocks = sum(pages) + 2
+    perm = torch.randperm(num_blocks, generator=g)
+    table = torch.full((b, max(pages) + 1), -1, dtype=torch.int64)
+    at = 0
+    for r, n in enumerate(pages):
+        table[r, :n] = perm[at : at + n]
+        at += n
+    local = torch.full((b * s_q, k), -1, dtype=torch.int64)
+    for r, n in enumerate(seq_lens):
+        for j in range(s_q):
+            ctx = n - s_q + j + 1
+            local[r * s_q + j, : min(k, ctx)] = torch.randperm(ctx, generator=g)[:k]
+    slots = global_slot_indices(local, torch.arange(b).repeat_interleave(s_q), table, page).view(b, s_q, k)
+    cache = paged_fp8(num_blocks, page, d, dtype, g)
+    used = torch.zeros(num_blocks * page, dtype=torch.bool)
+    used[slots[slots >= 0].long()] = True
+    cache = cache.view(-1, d).masked_fill(~used[:, None], math.nan).view(num_blocks, page, d)
+    q = (torch.randn(b, s_q, h_q, d, generator=g, dtype=torch.float64) * 2).to(dtype)
+    lengths = [k, 4, 0] if lengths is None else lengths
+    return q, cache, slots.to(torch.int32), torch.tensor(lengths, dtype=torch.int32)
+
+
+def check_sparse_decode(q, cache, slots, lengths, out, lse, *, extra=None, sink=None):
+    """A sparse decode's ``out`` / ``lse`` (scale 0.1, ``d_v`` 512) against the float64 spec within the harness's
+    budgets (:func:`mlaspec.conformance.ops.sparse.sparse_bounds`); ``extra``: ``(cache, indices, lengths)``."""
+    b, s_q, h_q, d = q.shape
+    kw = {}
+    if extra is not None:
+        kw = dict(extra_kv_cache=extra[0].double(), extra_indices=extra[1], extra_topk_length=extra[2])
+    spec = sparse_decode(
+        q.double(), cache.double(), slots, scale=0.1, d_v=512, topk_length=lengths, attn_sink=sink, **kw
+    )
+    rows = cache.reshape(-1, 1, d)
+    idx = slots.reshape(b * s_q, 1, -1)
+    valid = (idx >= 0) & (torch.arange(idx.shape[-1]) < lengths.repeat_interleave(s_q)[:, None, None])
+    keys = gather_keys(rows, idx, valid)
+    if extra is not None:
+        e_idx = extra[1].reshape(b * s_q, 1, -1)
+        e_valid = (e_idx >= 0) & (torch.arange(e_idx.shape[-1]) < extra[2].repeat_interleave(s_q)[:, None, None])
+        keys = torch.cat([keys, gather_keys(extra[0].reshape(-1, 1, d), e_idx, e_valid)], 1)
+        valid = torch.cat([valid, e_valid], -1)
+    out_b, lse_b, _ = sparse_bounds(
+        q.reshape(b * s_q, h_q, d),
+        keys,
+        valid,
+        scale=0.1,
+        d_v=512,
+        attn_sink=sink,
+        out=spec.out.reshape(b * s_q, h_q, -1),
+        lse=spec.lse.transpose(1, 2).reshape(b * s_q, h_q),
+        u=unit_roundoff(q.dtype),
+    )
+    assert_within("out", out, spec.out, out_b.reshape(spec.out.shape))
+    assert_within("lse", lse, spec.lse, lse_b.reshape(b, s_q, h_q).transpose(1, 2))

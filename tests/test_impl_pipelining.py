@@ -121,3 +121,21 @@ def test_the_gluon_indexer_waits_for_one_token_at_a_time():
     assert all(out["ptx_has"].values()), out
     assert out["copies_before_dots"], out
     assert g.PROGRAMS_PER_SM * out["shared"] <= HOPPER_SHARED, out
+
+
+def test_the_gluon_sparse_decode_keeps_two_tiles_in_flight():
+    """The sparse decode over the 656-byte fp8 cache on Hopper (:mod:`mlaspec.impl.sparse_sm90`): the loop waits for
+    all but the newest copy group (``cp.async.wait_group 1``: the next tile's bytes stay in flight), issues the copy
+    two tiles ahead before this tile's first MMA, with q, the bf16 key tile, P and two byte tiles in 227 KB."""
+    from mlaspec.impl import sparse_sm90 as g
+
+    if not g.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    pointers = dict(Q="*bf16", KV="*u8", KVF="*fp32", KVB="*bf16", IDX="*i32", LENS="*i32", SINK="*fp32")
+    pointers.update(OUT="*bf16", LSE="*fp32", MAXL="*fp32", O_PART="*fp32", ML_PART="*fp32")
+    const = dict(HAS_LENS=True, HAS_SINK=False, D_V=512, D_ROPE=64, BLOCK_H=g.BLOCK_H, BLOCK_N=g.BLOCK_N, SINGLE=False)
+    out = compiled("mlaspec.impl.sparse_sm90:sparse_kernel", pointers, const, num_warps=g.NUM_WARPS, num_stages=1,
+                   ptx_words=["cp.async.wait_group \t1;"])  # fmt: skip
+    assert all(out["ptx_has"].values()), out
+    assert out["copies_before_dots"], out
+    assert out["shared"] <= HOPPER_SHARED, out

@@ -38,9 +38,8 @@ from mlaspec.impl.sparse import (
     sparse_mla,
     sparse_mla_decode,
 )
-from mlaspec.spec import cache_layouts as cl
-from mlaspec.spec.sparse import global_slot_indices, sparse_attention, sparse_decode, valid_slots
-from tests.kernel_checks import assert_within
+from mlaspec.spec.sparse import sparse_attention, valid_slots
+from tests.kernel_checks import assert_within, check_sparse_decode, paged_fp8, sparse_decode_case
 
 pytestmark = pytest.mark.interpreter
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -138,78 +137,11 @@ def test_splits_merge_to_the_same_result_and_padding_equals_shorter_length():
         assert torch.equal(x, y)  # masked tiles change nothing: alpha = 1, p = 0
 
 
-def _paged_fp8(num_blocks, page, d, dtype, gen):
-    """A cache ``[NB, P, d]`` exactly representable in the fp8 sparse layout (FlashMLA's pow2 scales)."""
-    x = torch.randn(num_blocks * page, d, generator=gen, dtype=torch.float64)
-    layout = cl.FP8_DS_MLA_V32 if d == 576 else cl.FP8_DS_MLA_V4
-    x = cl.dequantize(cl.quantize(x, layout, pow2_scales=d == 576).raw, layout).entries
-    return x.to(dtype).view(num_blocks, page, d)
-
-
-def _decode_problem(d, seed, dtype=torch.float16, page=16):
-    """Three requests over shuffled pages; per-request top-k as global slots; NaN in every slot not named."""
-    g = torch.Generator().manual_seed(seed)
-    b, s_q, h_q, k = 3, 2, 5, 20
-    seq_lens = [40, 9, 33]
-    pages = [-(-n // page) for n in seq_lens]
-    num_blocks = sum(pages) + 2
-    perm = torch.randperm(num_blocks, generator=g)
-    table = torch.full((b, max(pages) + 1), -1, dtype=torch.int64)
-    at = 0
-    for r, n in enumerate(pages):
-        table[r, :n] = perm[at : at + n]
-        at += n
-    local = torch.full((b * s_q, k), -1, dtype=torch.int64)
-    for r, n in enumerate(seq_lens):
-        for j in range(s_q):
-            ctx = n - s_q + j + 1
-            local[r * s_q + j, : min(k, ctx)] = torch.randperm(ctx, generator=g)[:k]
-    slots = global_slot_indices(local, torch.arange(b).repeat_interleave(s_q), table, page).view(b, s_q, k)
-    cache = _paged_fp8(num_blocks, page, d, dtype, g)
-    used = torch.zeros(num_blocks * page, dtype=torch.bool)
-    used[slots[slots >= 0].long()] = True
-    cache = cache.view(-1, d).masked_fill(~used[:, None], math.nan).view(num_blocks, page, d)
-    q = (torch.randn(b, s_q, h_q, d, generator=g, dtype=torch.float64) * 2).to(dtype)
-    return q, cache, slots.to(torch.int32), torch.tensor([k, 4, 0], dtype=torch.int32)
-
-
-def _decode_check(q, cache, slots, lengths, out, lse, *, extra=None, sink=None):
-    b, s_q, h_q, d = q.shape
-    kw = {}
-    if extra is not None:
-        kw = dict(extra_kv_cache=extra[0].double(), extra_indices=extra[1], extra_topk_length=extra[2])
-    spec = sparse_decode(
-        q.double(), cache.double(), slots, scale=0.1, d_v=512, topk_length=lengths, attn_sink=sink, **kw
-    )
-    rows = cache.reshape(-1, 1, d)
-    idx = slots.reshape(b * s_q, 1, -1)
-    valid = (idx >= 0) & (torch.arange(idx.shape[-1]) < lengths.repeat_interleave(s_q)[:, None, None])
-    keys = gather_keys(rows, idx, valid)
-    if extra is not None:
-        e_idx = extra[1].reshape(b * s_q, 1, -1)
-        e_valid = (e_idx >= 0) & (torch.arange(e_idx.shape[-1]) < extra[2].repeat_interleave(s_q)[:, None, None])
-        keys = torch.cat([keys, gather_keys(extra[0].reshape(-1, 1, d), e_idx, e_valid)], 1)
-        valid = torch.cat([valid, e_valid], -1)
-    out_b, lse_b, _ = sparse_bounds(
-        q.reshape(b * s_q, h_q, d),
-        keys,
-        valid,
-        scale=0.1,
-        d_v=512,
-        attn_sink=sink,
-        out=spec.out.reshape(b * s_q, h_q, -1),
-        lse=spec.lse.transpose(1, 2).reshape(b * s_q, h_q),
-        u=unit_roundoff(q.dtype),
-    )
-    assert_within("out", out, spec.out, out_b.reshape(spec.out.shape))
-    assert_within("lse", lse, spec.lse, lse_b.reshape(b, s_q, h_q).transpose(1, 2))
-
-
 @pytest.mark.parametrize("dtype, rows", [(torch.float16, 0), (torch.float16, 32), (torch.float32, 0)])
 def test_decode_fp8_v32_cache_dequantized_in_kernel(dtype, rows):
     """656-byte records with 0xFF (NaN) in every slot no index names; page shuffles; the request of length 0; the
     few-head tiles of few rows and (``rows = 32``) of many."""
-    q, cache, slots, lengths = _decode_problem(576, seed=11, dtype=dtype)
+    q, cache, slots, lengths = sparse_decode_case(576, seed=11, dtype=dtype)
     keys = quantize_keys(cache.view(-1, 576), page_size=16)
     assert keys is not None and keys.fmt == "fp8_v32"
     sink = torch.tensor([1.0, math.inf, -2.0, 0.0, -math.inf])
@@ -218,15 +150,15 @@ def test_decode_fp8_v32_cache_dequantized_in_kernel(dtype, rows):
         out, lse = sparse_mla_decode(
             q, keys, slots, scale=0.1, topk_length=lengths, attn_sink=sink, num_splits=splits, config=cfg
         )
-        _decode_check(q, cache, slots, lengths, out, lse, sink=sink)
+        check_sparse_decode(q, cache, slots, lengths, out, lse, sink=sink)
         assert torch.isposinf(lse[2]).all() and torch.equal(out[2], torch.zeros_like(out[2]))
 
 
 def test_decode_fp8_v4_with_extra_cache():
     """V4: the 584-byte split page layout for the main (window) and the extra (compressed) cache, one softmax."""
-    q, cache, slots, lengths = _decode_problem(512, seed=12)
+    q, cache, slots, lengths = sparse_decode_case(512, seed=12)
     g = torch.Generator().manual_seed(2)
-    extra = _paged_fp8(4, 16, 512, torch.float16, g)
+    extra = paged_fp8(4, 16, 512, torch.float16, g)
     e_idx = torch.randint(0, 64, (3, 2, 6), generator=g, dtype=torch.int32)
     e_idx[..., -1] = -1
     e_len = torch.tensor([6, 0, 2], dtype=torch.int32)
@@ -247,7 +179,7 @@ def test_decode_fp8_v4_with_extra_cache():
         extra_topk_length=e_len,
         num_splits=2,
     )
-    _decode_check(q, cache, slots, lengths, out, lse, extra=(extra, e_idx, e_len))
+    check_sparse_decode(q, cache, slots, lengths, out, lse, extra=(extra, e_idx, e_len))
 
 
 def test_bad_input_names_the_argument():

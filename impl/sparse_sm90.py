@@ -1,0 +1,236 @@
+"""The sparse decode of :mod:`mlaspec.impl.sparse` over FlashMLA's 656-byte fp8 cache at 64 query heads a program
+(DeepSeek V3.2 at 64 or 128 heads) for Hopper, in Gluon: the next key tile is gathered and dequantized while this
+one is used.
+
+Same math and outputs as ``_sparse_mla_kernel`` with ``FMT = fp8_v32``, ``BLOCK_H = BLOCK_N = 64`` and no extra
+cache (read that one first: it is the readable version). What it does differently, as the dense 64-row decode of
+:mod:`mlaspec.impl.decode_sm90` does (the same two warpgroups, layouts and 224 KB of shared memory):
+
+1. **The next tile's gather during this tile's work.** The loads of tile ``j + 1`` (its 64 indices, 64 x 512
+   e4m3 bytes, 4 fp32 scales and 64 bf16 RoPE values a key: ~42 KB) are issued into registers at the top of
+   iteration ``j``; they are dequantized (``e4m3 * scale`` rounded to q's dtype) and stored into the other bf16 key
+   buffer while the tensor cores run this tile's ``P @ V``. The readable kernel, compiled for ``sm_90``, loads,
+   dequantizes and only then multiplies. FlashMLA's sparse decode (``csrc/sm90/decode/sparse_fp8/``) also
+   dequantizes in registers into bf16 shared memory and overlaps it with its MMAs.
+2. **Each logit once.** The two warpgroups take 32 keys each of the ``[64, 64]`` logits, ``P`` goes through 8 KB
+   of shared memory, and each warpgroup owns 256 of the 512 value columns in ``P @ V``.
+
+Rounding is the readable kernel's: the key rounded to q's dtype after its scale, fp32 logits, ``P`` rounded to
+q's dtype, fp32 accumulation, the same base-2 online softmax. The conformance harness judges both kernels
+(``MLASPEC_SPARSE_KERNEL``, :func:`mlaspec.impl.sparse.sparse_mla`).
+"""
+
+from __future__ import annotations
+
+from .decode_sm90 import AVAILABLE, LOAD_R, LOAD_V, _copy_rows
+
+if AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    from .decode_sm90 import _async_load, _barrier
+
+__all__ = ["AVAILABLE", "BLOCK_H", "BLOCK_N", "NUM_WARPS", "sparse_kernel"]
+
+BLOCK_H, BLOCK_N, NUM_WARPS = 64, 64, 8  # one warpgroup MMA tall; two warpgroups
+
+if AVAILABLE:
+    # a tile's e4m3 bytes [64 keys, 4 scale groups, 128] over a warp a key, 16 bytes a thread (each thread's bytes
+    # share one scale); the scales [64, 4] and the rows' slots [64] as slices of it; the RoPE values [64, 64] bf16
+    # over a quarter warp a key
+    RAW = gl.constexpr(gl.BlockedLayout([1, 1, 16], [1, 4, 8], [8, 1, 1], [2, 1, 0]))
+    SCALE = gl.constexpr(gl.SliceLayout(2, RAW))
+    ROW = gl.constexpr(gl.SliceLayout(1, SCALE))
+    ROPE_ROW = gl.constexpr(gl.SliceLayout(1, LOAD_R))
+    SH_RAW = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))  # a warp reads one key's 512 bytes
+
+    @gluon.jit
+    def _slots(IDX, tile, n_main, n_rows, valid, LAYOUT: gl.constexpr, BLOCK_N: gl.constexpr):
+        """The cache rows of slots ``tile * BLOCK_N ..`` in ``LAYOUT``: int32, ``-1`` where unused (past
+        ``n_main`` or the split, or an index outside ``[0, n_rows)``)."""
+        t = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=LAYOUT)
+        slots = gl.load(IDX + t, mask=(t < n_main) & valid, other=-1)
+        return gl.where((slots >= 0) & (slots < n_rows), slots, -1)
+
+    @gluon.jit
+    def _copy_e4m3(dst, KV, slots):
+        """Issue the ``cp.async`` of the keys' e4m3 bytes (bytes ``[0, 512)`` of each 656-byte record) into ``dst
+        [BLOCK_N, 4, 128]``; unused slots zero-filled, never read."""
+        g = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE))
+        c = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, RAW)))
+        row = gl.expand_dims(gl.maximum(slots, 0).to(gl.int64) * 656, 1) + gl.expand_dims(g * 128, 0)
+        ptr = KV + gl.expand_dims(row, 2) + gl.expand_dims(gl.expand_dims(c, 0), 1)
+        _async_load(dst, ptr, mask=gl.expand_dims(gl.expand_dims(slots >= 0, 1), 2))
+
+    @gluon.jit
+    def _load_scales(KVF, slots):
+        """The keys' four fp32 scales ``[BLOCK_N, 4]`` (bytes ``[512, 528)``), 0 where unused."""
+        g = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE))
+        ptr = KVF + gl.expand_dims(gl.maximum(slots, 0).to(gl.int64) * 164 + 128, 1) + gl.expand_dims(g, 0)
+        return gl.load(ptr, mask=gl.expand_dims(slots >= 0, 1), other=0.0)
+
+    @gluon.jit
+    def _load_rope(KVB, slots):
+        """The keys' 64 bf16 RoPE values ``[BLOCK_N, 64]`` (bytes ``[528, 656)``), 0 where unused."""
+        c = gl.arange(0, 64, layout=gl.SliceLayout(0, LOAD_R))
+        ptr = KVB + gl.expand_dims(gl.maximum(slots, 0).to(gl.int64) * 328 + 264, 1) + gl.expand_dims(c, 0)
+        return gl.load(ptr, mask=gl.expand_dims(slots >= 0, 1), other=0.0)
+
+    @gluon.jit
+    def sparse_kernel(
+        Q,
+        stride_qr,
+        stride_qh,
+        KV,
+        KVF,
+        KVB,
+        n_rows,
+        IDX,
+        stride_ir,
+        LENS,
+        K,
+        SINK,
+        OUT,
+        LSE,
+        MAXL,
+        stride_or,
+        stride_oh,
+        stride_lr,
+        O_PART,
+        ML_PART,
+        H_Q,
+        tiles_per_split,
+        num_splits,
+        qk_scale,
+        HAS_LENS: gl.constexpr,
+        HAS_SINK: gl.constexpr,
+        D_V: gl.constexpr,
+        D_ROPE: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        SINGLE: gl.constexpr,
+    ):
+        dtype: gl.constexpr = Q.dtype.element_ty
+        # -- layouts: logits [64, 64] as two warpgroups x 32 keys; the output [64, 512] as two x 256 columns --------
+        QK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+        PV: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+        ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
+        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
+        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype)
+
+        # head blocks vary fastest: the programs that gather the same keys run together and share them in L2
+        pid_h, r, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+        r64 = r.to(gl.int64)
+        n_main = K
+        if HAS_LENS:
+            n_main = gl.minimum(gl.load(LENS + r), K)
+        lo = split * tiles_per_split
+        hi = gl.minimum(lo + tiles_per_split, gl.cdiv(n_main, BLOCK_N))
+        idx = IDX + r64 * stride_ir
+
+        # -- shared memory: q, one bf16 key tile, P, two tiles of e4m3 bytes in flight (216 KB) ----------------------
+        q_v = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], SH_V)
+        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, D_ROPE], SH_R)
+        k_v = gl.allocate_shared_memory(dtype, [BLOCK_N, D_V], SH_V)
+        k_r = gl.allocate_shared_memory(dtype, [BLOCK_N, D_ROPE], SH_R)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], SH_P)
+        e4m3 = gl.allocate_shared_memory(gl.uint8, [2, BLOCK_N, 4, D_V // 4], SH_RAW)
+
+        # -- copy groups: this program's heads (rows past H_q zeros), then the e4m3 bytes of tiles lo and lo + 1 ------
+        _copy_rows(q_v, q_r, Q + r64 * stride_qr, pid_h * BLOCK_H, H_Q, 1, stride_qh, 0, (LOAD_V, LOAD_R))
+        async_copy.commit_group()
+        s0 = _slots(idx, lo, n_main, n_rows, lo < hi, ROW, BLOCK_N)
+        s1 = _slots(idx, lo + 1, n_main, n_rows, lo + 1 < hi, ROW, BLOCK_N)
+        _copy_e4m3(e4m3.index(0), KV, s0)
+        async_copy.commit_group()
+        _copy_e4m3(e4m3.index(1), KV, s1)
+        async_copy.commit_group()
+        # registers a tile ahead: the next tile's scales and RoPE values; slots up to three tiles ahead
+        scale = _load_scales(KVF, s0)
+        rope = _load_rope(KVB, _slots(idx, lo, n_main, n_rows, lo < hi, ROPE_ROW, BLOCK_N))
+        r1 = _slots(idx, lo + 1, n_main, n_rows, lo + 1 < hi, ROPE_ROW, BLOCK_N)
+        s2 = _slots(idx, lo + 2, n_main, n_rows, lo + 2 < hi, ROW, BLOCK_N)
+
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, QK))
+        l_i = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
+        acc = gl.zeros([BLOCK_H, D_V], gl.float32, PV)
+        zero_qk = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
+        for tile in range(lo, hi):
+            buf = (tile - lo) % 2
+            async_copy.wait_group(1)  # this tile's bytes (and q) are in; the next tile's may still be in flight
+            _barrier()  # every thread's copies are in; every warpgroup is done with the key tile and P
+            # -- dequantize this tile into the bf16 key tile: e4m3 * scale in fp32, rounded to q's dtype -------------
+            vals = e4m3.index(buf).load(RAW).to(gl.float8e4nv, bitcast=True).to(gl.float32)
+            vals = vals * gl.expand_dims(scale, 2)
+            k_v.store(gl.reshape(vals.to(dtype), [BLOCK_N, D_V]))
+            k_r.store(rope.to(dtype))
+            fence_async_shared()
+            _barrier()  # the key tile is whole; this tile's bytes are read
+            # -- tile + 2's bytes into the buffer just read; the next tile's scales and RoPE values into registers ---
+            _copy_e4m3(e4m3.index(buf), KV, s2)
+            async_copy.commit_group()
+            scale = _load_scales(KVF, s1)
+            rope = _load_rope(KVB, r1)
+            r1 = _slots(idx, tile + 2, n_main, n_rows, tile + 2 < hi, ROPE_ROW, BLOCK_N)
+            s1 = s2
+            s2 = _slots(idx, tile + 3, n_main, n_rows, tile + 3 < hi, ROW, BLOCK_N)
+            used = _slots(idx, tile, n_main, n_rows, True, gl.SliceLayout(0, QK), BLOCK_N) >= 0
+
+            # -- logits in base 2, fp32: each warpgroup 32 of the 64 keys -------------------------------------------
+            qk = warpgroup_mma(q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)
+            qk = warpgroup_mma(q_r, k_r.permute((1, 0)), qk, is_async=True)
+            qk = warpgroup_mma_wait(0, deps=(qk,))
+            qk = gl.where(gl.expand_dims(used, 0), qk * qk_scale, float("-inf"))
+
+            # -- online softmax (rows with nothing yet keep m = -inf) ------------------------------------------------
+            m_new = gl.maximum(m_i, gl.max(qk, 1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(qk - gl.expand_dims(m_use, 1))
+            l_i = l_i * gl.expand_dims(alpha, 1) + p  # per key column: summed once at the end, no barrier a tile
+            m_i = m_new
+
+            # -- P @ V: P rounded to q's dtype through shared memory, each warpgroup 256 value columns -------------
+            p_smem.store(p.to(dtype))
+            fence_async_shared()
+            _barrier()
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_PV), 1)
+            acc = warpgroup_mma(p_smem, k_v, acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+        async_copy.wait_group(0)
+
+        # -- epilogue: as the readable kernel's _finish ---------------------------------------------------------------
+        heads = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_PV)
+        head_ok = heads < H_Q
+        cols = gl.arange(0, D_V, layout=gl.SliceLayout(0, PV))
+        m_o = gl.convert_layout(m_i, ROW_PV)
+        l_o = gl.convert_layout(gl.sum(l_i, 1), ROW_PV)
+        if SINGLE:
+            has_keys = l_o > 0.0
+            l_use = gl.where(has_keys, l_o, 1.0)
+            lse2 = m_o + gl.log2(l_use)
+            out = acc / gl.expand_dims(l_use, 1)  # empty rows: acc = 0
+            if HAS_SINK:  # sigmoid(lse - sink); +inf sink -> 0, -inf -> exactly 1
+                sink = gl.load(SINK + heads, mask=head_ok, other=float("-inf"))
+                f = 1.0 / (1.0 + gl.exp2(sink * 1.4426950408889634 - gl.where(has_keys, lse2, 0.0)))
+                out = out * gl.expand_dims(f, 1)
+            o_row = r64 * stride_or + heads * stride_oh
+            gl.store(
+                OUT + gl.expand_dims(o_row, 1) + gl.expand_dims(cols, 0), out.to(dtype), mask=gl.expand_dims(head_ok, 1)
+            )
+            lse = gl.where(has_keys, lse2 * 0.6931471805599453, float("inf"))
+            gl.store(LSE + r64 * stride_lr + heads, lse, mask=head_ok)
+            gl.store(MAXL + r64 * stride_lr + heads, m_o * 0.6931471805599453, mask=head_ok)
+        else:
+            part = (r64 * H_Q + heads) * num_splits + split
+            o_ptr = O_PART + gl.expand_dims(part * D_V, 1) + gl.expand_dims(cols, 0)
+            gl.store(o_ptr, acc, mask=gl.expand_dims(head_ok, 1))
+            gl.store(ML_PART + part * 2, m_o, mask=head_ok)
+            gl.store(ML_PART + part * 2 + 1, l_o, mask=head_ok)

@@ -1,0 +1,130 @@
+"""The Gluon sparse decode for Hopper (:mod:`mlaspec.impl.sparse_sm90`): when it runs, and what it computes.
+
+Its numbers need an H100/H200 (Gluon has no interpreter): ``test_matches_spec`` runs there against the float64 spec
+within the harness's budgets, beside the readable kernel on the same inputs, and skips elsewhere (CI); its structure
+(224 KB of shared memory, no spills to local memory) is checked without a GPU in ``tests/test_impl_pipelining.py``;
+which kernel a call takes, here on any machine.
+"""
+
+import math
+import re
+
+import pytest
+import torch
+
+from mlaspec.impl import sparse_sm90
+from mlaspec.impl.sparse import SparseConfig, quantize_keys, sparse_config, sparse_mla_decode, sparse_sm90_why_not
+from tests.kernel_checks import check_sparse_decode, sparse_decode_case
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _why(capability=(9, 0), dtype=torch.bfloat16, heads=128, fmt="fp8_v32", d_v=512, d_rope=64, **kw):
+    cfg = sparse_config(heads, dtype, fmt != "float", 64)
+    return sparse_sm90_why_not(capability, dtype, fmt, cfg, d_v=d_v, d_rope=d_rope, **kw)
+
+
+@pytest.mark.skipif(not sparse_sm90.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize(
+    "kw, why",
+    [
+        (dict(), None),  # V3.2 at 128 heads on an H200: the Gluon kernel
+        (dict(heads=64, dtype=torch.float16), None),
+        (dict(heads=40), None),  # 40 heads: a 64-head tile with 24 zero rows
+        (dict(capability=None), "Hopper"),
+        (dict(capability=(10, 0)), "Hopper"),
+        (dict(heads=16), "64 heads x 64 slots"),  # V3.2 over 8 GPUs: the readable kernel's few-head tiles
+        (dict(dtype=torch.float32), "bf16/fp16"),
+        (dict(fmt="float"), "656-byte"),  # a bf16 cache
+        (dict(fmt="fp8_v4", d_v=512, d_rope=0), "656-byte"),
+        (dict(paged=True), "BlockTable"),
+        (dict(extra=True), "extra"),
+        (dict(d_v=256), "512 \\+ 64"),
+        (dict(aligned=False), "16-byte aligned"),
+    ],
+)
+def test_where_the_gluon_kernel_applies(kw, why):
+    got = _why(**kw)
+    assert got is None if why is None else re.search(why, got), got
+
+
+def test_the_readable_kernel_when_asked_or_off_hopper(monkeypatch):
+    q, cache, slots, lengths = sparse_decode_case(576, seed=3, dtype=torch.float32, h_q=64, k=8)
+    keys = quantize_keys(cache.view(-1, 576), page_size=16)
+    with pytest.raises(ValueError, match="Hopper"):  # on the CPU (or interpreted): no compiled kernel
+        sparse_mla_decode(q, keys, slots, scale=0.1, kernel="sm90")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        sparse_mla_decode(q, keys, slots, scale=0.1, kernel="gluon")
+    monkeypatch.setenv("MLASPEC_SPARSE_KERNEL", "nonsense")
+    with pytest.raises(ValueError, match="MLASPEC_SPARSE_KERNEL"):
+        sparse_mla_decode(q, keys, slots, scale=0.1)
+
+
+@pytest.mark.skipif(not (HOPPER and sparse_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize(
+    "h_q, k, seq_lens, lengths, dtype, splits, sink",
+    [
+        (128, 2048, (3000, 100, 2100), (2048, 70, 0), torch.bfloat16, None, False),  # V3.2 TP1; an empty request
+        (128, 2048, (3000, 100, 2100), (2048, 70, 0), torch.bfloat16, 1, True),  # one split: writes the result
+        (64, 1000, (1500, 900), (1000, 999), torch.float16, 7, True),  # K not a multiple of 64; -1 past a prefix
+        (40, 256, (300, 64), (256, 64), torch.bfloat16, 3, False),  # 24 zero heads in the tile
+    ],
+)
+def test_matches_spec(h_q, k, seq_lens, lengths, dtype, splits, sink):
+    shape = dict(h_q=h_q, k=k, seq_lens=seq_lens, lengths=lengths)
+    q, cache, slots, lens = sparse_decode_case(576, h_q + k, dtype, 64, **shape)
+    keys = quantize_keys(cache.view(-1, 576), page_size=64)
+    g = torch.Generator().manual_seed(1)
+    attn_sink = None
+    if sink:
+        attn_sink = torch.randn(h_q, generator=g) * 2
+        attn_sink[:3] = torch.tensor([math.inf, -math.inf, 0.0])
+    gpu = keys._replace(data=keys.data.cuda())
+    args = (q.cuda(), gpu, slots.cuda())
+    kw = dict(scale=0.1, topk_length=lens.cuda(), num_splits=splits)
+    kw["attn_sink"] = None if attn_sink is None else attn_sink.cuda()
+    results = {}
+    for kernel in ("sm90", "triton"):
+        out, lse = results[kernel] = sparse_mla_decode(*args, **kw, kernel=kernel)
+        check_sparse_decode(q, cache, slots, lens, out.cpu(), lse.cpu(), sink=attn_sink)
+    # the same roundings as the readable kernel: what differs is the order of the MMAs' sums
+    diff = (results["sm90"][0].float() - results["triton"][0].float()).abs().max()
+    assert float(diff) <= 2**-7 * float(results["triton"][0].float().abs().max()), float(diff)
+
+
+@pytest.mark.skipif(not (HOPPER and sparse_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+def test_a_tile_override_keeps_the_readable_kernel(monkeypatch):
+    shape = dict(h_q=128, k=128, seq_lens=(200, 300), lengths=(128, 50))
+    q, cache, slots, lens = sparse_decode_case(576, 9, torch.bfloat16, 64, **shape)
+    keys = quantize_keys(cache.view(-1, 576), page_size=64)
+    args = (q.cuda(), keys._replace(data=keys.data.cuda()), slots.cuda())
+
+    class Refused:
+        def __getitem__(self, grid):
+            raise AssertionError("the Gluon kernel ran")
+
+    monkeypatch.setattr(sparse_sm90, "sparse_kernel", Refused())
+    out, lse = sparse_mla_decode(*args, scale=0.1, topk_length=lens.cuda(), config=SparseConfig(64, 64, 8, 2))
+    check_sparse_decode(q, cache, slots, lens, out.cpu(), lse.cpu())
+    with pytest.raises(AssertionError, match="Gluon kernel ran"):  # and the stub is what the default would call
+        sparse_mla_decode(*args, scale=0.1, topk_length=lens.cuda())
+
+
+@pytest.mark.parametrize(
+    "heads, fmt, slots, expected",
+    [
+        (128, "fp8_v32", 2048, 16),  # 66 fill the card; 16 keep two of the 32 tiles each
+        (64, "fp8_v32", 2048, 16),
+        (64, "fp8_v32", 64, 1),  # one tile: one split
+        (64, "fp8_v32", 0, 132),  # the slot count unknown (a BlockTable): the card's wave
+        (16, "fp8_v32", 2048, 132),  # the few-head tiles keep their splits
+        (128, "float", 2048, 66),  # a bf16 cache: the readable kernel's splits
+    ],
+)
+def test_default_splits_keep_two_tiles_a_split_for_the_gluon_tiles(monkeypatch, heads, fmt, slots, expected):
+    import mlaspec.impl.sparse as sparse
+
+    monkeypatch.setattr(sparse, "_num_sms", lambda device: 132)  # an H100 / H200
+    q = torch.empty(1, heads, 576, dtype=torch.bfloat16)
+    keys = sparse.KeyCache(fmt, torch.empty(0), 64, 0, 576)
+    assert sparse._default_splits(1, q, keys, None, slots) == expected
