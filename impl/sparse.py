@@ -519,7 +519,8 @@ def _default_splits(rows: int, q: torch.Tensor, keys: KeyCache, config: SparseCo
     """:func:`decode_splits` for ``rows`` query rows of ``q [..., H_q, D_qk]`` (the decode views' default). Over
     the 656-byte fp8 cache in 64-head tiles (:mod:`mlaspec.impl.sparse_sm90`'s, on Hopper) a split keeps at least
     two of the ``slots`` slot tiles, so the second tile's bytes stream in during the first's work: on an H200 (top-k
-    2048, CUDA-graph replays) B = 1, 64 heads 24.0 -> 21.8 us (32 -> 16 splits); B = 2, 128 heads 28.5 -> 23.3 us."""
+    2048, CUDA-graph replays) B = 1, 64 heads 24.0 -> 21.8 us (32 -> 16 splits); B = 2, 128 heads 28.5 -> 23.3 us.
+    The readable kernel takes the same cap on these tiles (``kernel="triton"``, or off Hopper); it was not timed."""
     H_q = q.shape[-2]
     cfg = config or sparse_config(H_q, q.dtype, keys.fmt != "float", rows)
     splits = decode_splits(rows * triton.cdiv(H_q, cfg.block_h), _num_sms(q.device), cfg.per_sm)
