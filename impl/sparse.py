@@ -498,7 +498,10 @@ def sparse_config(group: int, dtype: torch.dtype, fp8: bool = False, rows: int =
     busy: 64 slots, 8 warps, one stage. Timed on an H200 (K = 2048, CUDA-graph replays) against the 64-slot,
     4-warp, 2-stage tiles these replace: B = 1 / 8 / 16 24.0 / 24.6 / 34.2 -> 21.7 / 21.4 / 29.4 us, B = 32 / 64 /
     128 67.3 / 122.5 / 224.5 -> 54.4 / 96.0 / 178.9 us (FlashMLA, 64 padded heads: 18.3 / 21.6 / 29.8, 48.1 / 76.3 /
-    114.0 us). At 64 and 128 heads no tiles of a 48-configuration sweep were more than 2% faster."""
+    114.0 us). At 64 and 128 heads no tiles of a 48-configuration sweep were more than 2% faster.
+
+    These are the readable kernel's tiles. On Hopper the 656-byte cache takes :mod:`mlaspec.impl.sparse_sm90`'s own
+    64 x 64 tiles at every head count (:func:`sparse_mla`'s ``kernel``)."""
     big = dtype == torch.float32
     block_h = min(32 if big else 64, max(16, triton.next_power_of_2(group)))
     if fp8 and block_h == 16 and not big:
@@ -513,20 +516,6 @@ def decode_splits(programs: int, num_sms: int, per_sm: int = 1) -> int:
     one: measured on an H200 (fp8 656-byte cache, top-k 2048), B = 64, H_q = 64: 2 splits 124 us, 5 splits 157 us;
     B = 16, H_q = 128: 4 splits 119 us, 9 splits 189 us; B = 128, H_q = 128: 1 split 403 us, 2 splits 456 us."""
     return max(1, per_sm * num_sms // max(1, programs))
-
-
-def _default_splits(rows: int, q: torch.Tensor, keys: KeyCache, config: SparseConfig | None, slots: int = 0) -> int:
-    """:func:`decode_splits` for ``rows`` query rows of ``q [..., H_q, D_qk]`` (the decode views' default). Over
-    the 656-byte fp8 cache in 64-head tiles (:mod:`mlaspec.impl.sparse_sm90`'s, on Hopper) a split keeps at least
-    two of the ``slots`` slot tiles, so the second tile's bytes stream in during the first's work: on an H200 (top-k
-    2048, CUDA-graph replays) B = 1, 64 heads 24.0 -> 21.8 us (32 -> 16 splits); B = 2, 128 heads 28.5 -> 23.3 us.
-    The readable kernel takes the same cap on these tiles (``kernel="triton"``, or off Hopper); it was not timed."""
-    H_q = q.shape[-2]
-    cfg = config or sparse_config(H_q, q.dtype, keys.fmt != "float", rows)
-    splits = decode_splits(rows * triton.cdiv(H_q, cfg.block_h), _num_sms(q.device), cfg.per_sm)
-    if slots and keys.fmt == "fp8_v32" and cfg.block_h == sparse_sm90.BLOCK_H:
-        splits = min(splits, max(1, triton.cdiv(slots, cfg.block_n) // 2))
-    return splits
 
 
 def _source_args(src: KeyCache, dtype: torch.dtype):
@@ -546,20 +535,22 @@ def sparse_sm90_why_not(
     capability: tuple[int, int] | None,
     dtype: torch.dtype,
     fmt: str,
-    cfg: SparseConfig,
     *,
     d_v: int,
     d_rope: int,
     paged: bool = False,
     extra: bool = False,
     aligned: bool = True,
+    tile: tuple[int, int] | None = None,
 ) -> str | None:
     """Why :mod:`mlaspec.impl.sparse_sm90` cannot take this call, or ``None`` where it can.
 
     It needs Gluon in this Triton, a Hopper GPU (``capability``: the CUDA device's compute capability, ``None`` off
     CUDA or under the interpreter), q in bf16/fp16 over FlashMLA's 656-byte fp8 cache (``fmt`` ``"fp8_v32"``,
-    ``512 + 64`` entries) by indices (not a ``BlockTable``, no ``extra`` cache), the ``64 x 64`` tile (more than 32
-    query heads) and (``aligned``) q 16-byte aligned with strides of multiples of 16 elements (its ``cp.async``).
+    ``512 + 64`` entries) by indices (not a ``BlockTable``, no ``extra`` cache), (``aligned``) q 16-byte aligned
+    with strides of multiples of 16 elements (its ``cp.async``), and its ``64 x 64`` tiles (``tile``: a config
+    override's ``(block_h, block_n)``). Any head count: fewer than 64 heads fill a tile with zero rows, as FlashMLA
+    pads them to 64 (its program's time is set by its gathers, not its rows).
     """
     if not sparse_sm90.AVAILABLE:
         return "sparse_sm90 needs triton's Gluon (triton >= 3.5)"
@@ -569,8 +560,8 @@ def sparse_sm90_why_not(
         return f"sparse_sm90 takes bf16/fp16 q over the 656-byte fp8 cache, got {dtype} over {fmt!r} keys"
     if paged or extra:
         return "sparse_sm90 takes one cache by indices (no BlockTable, no extra cache)"
-    if (cfg.block_h, cfg.block_n) != (sparse_sm90.BLOCK_H, sparse_sm90.BLOCK_N):
-        return f"sparse_sm90 takes 64 heads x 64 slots (more than 32 heads), got {cfg.block_h} x {cfg.block_n}"
+    if tile is not None and tile != (sparse_sm90.BLOCK_H, sparse_sm90.BLOCK_N):
+        return f"sparse_sm90 takes tiles of 64 heads x 64 slots, got {tile[0]} x {tile[1]}"
     if (d_v, d_rope) != (512, 64):
         return f"sparse_sm90 takes entries of 512 + 64, got {d_v} + {d_rope}"
     if not aligned:
@@ -590,7 +581,7 @@ def sparse_mla(
     extra: KeyCache | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
-    num_splits: int = 1,
+    num_splits: int | None = 1,
     config: SparseConfig | None = None,
     kernel: str | None = None,
 ) -> SparseOutput:
@@ -607,11 +598,14 @@ def sparse_mla(
         attn_sink: optional ``[H_q]`` float32 (``±inf`` allowed).
         extra, extra_indices, extra_topk_length: a second key source ``[R, K_E]`` int32 in the same softmax (V4).
         num_splits: pieces each row's slot tiles are cut into (more programs for few rows); merged by LSE.
+            ``None``: the decode views' default, :func:`decode_splits` of the programs; the Gluon kernel keeps at
+            least two slot tiles a split, so the second tile's bytes stream in during the first's work (on an H200,
+            top-k 2048: B = 1, 64 heads 24.0 -> 21.8 us; B = 2, 128 heads 28.5 -> 23.3 us).
         config: tile override (default :func:`sparse_config`); it runs the readable kernel unless ``kernel="sm90"``.
         kernel: ``"auto"`` (default; or the ``MLASPEC_SPARSE_KERNEL`` environment variable): on Hopper, over the
-            656-byte fp8 cache at more than 32 heads, :mod:`mlaspec.impl.sparse_sm90` (Gluon), else the readable
-            kernel; ``"triton"``: the readable kernel; ``"sm90"``: the Gluon kernel, a ``ValueError`` saying why
-            where it cannot run (:func:`sparse_sm90_why_not`).
+            656-byte fp8 cache, :mod:`mlaspec.impl.sparse_sm90` (Gluon; its own tiles), else the readable kernel;
+            ``"triton"``: the readable kernel; ``"sm90"``: the Gluon kernel, a ``ValueError`` saying why where it
+            cannot run (:func:`sparse_sm90_why_not`).
 
     Returns:
         ``out [R, H_q, d_v]`` in q's dtype, ``lse [R, H_q]`` and ``max_logits [R, H_q]`` fp32.
@@ -695,14 +689,20 @@ def sparse_mla(
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} (MLASPEC_SPARSE_KERNEL or kernel=)")
     aligned = q.data_ptr() % 16 == 0 and all(x % 16 == 0 for x in q.stride()[:2])
     why = sparse_sm90_why_not(
-        compiled_capability(dev), q.dtype, keys.fmt, cfg, d_v=d_v, d_rope=d_rope, paged=paged,
-        extra=extra is not None, aligned=aligned,
+        compiled_capability(dev), q.dtype, keys.fmt, d_v=d_v, d_rope=d_rope, paged=paged, extra=extra is not None,
+        aligned=aligned, tile=None if config is None else (config.block_h, config.block_n),
     )  # fmt: skip
     if kernel == "sm90" and why:
         raise ValueError(why)
     gluon = why is None and (kernel == "sm90" or (kernel == "auto" and config is None))
+    if gluon:
+        cfg = SparseConfig(sparse_sm90.BLOCK_H, sparse_sm90.BLOCK_N, sparse_sm90.NUM_WARPS, 1)
     K_E = 0 if extra is None else extra_indices.shape[1]
     tiles = triton.cdiv(K, cfg.block_n) + triton.cdiv(K_E, cfg.block_n)
+    if num_splits is None:
+        num_splits = decode_splits(R * h_kv * triton.cdiv(G, cfg.block_h), _num_sms(dev), cfg.per_sm)
+        if gluon:
+            num_splits = min(num_splits, max(1, tiles // 2))
     num_splits = max(1, min(int(num_splits), max(tiles, 1)))
     tiles_per_split = max(1, triton.cdiv(tiles, num_splits))
     num_splits = max(1, triton.cdiv(tiles, tiles_per_split))
@@ -862,7 +862,8 @@ def sparse_mla_decode(
     """The decode view (``flash_mla_with_kvcache`` with ``indices``): ``q [B, S_q, H_q, D_qk]``, ``indices [B, S_q,
     K]`` global slots ``block * P + offset`` into ``keys`` (``-1`` invalid), ``topk_length [B]`` per request (shared by
     its ``S_q`` queries), likewise the extra cache; ``kernel`` as :func:`sparse_mla`. Returns ``out [B, S_q, H_q,
-    d_v]`` and ``lse [B, H_q, S_q]`` (``+inf`` on empty rows). ``num_splits`` defaults to :func:`decode_splits`."""
+    d_v]`` and ``lse [B, H_q, S_q]`` (``+inf`` on empty rows). ``num_splits`` defaults as :func:`sparse_mla`'s
+    ``None``."""
     if q.dim() != 4:
         raise ValueError(f"q must be [B, S_q, H_q, D_qk], got shape {list(q.shape)}")
     B, S_q, H_q, D = q.shape
@@ -871,9 +872,6 @@ def sparse_mla_decode(
     def per_row(t):
         return None if t is None else t.to(q.device, torch.int32).repeat_interleave(S_q)
 
-    if num_splits is None:
-        slots = indices.shape[-1] + (0 if extra_indices is None else extra_indices.shape[-1])
-        num_splits = _default_splits(R, q, keys, config, slots)
     res = sparse_mla(
         q.reshape(R, H_q, D),
         keys,
@@ -922,8 +920,6 @@ def paged_decode(
     if causal:
         lens = lens - S_q + 1 + torch.arange(S_q, dtype=torch.int32, device=q.device)
     lens = lens.expand(B, S_q).clamp_min(0).reshape(-1).contiguous()
-    if num_splits is None:
-        num_splits = _default_splits(B * S_q, q, keys, config)
     table = BlockTable(block_table.to(q.device, torch.int32).contiguous(), S_q)
     res = sparse_mla(
         q.reshape(B * S_q, H_q, D),

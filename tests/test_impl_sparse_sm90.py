@@ -13,27 +13,33 @@ import pytest
 import torch
 
 from mlaspec.impl import sparse_sm90
-from mlaspec.impl.sparse import SparseConfig, quantize_keys, sparse_config, sparse_mla_decode, sparse_sm90_why_not
+from mlaspec.impl.sparse import (
+    SparseConfig,
+    float_keys,
+    fp8_keys,
+    quantize_keys,
+    sparse_mla_decode,
+    sparse_sm90_why_not,
+)
 from tests.kernel_checks import check_sparse_decode, sparse_decode_case
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def _why(capability=(9, 0), dtype=torch.bfloat16, heads=128, fmt="fp8_v32", d_v=512, d_rope=64, **kw):
-    cfg = sparse_config(heads, dtype, fmt != "float", 64)
-    return sparse_sm90_why_not(capability, dtype, fmt, cfg, d_v=d_v, d_rope=d_rope, **kw)
+def _why(capability=(9, 0), dtype=torch.bfloat16, fmt="fp8_v32", d_v=512, d_rope=64, **kw):
+    return sparse_sm90_why_not(capability, dtype, fmt, d_v=d_v, d_rope=d_rope, **kw)
 
 
 @pytest.mark.skipif(not sparse_sm90.AVAILABLE, reason="this Triton has no Gluon")
 @pytest.mark.parametrize(
     "kw, why",
     [
-        (dict(), None),  # V3.2 at 128 heads on an H200: the Gluon kernel
-        (dict(heads=64, dtype=torch.float16), None),
-        (dict(heads=40), None),  # 40 heads: a 64-head tile with 24 zero rows
+        (dict(), None),  # V3.2 on an H200, any head count: the Gluon kernel
+        (dict(dtype=torch.float16), None),
+        (dict(tile=(64, 64)), None),  # a config override of its own tiles
         (dict(capability=None), "Hopper"),
         (dict(capability=(10, 0)), "Hopper"),
-        (dict(heads=16), "64 heads x 64 slots"),  # V3.2 over 8 GPUs: the readable kernel's few-head tiles
+        (dict(tile=(16, 32)), "64 heads x 64 slots"),  # the readable kernel's few-head tiles
         (dict(dtype=torch.float32), "bf16/fp16"),
         (dict(fmt="float"), "656-byte"),  # a bf16 cache
         (dict(fmt="fp8_v4", d_v=512, d_rope=0), "656-byte"),
@@ -68,6 +74,7 @@ def test_the_readable_kernel_when_asked_or_off_hopper(monkeypatch):
         (128, 2048, (3000, 100, 2100), (2048, 70, 0), torch.bfloat16, 1, True),  # one split: writes the result
         (64, 1000, (1500, 900), (1000, 999), torch.float16, 7, True),  # K not a multiple of 64; -1 past a prefix
         (40, 256, (300, 64), (256, 64), torch.bfloat16, 3, False),  # 24 zero heads in the tile
+        (16, 300, (500, 120), (300, 100), torch.bfloat16, None, True),  # V3.2 over 8 GPUs: 48 zero heads
     ],
 )
 def test_matches_spec(h_q, k, seq_lens, lengths, dtype, splits, sink):
@@ -110,21 +117,44 @@ def test_a_tile_override_keeps_the_readable_kernel(monkeypatch):
         sparse_mla_decode(*args, scale=0.1, topk_length=lens.cuda())
 
 
+@pytest.mark.skipif(not sparse_sm90.AVAILABLE, reason="this Triton has no Gluon")
 @pytest.mark.parametrize(
-    "heads, fmt, slots, expected",
+    "heads, batch, k, fmt, grid",
     [
-        (128, "fp8_v32", 2048, 16),  # 66 fill the card; 16 keep two of the 32 tiles each
-        (64, "fp8_v32", 2048, 16),
-        (64, "fp8_v32", 64, 1),  # one tile: one split
-        (64, "fp8_v32", 0, 132),  # the slot count unknown (a BlockTable): the card's wave
-        (16, "fp8_v32", 2048, 132),  # the few-head tiles keep their splits
-        (128, "float", 2048, 66),  # a bf16 cache: the readable kernel's splits
+        (128, 1, 2048, "fp8_v32", (2, 1, 16)),  # 66 splits fill the card; 16 keep two of the 32 tiles each
+        (16, 1, 2048, "fp8_v32", (1, 1, 16)),  # 16 heads: one 64-row tile, zero rows past them
+        (16, 8, 2048, "fp8_v32", (1, 8, 16)),
+        (64, 1, 64, "fp8_v32", (1, 1, 1)),  # one tile: one split
+        (128, 64, 2048, "fp8_v32", (2, 64, 1)),  # 128 programs: one wave already
+        (128, 1, 2048, "float", (2, 1, 32)),  # a bf16 cache: the readable kernel, a split a tile
     ],
 )
-def test_default_splits_keep_two_tiles_a_split_for_the_gluon_tiles(monkeypatch, heads, fmt, slots, expected):
+def test_which_kernel_and_splits_a_hopper_decode_takes(monkeypatch, heads, batch, k, fmt, grid):
+    """On an H100 / H200 (its capability and 132 SMs stood in for, the kernels stubbed out): which kernel a decode
+    launches and with how many splits."""
     import mlaspec.impl.sparse as sparse
 
-    monkeypatch.setattr(sparse, "_num_sms", lambda device: 132)  # an H100 / H200
-    q = torch.empty(1, heads, 576, dtype=torch.bfloat16)
-    keys = sparse.KeyCache(fmt, torch.empty(0), 64, 0, 576)
-    assert sparse._default_splits(1, q, keys, None, slots) == expected
+    launched = []
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append((self.name, grid))
+
+    monkeypatch.setattr(sparse, "compiled_capability", lambda device: (9, 0))
+    monkeypatch.setattr(sparse, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(sparse_sm90, "sparse_kernel", Stub("sm90"))
+    monkeypatch.setattr(sparse, "_sparse_mla_kernel", Stub("triton"))
+    monkeypatch.setattr(sparse, "_sparse_mla_combine_kernel", Stub("combine"))
+    q = torch.zeros(batch, 1, heads, 576, dtype=torch.bfloat16)
+    if fmt == "fp8_v32":
+        keys = fp8_keys(torch.zeros(4096, 656, dtype=torch.uint8), "fp8_v32", 64)
+    else:
+        keys = float_keys(torch.zeros(4096, 1, 576, dtype=torch.bfloat16))
+    idx = torch.zeros(batch, 1, k, dtype=torch.int32)
+    sparse_mla_decode(q, keys, idx, scale=0.1)
+    kernel = "sm90" if fmt == "fp8_v32" else "triton"
+    assert launched[0] == (kernel, grid), launched
+    assert [name for name, _ in launched[1:]] == (["combine"] if grid[2] > 1 else [])
