@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 from common import _pyplot, _save
 
+from mlaspec.conformance.cpus import usable_cpus
+
 #: (backend, scale) -> (cold, warm) wall-second goals of issue 18
 GOALS = {("triton", "full"): (90.0, 60.0), ("torch", "tiny"): (15.0, 15.0)}
 
@@ -93,7 +95,7 @@ def environment() -> dict:
     env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "cpus": os.cpu_count(),
+        "cpus": usable_cpus(),  # what the run may use, not the host's count
         "cpu": platform.processor() or platform.machine(),
     }
     if os.environ.get("OMP_NUM_THREADS"):

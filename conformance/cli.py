@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
+
+from .cpus import usable_cpus
 
 __all__ = ["main", "parser"]
 
@@ -112,8 +113,7 @@ def warm_count(warm: int | str, device: str | None, *, jit: bool, isolated: bool
     if warm != "auto":
         return int(warm)
     on_cuda = str(device or "").startswith("cuda")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return min(WARM_AUTO, cpus // 2) if jit and on_cuda and isolated and dcp is None else 0
+    return min(WARM_AUTO, usable_cpus() // 2) if jit and on_cuda and isolated and dcp is None else 0
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from .cases import Case
+from .cpus import usable_cpus
 
 __all__ = ["Outcome", "WorkerBackend", "contract_breaches", "error_message", "invoke"]
 
@@ -415,7 +416,7 @@ def _case_dict(case: Case) -> dict:
 def _main() -> None:  # pragma: no cover - the worker process
     faulthandler.enable()  # a fatal signal writes the Python stack to the log the parent shows
     # the parent's float64 reference is the CPU work of a run; the worker only builds inputs and checks them
-    torch.set_num_threads(max(1, min(4, (os.cpu_count() or 1) // 4)))
+    torch.set_num_threads(max(1, min(4, usable_cpus() // 4)))
     device = os.environ.get("MLASPEC_DEVICE", "")
     if device.startswith("cuda:"):  # a sharded run's GPU (pytest --mla-device cuda): the current device too
         torch.cuda.set_device(torch.device(device))

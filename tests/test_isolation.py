@@ -400,8 +400,7 @@ def test_warm_auto_starts_warm_ups_only_beside_a_jit_backend_on_cuda(
 ):
     from mlaspec.conformance import cli
 
-    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(cli, "usable_cpus", lambda: cpus)
     assert cli.warm_count("auto", device, jit=jit, isolated=isolated, dcp=dcp) == expected
     assert cli.warm_count(3, device, jit=jit, isolated=isolated, dcp=dcp) == 3  # a count is taken as given
 

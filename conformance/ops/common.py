@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from hypothesis.strategies import SearchStrategy
 from mlaspec.spec.attention import attention
 
 from ..cases import Case
+from ..cpus import usable_cpus
 from ..numerics import accumulation_roundoff
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -156,7 +156,7 @@ def normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
         chunk = torch.Generator().manual_seed((seed + i * 0x9E3779B97F4A7C15) % 2**63)
         out[i * NORMAL_CHUNK : (i + 1) * NORMAL_CHUNK].normal_(generator=chunk)
 
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=min(16, usable_cpus())) as pool:
         list(pool.map(fill, range(math.ceil(n / NORMAL_CHUNK))))
     return out.view(shape)
 
