@@ -547,10 +547,10 @@ def sparse_sm90_why_not(
 
     It needs Gluon in this Triton, a Hopper GPU (``capability``: the CUDA device's compute capability, ``None`` off
     CUDA or under the interpreter), q in bf16/fp16 over FlashMLA's 656-byte fp8 cache (``fmt`` ``"fp8_v32"``,
-    ``512 + 64`` entries) by indices (not a ``BlockTable``, no ``extra`` cache), (``aligned``) q 16-byte aligned
-    with strides of multiples of 16 elements (its ``cp.async``), and its ``64 x 64`` tiles (``tile``: a config
-    override's ``(block_h, block_n)``). Any head count: fewer than 64 heads fill a tile with zero rows, as FlashMLA
-    pads them to 64 (its program's time is set by its gathers, not its rows).
+    ``512 + 64`` entries) by indices (not a ``BlockTable``, no ``extra`` cache), (``aligned``) q and the cache
+    16-byte aligned, q's strides multiples of 16 elements (its ``cp.async``), and its ``64 x 64`` tiles (``tile``:
+    a config override's ``(block_h, block_n)``). Any head count: fewer than 64 heads fill a tile with zero rows, as
+    FlashMLA pads them to 64 (its program's time is set by its gathers, not its rows).
     """
     if not sparse_sm90.AVAILABLE:
         return "sparse_sm90 needs triton's Gluon (triton >= 3.5)"
@@ -565,7 +565,7 @@ def sparse_sm90_why_not(
     if (d_v, d_rope) != (512, 64):
         return f"sparse_sm90 takes entries of 512 + 64, got {d_v} + {d_rope}"
     if not aligned:
-        return "sparse_sm90 takes q 16-byte aligned with strides of multiples of 16 elements"
+        return "sparse_sm90 takes q and the cache 16-byte aligned, q's strides multiples of 16 elements"
     return None
 
 
@@ -687,7 +687,7 @@ def sparse_mla(
     kernel = kernel or os.environ.get("MLASPEC_SPARSE_KERNEL", "auto")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} (MLASPEC_SPARSE_KERNEL or kernel=)")
-    aligned = q.data_ptr() % 16 == 0 and all(x % 16 == 0 for x in q.stride()[:2])
+    aligned = q.data_ptr() % 16 == 0 and keys.data.data_ptr() % 16 == 0 and all(x % 16 == 0 for x in q.stride()[:2])
     why = sparse_sm90_why_not(
         compiled_capability(dev), q.dtype, keys.fmt, d_v=d_v, d_rope=d_rope, paged=paged, extra=extra is not None,
         aligned=aligned, tile=None if config is None else (config.block_h, config.block_n),

@@ -119,17 +119,18 @@ def test_a_tile_override_keeps_the_readable_kernel(monkeypatch):
 
 @pytest.mark.skipif(not sparse_sm90.AVAILABLE, reason="this Triton has no Gluon")
 @pytest.mark.parametrize(
-    "heads, batch, k, fmt, grid",
+    "heads, batch, k, fmt, grid, kernel",
     [
-        (128, 1, 2048, "fp8_v32", (2, 1, 16)),  # 66 splits fill the card; 16 keep two of the 32 tiles each
-        (16, 1, 2048, "fp8_v32", (1, 1, 16)),  # 16 heads: one 64-row tile, zero rows past them
-        (16, 8, 2048, "fp8_v32", (1, 8, 16)),
-        (64, 1, 64, "fp8_v32", (1, 1, 1)),  # one tile: one split
-        (128, 64, 2048, "fp8_v32", (2, 64, 1)),  # 128 programs: one wave already
-        (128, 1, 2048, "float", (2, 1, 32)),  # a bf16 cache: the readable kernel, a split a tile
+        (128, 1, 2048, "fp8_v32", (2, 1, 16), "sm90"),  # 66 splits fill the card; 16 keep two of 32 tiles each
+        (16, 1, 2048, "fp8_v32", (1, 1, 16), "sm90"),  # 16 heads: one 64-row tile, zero rows past them
+        (16, 8, 2048, "fp8_v32", (1, 8, 16), "sm90"),
+        (64, 1, 64, "fp8_v32", (1, 1, 1), "sm90"),  # one tile: one split
+        (128, 64, 2048, "fp8_v32", (2, 64, 1), "sm90"),  # 128 programs: one wave already
+        (128, 1, 2048, "float", (2, 1, 32), "triton"),  # a bf16 cache: the readable kernel, a split a tile
+        (128, 1, 2048, "fp8_v32+8", (2, 1, 32), "triton"),  # a cache 8 bytes off 16-byte alignment: no cp.async
     ],
 )
-def test_which_kernel_and_splits_a_hopper_decode_takes(monkeypatch, heads, batch, k, fmt, grid):
+def test_which_kernel_and_splits_a_hopper_decode_takes(monkeypatch, heads, batch, k, fmt, grid, kernel):
     """On an H100 / H200 (its capability and 132 SMs stood in for, the kernels stubbed out): which kernel a decode
     launches and with how many splits."""
     import mlaspec.impl.sparse as sparse
@@ -149,12 +150,12 @@ def test_which_kernel_and_splits_a_hopper_decode_takes(monkeypatch, heads, batch
     monkeypatch.setattr(sparse, "_sparse_mla_kernel", Stub("triton"))
     monkeypatch.setattr(sparse, "_sparse_mla_combine_kernel", Stub("combine"))
     q = torch.zeros(batch, 1, heads, 576, dtype=torch.bfloat16)
-    if fmt == "fp8_v32":
-        keys = fp8_keys(torch.zeros(4096, 656, dtype=torch.uint8), "fp8_v32", 64)
+    if fmt.startswith("fp8_v32"):
+        offset = 8 if fmt.endswith("+8") else 0
+        keys = fp8_keys(torch.zeros(4096 * 656 + offset, dtype=torch.uint8)[offset:], "fp8_v32", 64)
     else:
         keys = float_keys(torch.zeros(4096, 1, 576, dtype=torch.bfloat16))
     idx = torch.zeros(batch, 1, k, dtype=torch.int32)
     sparse_mla_decode(q, keys, idx, scale=0.1)
-    kernel = "sm90" if fmt == "fp8_v32" else "triton"
     assert launched[0] == (kernel, grid), launched
     assert [name for name, _ in launched[1:]] == (["combine"] if grid[2] > 1 else [])
