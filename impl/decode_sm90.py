@@ -52,6 +52,10 @@ if AVAILABLE:
     # the copies' register layouts, 16 bytes a thread: rows of 512 over a warp, rows of 64 over a quarter warp
     LOAD_V = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 2], [1, 0]))
     LOAD_R = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))
+    # the MMAs' register layouts, two warpgroups: logits [64, 64] as two x 32 keys, the output [64, 512] as two x 256
+    # value columns (also the sparse decode's, :mod:`mlaspec.impl.sparse_sm90`)
+    QK = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]))
+    PV = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]))
 
     @gluon.jit
     def _copy_part(dst, base, first, limit, div, stride_hi, stride_lo, col0, LOAD: gl.constexpr):
@@ -78,6 +82,26 @@ if AVAILABLE:
         slot0 = (blk % (PAGE // n)) * n
         limit = slot0 + seq_len - blk * n
         _copy_rows(kv_v, kv_r, KV + page * stride_kp, slot0, limit, PAGE, 0, stride_ks, (LOAD_V, LOAD_R))
+
+    @gluon.jit
+    def _softmax_step(qk, m_i):
+        """One online-softmax step over base-2 logits ``qk [64, keys]`` (rows with nothing yet keep ``m = -inf``):
+        ``(p, alpha, m_new)``, ``alpha`` rescaling what the rows had."""
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(qk - gl.expand_dims(m_use, 1))
+        return p, alpha, m_new
+
+    @gluon.jit
+    def _p_times_v(p, alpha, acc, p_smem, v):
+        """``acc * alpha + P @ v``: ``P`` rounded to ``p_smem``'s dtype through it, each warpgroup its 256 columns."""
+        p_smem.store(p.to(p_smem.dtype))
+        fence_async_shared()
+        _barrier()
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, PV)), 1)
+        acc = warpgroup_mma(p_smem, v, acc, is_async=True)
+        return warpgroup_mma_wait(0, deps=(acc,))
 
     @gluon.jit
     def split_kernel(
@@ -116,9 +140,6 @@ if AVAILABLE:
         SINGLE: gl.constexpr,
     ):
         dtype: gl.constexpr = Q.dtype.element_ty
-        # -- layouts: logits [64, 64] as two warpgroups x 32 keys; the output [64, 512] as two x 256 columns --------
-        QK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
-        PV: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
         ROW_QK: gl.constexpr = gl.SliceLayout(1, QK)
         ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
         SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
@@ -183,21 +204,11 @@ if AVAILABLE:
             allowed = gl.expand_dims(keys < seq_len, 0) & (gl.expand_dims(keys, 0) < gl.expand_dims(n_keys, 1))
             qk = gl.where(allowed, qk * qk_scale, float("-inf"))
 
-            # -- online softmax (rows with nothing yet keep m = -inf) ------------------------------------------------
-            m_new = gl.maximum(m_i, gl.max(qk, 1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(qk - gl.expand_dims(m_use, 1))
+            # -- online softmax, then P @ V (P rounded to q's dtype) ------------------------------------------------
+            p, alpha, m_i_new = _softmax_step(qk, m_i)
             l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
-
-            # -- P @ V: P rounded to q's dtype through shared memory, each warpgroup 256 value columns -------------
-            p_smem.store(p.to(dtype))
-            fence_async_shared()
-            _barrier()
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_PV), 1)
-            acc = warpgroup_mma(p_smem, k_v, acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+            m_i = m_i_new
+            acc = _p_times_v(p, alpha, acc, p_smem, k_v)
         async_copy.wait_group(0)
 
         # -- epilogue: as the readable kernel ----------------------------------------------------------------------

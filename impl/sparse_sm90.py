@@ -34,7 +34,7 @@ differs. The conformance harness judges both kernels (``MLASPEC_SPARSE_KERNEL``,
 
 from __future__ import annotations
 
-from .decode_sm90 import AVAILABLE, LOAD_R, LOAD_V, _copy_rows
+from .decode_sm90 import AVAILABLE, LOAD_R, LOAD_V, PV, QK, _copy_rows, _p_times_v, _softmax_step
 
 if AVAILABLE:
     from triton.experimental import gluon
@@ -129,9 +129,6 @@ if AVAILABLE:
         SINGLE: gl.constexpr,
     ):
         dtype: gl.constexpr = Q.dtype.element_ty
-        # -- layouts: logits [64, 64] as two warpgroups x 32 keys; the output [64, 512] as two x 256 columns --------
-        QK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
-        PV: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
         ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
         SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
         SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
@@ -201,21 +198,11 @@ if AVAILABLE:
             qk = warpgroup_mma_wait(0, deps=(qk,))
             qk = gl.where(gl.expand_dims(used, 0), qk * qk_scale, float("-inf"))
 
-            # -- online softmax (rows with nothing yet keep m = -inf) ------------------------------------------------
-            m_new = gl.maximum(m_i, gl.max(qk, 1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(qk - gl.expand_dims(m_use, 1))
+            # -- online softmax, then P @ V (P rounded to q's dtype) ------------------------------------------------
+            p, alpha, m_i_new = _softmax_step(qk, m_i)
             l_i = l_i * gl.expand_dims(alpha, 1) + p  # per key column: summed once at the end, no barrier a tile
-            m_i = m_new
-
-            # -- P @ V: P rounded to q's dtype through shared memory, each warpgroup 256 value columns -------------
-            p_smem.store(p.to(dtype))
-            fence_async_shared()
-            _barrier()
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_PV), 1)
-            acc = warpgroup_mma(p_smem, k_v, acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+            m_i = m_i_new
+            acc = _p_times_v(p, alpha, acc, p_smem, k_v)
         async_copy.wait_group(0)
 
         # -- epilogue: as the readable kernel's _finish ---------------------------------------------------------------
