@@ -43,6 +43,9 @@ Structure:
    indices in the same online softmax (base 2, ``log2 e`` folded into the scale, fp32) -- and writes the result or,
    with several splits (decode, few rows), an unnormalised partial per split.
 2. ``_sparse_mla_combine_kernel``: merges the splits by their LSE, applies the sink, writes out / LSE / max_logits.
+
+On Hopper the 656-byte cache takes :mod:`mlaspec.impl.sparse_sm90` (Gluon) in place of step 1, at every head count:
+the same math and roundings, its bytes streamed two tiles ahead (``kernel=`` / ``MLASPEC_SPARSE_KERNEL`` choose).
 """
 
 from __future__ import annotations
