@@ -68,8 +68,11 @@ __all__ = [
     "KERNELS",
     "DecodeConfig",
     "DecodeOutput",
+    "aligned16",
     "compiled_capability",
     "decode_config",
+    "gluon_runs",
+    "kernel_named",
     "mla_decode_paged",
     "num_splits_heuristic",
     "page_cache",
@@ -77,7 +80,7 @@ __all__ = [
     "use_sm90",
 ]
 
-KERNELS = ("auto", "triton", "sm90")  # which kernel: see use_sm90 (and indexer.indexer_logits, which shares them)
+KERNELS = ("auto", "triton", "sm90")  # which kernel: see gluon_runs (decode, indexer and sparse share them)
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): ln(x) = log2(x) * LN2
@@ -360,6 +363,31 @@ def sm90_why_not(
     return None
 
 
+def kernel_named(kernel: str | None, env: str) -> str:
+    """The kernel a call asks for: ``kernel``, else the environment variable ``env``, else ``"auto"``; a
+    ``ValueError`` naming both where it is not one of :data:`KERNELS`."""
+    kernel = kernel or os.environ.get(env, "auto")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} ({env} or kernel=)")
+    return kernel
+
+
+def gluon_runs(kernel: str, why: str | None, tuned: bool = False) -> bool:
+    """Whether a Gluon kernel runs rather than its readable twin: ``why`` is why it cannot (``None``: it can).
+
+    ``"triton"``: never. ``"auto"``: where it can and no option tunes the readable kernel (``tuned``). ``"sm90"``:
+    where it can, else a ``ValueError`` with ``why`` (benchmarks, tests)."""
+    if kernel == "sm90" and why:
+        raise ValueError(why)
+    return why is None and (kernel == "sm90" or (kernel == "auto" and not tuned))
+
+
+def aligned16(*tensors: torch.Tensor, strides: tuple[int, ...] = ()) -> bool:
+    """Whether ``tensors`` start 16-byte aligned and ``strides`` are multiples of 16 elements: what the Gluon kernels'
+    16-byte ``cp.async`` copies are compiled for."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors) and all(x % 16 == 0 for x in strides)
+
+
 def use_sm90(kernel: str, q: torch.Tensor, kv_cache: torch.Tensor, cfg: DecodeConfig, **shape) -> bool:
     """Whether the split runs :mod:`mlaspec.impl.decode_sm90` (Gluon) rather than the readable kernel.
 
@@ -369,13 +397,8 @@ def use_sm90(kernel: str, q: torch.Tensor, kv_cache: torch.Tensor, cfg: DecodeCo
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    capability = compiled_capability(q.device)
-    strides = (*q.stride()[:3], *kv_cache.stride()[:2])
-    aligned = q.data_ptr() % 16 == 0 and kv_cache.data_ptr() % 16 == 0 and all(x % 16 == 0 for x in strides)
-    why = sm90_why_not(capability, q.dtype, cfg, **shape, aligned=aligned)
-    if kernel == "sm90" and why:
-        raise ValueError(why)
-    return kernel != "triton" and why is None
+    aligned = aligned16(q, kv_cache, strides=(*q.stride()[:3], *kv_cache.stride()[:2]))
+    return gluon_runs(kernel, sm90_why_not(compiled_capability(q.device), q.dtype, cfg, **shape, aligned=aligned))
 
 
 def _interpreted() -> bool:
@@ -477,9 +500,7 @@ def mla_decode_paged(
     k_scale = 1.0 if k_scale is None else float(k_scale)
     block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
 
-    kernel = kernel or os.environ.get("MLASPEC_DECODE_KERNEL", "auto")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} (MLASPEC_DECODE_KERNEL or kernel=)")
+    kernel = kernel_named(kernel, "MLASPEC_DECODE_KERNEL")
     rows = S_q * H_q
     cfg = config or decode_config(rows, page_size, q.dtype, fp8)
     if page_size % cfg.block_n:

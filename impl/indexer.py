@@ -36,14 +36,12 @@ threshold and the first ``K - count_above`` indices equal to it, compacted with 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from . import indexer_sm90
-from .decode import KERNELS, _num_sms, compiled_capability
+from .decode import _num_sms, aligned16, compiled_capability, gluon_runs, kernel_named
 
 __all__ = ["indexer_logits", "indexer_sm90_why_not", "paged_indexer_logits", "topk_indices"]
 
@@ -363,20 +361,13 @@ def indexer_logits(
     w = _on(weights, dev, torch.float32)
     ks32, ke32 = _on(ks, dev, torch.int32), _on(ke, dev, torch.int32)
     scale = None if k_scale is None else _on(k_scale, dev, torch.float32)
-    kernel = kernel or os.environ.get("MLASPEC_INDEXER_KERNEL", "auto")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} (MLASPEC_INDEXER_KERNEL or kernel=)")
+    kernel = kernel_named(kernel, "MLASPEC_INDEXER_KERNEL")
     options = {"block_m": block_m, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
     readable_only = [name for name, x in options.items() if x is not None]
     if kernel == "sm90" and readable_only:
         raise ValueError(f"{', '.join(readable_only)} tune the readable kernel; kernel='sm90' takes only tiles")
-    gluon = kernel == "sm90" or (kernel == "auto" and tiles is None and not readable_only)
-    if gluon:
-        aligned = q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0
-        why = indexer_sm90_why_not(compiled_capability(dev), H, D, aligned=aligned)
-        if why and kernel == "sm90":
-            raise ValueError(why)
-        gluon = why is None
+    why = indexer_sm90_why_not(compiled_capability(dev), H, D, aligned=aligned16(q, k))
+    gluon = gluon_runs(kernel, why, tuned=tiles is not None or bool(readable_only))
     out = torch.empty(M, N, dtype=torch.float32, device=dev)
     if M == 0 or N == 0:
         return out

@@ -51,7 +51,6 @@ the same math and roundings, its bytes streamed two tiles ahead (``kernel=`` / `
 from __future__ import annotations
 
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -61,7 +60,7 @@ import triton.language as tl
 from mlaspec.spec import cache_layouts as cl
 
 from . import sparse_sm90
-from .decode import KERNELS, _num_sms, compiled_capability
+from .decode import _num_sms, aligned16, compiled_capability, gluon_runs, kernel_named
 
 __all__ = [
     "BlockTable",
@@ -687,17 +686,13 @@ def sparse_mla(
 
     fp8 = keys.fmt != "float" or (extra is not None and extra.fmt != "float")
     cfg = config or sparse_config(G, q.dtype, fp8, R)
-    kernel = kernel or os.environ.get("MLASPEC_SPARSE_KERNEL", "auto")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r} (MLASPEC_SPARSE_KERNEL or kernel=)")
-    aligned = q.data_ptr() % 16 == 0 and keys.data.data_ptr() % 16 == 0 and all(x % 16 == 0 for x in q.stride()[:2])
+    kernel = kernel_named(kernel, "MLASPEC_SPARSE_KERNEL")
     why = sparse_sm90_why_not(
         compiled_capability(dev), q.dtype, keys.fmt, d_v=d_v, d_rope=d_rope, paged=paged, extra=extra is not None,
-        aligned=aligned, tile=None if config is None else (config.block_h, config.block_n),
+        aligned=aligned16(q, keys.data, strides=q.stride()[:2]),
+        tile=None if config is None else (config.block_h, config.block_n),
     )  # fmt: skip
-    if kernel == "sm90" and why:
-        raise ValueError(why)
-    gluon = why is None and (kernel == "sm90" or (kernel == "auto" and config is None))
+    gluon = gluon_runs(kernel, why, tuned=config is not None)
     if gluon:
         cfg = SparseConfig(sparse_sm90.BLOCK_H, sparse_sm90.BLOCK_N, sparse_sm90.NUM_WARPS, 1)
     K_E = 0 if extra is None else extra_indices.shape[1]
