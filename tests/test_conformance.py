@@ -179,22 +179,23 @@ def test_cli_generated_does_not_go_with_params(capsys):
     assert "--generated" in capsys.readouterr().err
 
 
-def test_normal_draws_small_tensors_as_randn_and_large_ones_in_fixed_chunks(monkeypatch):
+def test_normal_draws_small_tensors_as_randn_and_large_ones_in_fixed_parts(monkeypatch):
     """Up to a chunk: exactly ``torch.randn`` (the tiny cases' inputs never changed). Larger: a function of the
-    generator's state alone -- the same on one thread as on many --, every chunk its own stream, standard normal."""
+    generator's state alone -- the same on one thread as on many --, every part its own stream, standard normal."""
     from mlaspec.conformance.ops import common
     from mlaspec.conformance.ops.common import normal
 
     small = normal(3, 5, generator=torch.Generator().manual_seed(7))
     assert torch.equal(small, torch.randn(3, 5, generator=torch.Generator().manual_seed(7), dtype=torch.float64))
     monkeypatch.setattr(common, "NORMAL_CHUNK", 1000)
+    monkeypatch.setattr(common, "NORMAL_PART", 250)
     g = torch.Generator().manual_seed(7)
     x, y = normal(25, 400, generator=g), normal(25, 400, generator=g)
     assert x.shape == (25, 400) and x.dtype == torch.float64 and not torch.equal(x, y)  # the state moved on
     monkeypatch.setattr(common, "usable_cpus", lambda: 1)
     assert torch.equal(normal(25, 400, generator=torch.Generator().manual_seed(7)), x)  # one thread: same bits
-    chunks = x.flatten().view(10, 1000)
-    assert all(not torch.equal(chunks[0], c) for c in chunks[1:])  # no chunk repeats another's stream
+    parts = x.flatten().view(40, 250)
+    assert all(not torch.equal(parts[0], c) for c in parts[1:])  # no part repeats another's stream
     assert abs(float(x.mean())) < 4 / 100 and abs(float(x.std()) - 1) < 0.03  # 10^4 draws: 4 sigma of each
 
 
@@ -204,6 +205,7 @@ def test_normal_is_a_function_of_the_seed(seed, n):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(common, "NORMAL_CHUNK", 512)
+        mp.setattr(common, "NORMAL_PART", 128)
         a = common.normal(n, generator=torch.Generator().manual_seed(seed))
         b = common.normal(n, generator=torch.Generator().manual_seed(seed))
     assert torch.equal(a, b) and torch.isfinite(a).all()

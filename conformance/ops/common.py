@@ -134,7 +134,8 @@ class Op:
         return self.spec or self.reference
 
 
-NORMAL_CHUNK = 1 << 22  # float64 normals one generator draws (every tiny case's); larger draws: chunks, in parallel
+NORMAL_CHUNK = 1 << 22  # float64 normals one generator draws (every tiny case's); larger draws: in parts, in parallel
+NORMAL_PART = 1 << 18  # a larger draw's part: one generator each, filled on a thread pool
 
 
 def normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
@@ -142,10 +143,11 @@ def normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
 
     Up to :data:`NORMAL_CHUNK` elements (every draw of the tiny cases, so the default run's inputs, and what
     ``docs/sensitivity.md`` measured on them, are those of plain ``torch.randn``): ``torch.randn`` from
-    ``generator``. Larger (the full-scale caches): one 64-bit seed is drawn from ``generator``, and chunk ``i`` of
-    the flat tensor comes from a generator seeded with ``seed + i * φ·2^64`` (mod 2^63), filled on a thread pool
-    (``normal_`` releases the GIL). The full-scale triton run drew its inputs one normal at a time: 30 of its 62
-    seconds (H200 host, 2026-11-24)."""
+    ``generator``. Larger (the full-scale caches): one 64-bit seed is drawn from ``generator``, and part ``i`` of
+    :data:`NORMAL_PART` elements of the flat tensor comes from a generator seeded with ``seed + i * φ·2^64`` (mod
+    2^63), filled on a thread pool (``normal_`` releases the GIL). The full-scale triton run drew its inputs one
+    normal at a time: 30 of its 62 seconds (H200 host, 2026-11-24); in parts of ``NORMAL_CHUNK`` its draws of 4-9 M
+    normals took 1-3 threads each, 16.7 s of its 36.8 s of inputs; in parts of ``NORMAL_PART``, every thread."""
     n = math.prod(shape)
     if n <= NORMAL_CHUNK:
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
@@ -153,11 +155,11 @@ def normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
     out = torch.empty(n, dtype=torch.float64)
 
     def fill(i: int) -> None:
-        chunk = torch.Generator().manual_seed((seed + i * 0x9E3779B97F4A7C15) % 2**63)
-        out[i * NORMAL_CHUNK : (i + 1) * NORMAL_CHUNK].normal_(generator=chunk)
+        part = torch.Generator().manual_seed((seed + i * 0x9E3779B97F4A7C15) % 2**63)
+        out[i * NORMAL_PART : (i + 1) * NORMAL_PART].normal_(generator=part)
 
     with ThreadPoolExecutor(max_workers=min(16, usable_cpus())) as pool:
-        list(pool.map(fill, range(math.ceil(n / NORMAL_CHUNK))))
+        list(pool.map(fill, range(math.ceil(n / NORMAL_PART))))
     return out.view(shape)
 
 
