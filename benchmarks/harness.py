@@ -13,7 +13,7 @@ the neighbours: the CPU seconds are the steadier figure.
 
     python benchmarks/harness.py --out-dir docs/bench                 # triton, full on a GPU; else torch, tiny
     python benchmarks/harness.py --backend torch --scale tiny --out-dir /tmp/bench
-    python benchmarks/harness.py --warm 0,8 --out-dir docs/bench     # also with 8 warm-up workers (--warm 8)
+    python benchmarks/harness.py --warm 0,auto --out-dir docs/bench  # also as by default (--warm auto)
 
 Writes ``harness.md`` (environment, command, table) and ``harness.png`` (wall and CPU seconds, cold and warm) under
 ``--out-dir``. Importing this module runs nothing.
@@ -46,14 +46,14 @@ class Run:
     """One timed ``mlaspec check``: ``phase`` (cold / warm), wall and CPU seconds, exit status, the counts line."""
 
     phase: str
-    workers: int  # mlaspec check --warm: warm-up workers beside the judged one
+    workers: int | str  # mlaspec check --warm: warm-up workers beside the judged one, or "auto"
     wall: float
     cpu: float
     status: int
     counts: str
 
 
-def time_check(check_args: list[str], env: dict, phase: str, workers: int = 0) -> Run:
+def time_check(check_args: list[str], env: dict, phase: str, workers: int | str = 0) -> Run:
     """Run ``mlaspec check check_args`` in a fresh process under ``env``; its wall and CPU (user + system, with its
     children) seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -73,7 +73,7 @@ def time_check(check_args: list[str], env: dict, phase: str, workers: int = 0) -
     return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)")
 
 
-def measure(backend: str, scale: str, dtypes: str, runs: int, warm: tuple[int, ...] = (0,)):
+def measure(backend: str, scale: str, dtypes: str, runs: int, warm: tuple[int | str, ...] = (0,)):
     """``runs`` cold and ``runs`` warm runs of ``mlaspec check --backend backend --scale scale``, for each number
     of warm-up workers in ``warm``, each pair from fresh caches; yields each :class:`Run` as it ends."""
     with tempfile.TemporaryDirectory(prefix="mlaspec-harness-") as tmp:
@@ -122,7 +122,7 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
         "Cold: empty reference and Triton caches; warm: the same command again over both. CPU seconds are user + "
         "system of the run and its worker processes; `--warm` is the number of warm-up workers "
         "(`mlaspec check --warm N`: processes that run the cases ahead of the judged one, so that kernels compile "
-        "in parallel).",
+        "in parallel; `auto`, the default: 8 on a GPU, started at the first judged call that compiles).",
         "",
         "![wall and CPU seconds](harness.png)",
         "",
@@ -159,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="full" if gpu else "tiny", choices=["tiny", "full"])
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--runs", type=int, default=1, help="cold + warm pairs, each pair from fresh caches")
-    ap.add_argument("--warm", default="0", help="comma-separated warm-up worker counts, each timed (default: 0)")
+    ap.add_argument(
+        "--warm", default="0", help="comma-separated warm-up worker counts or auto, each timed (default: 0)"
+    )
     ap.add_argument("--out-dir", default="bench")
     args = ap.parse_args(argv)
     command = " ".join(["python", *sys.argv]) if argv is None else f"main({argv})"
@@ -167,7 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     title = f"mlaspec check --backend {args.backend} --scale {args.scale} on {env.get('gpu', env['cpu'])}"
     os.makedirs(args.out_dir, exist_ok=True)
     runs: list[Run] = []
-    for run in measure(args.backend, args.scale, args.dtypes, args.runs, tuple(int(n) for n in args.warm.split(","))):
+    for run in measure(
+        args.backend,
+        args.scale,
+        args.dtypes,
+        args.runs,
+        tuple(n if n == "auto" else int(n) for n in args.warm.split(",")),
+    ):
         runs.append(run)  # the page and the plot after every run: a run cut short still leaves what it measured
         text = markdown(runs, args.backend, args.scale, env, command)
         with open(os.path.join(args.out_dir, "harness.md"), "w") as f:

@@ -105,8 +105,9 @@ def _check_warm(args: argparse.Namespace) -> None:
 def warm_count(warm: int | str, device: str | None, *, jit: bool, isolated: bool, dcp: int | None) -> int:
     """The warm-up processes to start: ``warm`` itself, or for ``auto`` :data:`WARM_AUTO` (at most half the CPUs
     this process may use) when the judged worker's backend compiles kernels on first use (``jit``) and runs on a
-    CUDA device, with process isolation and no ``--dcp``, else none (with nothing to compile they only contend: a
-    warm triton run on the H200, 57.7 s with them, 52.5 s without).
+    CUDA device, with process isolation and no ``--dcp``, else none. ``auto``'s start when a judged call first
+    compiles (:class:`~mlaspec.conformance.warmup.WarmUp` ``lazy``): with nothing to compile they only contend (a
+    warm triton run on the H200, 54.3-55.0 s with 8 started at once, 48.4 s without).
     A JIT backend compiles each kernel variant in the process that first needs it: the full-scale triton run on an
     H200 took 77 s cold with 8 warm-ups, 212 s without; on the CPU there is nothing to compile (8.8 s against
     7.5 s on the float32 tiny run, 2 cores)."""
@@ -154,7 +155,7 @@ def _check(args: argparse.Namespace) -> int:
         if workers:  # after the judged worker has its device (a GPU in exclusive-process mode takes one process)
             from .warmup import WarmUp
 
-            warm = backend.beside = WarmUp(args.backend, cases, workers, device)
+            warm = backend.beside = WarmUp(args.backend, cases, workers, device, lazy=args.warm == "auto")
         out_dir = Path(args.report)
         for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
             stale.unlink()
@@ -177,6 +178,11 @@ def _check(args: argparse.Namespace) -> int:
                 progress.write(lost[0])
             return bool(broken)
 
+        def after(i: int, r) -> None:
+            if warm is not None:
+                warm.judged(r.seconds)  # --warm auto starts them at the first call that compiled
+            progress.after(i, r)
+
         with progress:
             results = run_cases(
                 backend,
@@ -185,7 +191,7 @@ def _check(args: argparse.Namespace) -> int:
                 out_dir=out_dir,
                 scale=args.scale,
                 timeout=args.timeout,
-                on_result=progress.after,
+                on_result=after,
                 before=progress.before if warm is None else lambda i, c: (warm.reached(i), progress.before(i, c)),
                 stop=context_lost,
                 header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
@@ -461,8 +467,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="N more processes run the cases ahead of the judged worker, outputs thrown away, so that a JIT "
         "backend (Triton, FlashInfer) compiles its kernels in parallel into its disk cache (default: auto, "
-        f"{WARM_AUTO} beside a JIT backend (Triton, FlashInfer) on a CUDA device, at most half the CPUs, else none; "
-        "mlaspec.conformance.warmup)",
+        f"{WARM_AUTO} beside a JIT backend (Triton, FlashInfer) on a CUDA device, at most half the CPUs, started "
+        "when a judged call first compiles, else none; mlaspec.conformance.warmup)",
     )
     check.add_argument(
         "--verbose", action="store_true", help="a line per case and the full table (default: failures and counts)"

@@ -5,7 +5,8 @@ runs the case: on a cold full-scale run that is most of the run, one kernel afte
 of a 232 s run on the H200). With ``mlaspec check --warm N``, once the judged worker has loaded the backend, N more
 processes run the same cases ahead of it, each its own share (process ``k`` takes cases ``1+k, 1+k+N, ...``; the
 judged worker starts with case 0), through the same :func:`~mlaspec.conformance.worker.invoke`, and throw the outputs
-away: what they compile lands in the backend's on-disk cache (Triton's ``~/.triton/cache``, written to a temporary
+away (``--warm auto``: from the first judged call that compiled on, :data:`COMPILING`): what they compile lands in
+the backend's on-disk cache (Triton's ``~/.triton/cache``, written to a temporary
 name and renamed, so two processes compiling one kernel is safe), where the judged worker finds it.
 
 What keeps them out of the verdicts:
@@ -41,10 +42,13 @@ from pathlib import Path
 from .cases import Case
 from .worker import _case_dict
 
-__all__ = ["MAX_RESTARTS", "WarmUp"]
+__all__ = ["COMPILING", "MAX_RESTARTS", "WarmUp"]
 
 MAX_RESTARTS = 8
 """A warm-up process that dies this often is left dead: the judged worker compiles for itself."""
+COMPILING = 1.0
+"""Seconds of a judged call that mean it compiled (a Triton kernel takes 1-5 s to compile on the H200's host, a
+compiled full-scale call milliseconds): ``--warm auto`` starts its warm-up processes at the first such call."""
 _POLL = 0.2  # seconds between a keeper's looks at its process
 
 
@@ -67,12 +71,17 @@ class WarmUp:
     ``device`` is the backend's (its ``device``, as the judged worker reported it; None: unknown).
 
     Call :meth:`reached` with the index of each case as the judged worker takes it, and :meth:`stop` at the end
-    (or use it as a context manager). ``restarts`` counts the processes started again after dying, ``unstarted``
-    those that died before their first case (not started again: a device or backend this process cannot have),
-    ``paused`` the cases that ran again alone. The folder of their logs, :attr:`dir`, is removed at :meth:`stop`
+    (or use it as a context manager). ``lazy``: none starts until :meth:`judged` sees a call that compiled (one of
+    :data:`COMPILING` seconds or more): over a warm compile cache they would only take the cores the judged worker
+    needs (a warm full-scale triton run on the H200, 2026-11-25: 48.4 s without them, 54.3-55.0 s with 8).
+    ``restarts`` counts the processes started again after dying, ``unstarted`` those that died before their first
+    case (not started again: a device or backend this process cannot have), ``paused`` the cases that ran again
+    alone. The folder of their logs, :attr:`dir`, is removed at :meth:`stop`
     unless one of those happened."""
 
-    def __init__(self, backend_name: str, cases: list[Case], workers: int, device: str | None = None):
+    def __init__(
+        self, backend_name: str, cases: list[Case], workers: int, device: str | None = None, *, lazy: bool = False
+    ):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.backend_name, self.workers, self.total, self.device = backend_name, workers, len(cases), device
@@ -84,7 +93,11 @@ class WarmUp:
         self._lock = threading.Lock()
         self._procs: dict[int, subprocess.Popen] = {}
         self._threads: list[threading.Thread] = []
-        self._start_keepers()
+        self.started = not lazy
+        if lazy:  # none runs: none can contend with a judged case
+            self._stopped, self._ended_at = False, time.monotonic()
+        else:
+            self._start_keepers()
 
     def _start_keepers(self) -> None:
         self._stopped, self._ended_at = False, None  # _ended_at: when the last of them ended (time.monotonic)
@@ -146,6 +159,12 @@ class WarmUp:
                 if not self._running:
                     self._ended_at = time.monotonic()
 
+    def judged(self, seconds: float) -> None:
+        """A judged call took ``seconds``: a lazy warm-up starts its processes at the first that compiled."""
+        if not self.started and seconds >= COMPILING:
+            self.started = True
+            self._start_keepers()
+
     def reached(self, i: int) -> None:
         """The judged worker takes case ``i``: the warm-up processes skip it and those before it."""
         if not self._stopped:
@@ -166,7 +185,8 @@ class WarmUp:
         """Start them again, from the judged worker's case on (the case that ran alone failed the same way: they
         were not the cause)."""
         self._halt()
-        self._start_keepers()
+        if self.started:
+            self._start_keepers()
 
     def _halt(self) -> None:
         with self._lock:

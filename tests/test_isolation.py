@@ -433,3 +433,30 @@ def test_warm_auto_is_the_default_and_no_usage_error_without_a_worker(jit, monke
     argv = ["check", "--backend", "misbehaving:FakeJit", "--case", CASES[0], "--report", str(jit / "report")]
     assert main([*argv, "--isolation", "none"]) == 0
     assert main(argv) == 0
+
+
+def test_a_lazy_warm_up_starts_at_the_first_judged_call_that_compiled(jit):
+    from mlaspec.conformance.warmup import COMPILING, WarmUp
+
+    case = curated_cases(ops=("attention",), dtypes=("float32",))[0]
+    with WarmUp("misbehaving:FakeJit", curated_cases(ops=("attention",), dtypes=("float32",)), 1, lazy=True) as warm:
+        assert not warm.started and warm.done and not warm._procs
+        assert not warm.contended(case, time.monotonic())  # nothing ran: nothing to stop, nothing to rerun
+        warm.judged(COMPILING / 2)  # a compiled call: still none
+        time.sleep(1)
+        assert not warm.started and not warm._procs and not list(jit.glob("kernel-*"))
+        warm.judged(COMPILING)  # a call that compiled: they start and take the cases after the first
+        assert warm.started and _wait_until(lambda: warm.done)
+    assert len(list(jit.glob("kernel-*"))) == len(CASES) - 1 and len(_builders(jit)) == 1
+
+
+def test_warm_auto_starts_its_processes_only_once_a_judged_call_compiles(jit, tmp_path, monkeypatch):
+    from mlaspec.conformance import cli, warmup
+
+    monkeypatch.setattr(cli, "warm_count", lambda warm, *a, **kw: 2 if warm == "auto" else int(warm))
+    started, start = [], warmup.WarmUp._start_keepers
+    monkeypatch.setattr(warmup.WarmUp, "_start_keepers", lambda self: (started.append(self.total), start(self)))
+    status, cold = _verdicts("FakeJit", tmp_path / "cold", "--timeout", "120")  # auto: case 0 compiles, they start
+    assert status == EXIT_OK and set(cold.values()) == {"pass"} and len(cold) == 6 and started == [6]
+    status, warm = _verdicts("FakeJit", tmp_path / "warm", "--timeout", "120")  # every kernel built: none starts
+    assert status == EXIT_OK and warm == cold and started == [6]
