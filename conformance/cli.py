@@ -105,9 +105,10 @@ def _check_warm(args: argparse.Namespace) -> None:
 def warm_count(warm: int | str, device: str | None, *, jit: bool, isolated: bool, dcp: int | None) -> int:
     """The warm-up processes to start: ``warm`` itself, or for ``auto`` :data:`WARM_AUTO` (at most half the CPUs
     this process may use) when the judged worker's backend compiles kernels on first use (``jit``) and runs on a
-    CUDA device, with process isolation and no ``--dcp``, else none. ``auto``'s start when a judged call first
-    compiles (:class:`~mlaspec.conformance.warmup.WarmUp` ``lazy``): with nothing to compile they only contend (a
-    warm triton run on the H200, 54.3-55.0 s with 8 started at once, 48.4 s without).
+    CUDA device, with process isolation and no ``--dcp``, else none. ``auto``'s start at once over an empty Triton
+    cache (:func:`~mlaspec.conformance.warmup.compile_cache_empty`), else when a judged call first compiles
+    (:class:`~mlaspec.conformance.warmup.WarmUp` ``lazy``): with nothing to compile they only contend (a warm triton
+    run on the H200, 54.3-55.0 s with 8 started at once, 48.4 s without).
     A JIT backend compiles each kernel variant in the process that first needs it: the full-scale triton run on an
     H200 took 77 s cold with 8 warm-ups, 212 s without; on the CPU there is nothing to compile (8.8 s against
     7.5 s on the float32 tiny run, 2 cores)."""
@@ -153,9 +154,10 @@ def _check(args: argparse.Namespace) -> int:
         jit = bool(getattr(backend, "jit", False))
         workers = warm_count(args.warm, device, jit=jit, isolated=args.isolation == "process", dcp=args.dcp)
         if workers:  # after the judged worker has its device (a GPU in exclusive-process mode takes one process)
-            from .warmup import WarmUp
+            from .warmup import WarmUp, compile_cache_empty
 
-            warm = backend.beside = WarmUp(args.backend, cases, workers, device, lazy=args.warm == "auto")
+            lazy = args.warm == "auto" and not compile_cache_empty()  # a cold cache: every kernel compiles, start now
+            warm = backend.beside = WarmUp(args.backend, cases, workers, device, lazy=lazy)
         out_dir = Path(args.report)
         for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
             stale.unlink()

@@ -454,9 +454,38 @@ def test_warm_auto_starts_its_processes_only_once_a_judged_call_compiles(jit, tm
     from mlaspec.conformance import cli, warmup
 
     monkeypatch.setattr(cli, "warm_count", lambda warm, *a, **kw: 2 if warm == "auto" else int(warm))
+    (tmp_path / "triton" / "some-kernel").mkdir(parents=True)  # a Triton cache that holds something: lazy
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     started, start = [], warmup.WarmUp._start_keepers
     monkeypatch.setattr(warmup.WarmUp, "_start_keepers", lambda self: (started.append(self.total), start(self)))
     status, cold = _verdicts("FakeJit", tmp_path / "cold", "--timeout", "120")  # auto: case 0 compiles, they start
     assert status == EXIT_OK and set(cold.values()) == {"pass"} and len(cold) == 6 and started == [6]
     status, warm = _verdicts("FakeJit", tmp_path / "warm", "--timeout", "120")  # every kernel built: none starts
     assert status == EXIT_OK and warm == cold and started == [6]
+
+
+def test_warm_auto_starts_its_processes_at_once_over_an_empty_triton_cache(jit, tmp_path, monkeypatch):
+    from mlaspec.conformance import cli, warmup
+
+    monkeypatch.setattr(cli, "warm_count", lambda warm, *a, **kw: 2 if warm == "auto" else int(warm))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "no-triton-cache"))
+    lazy = []
+    monkeypatch.setattr(warmup.WarmUp, "judged", lambda self, seconds: lazy.append(self.started))
+    status, verdicts = _verdicts("FakeJit", tmp_path / "cold", "--timeout", "120")
+    assert status == EXIT_OK and set(verdicts.values()) == {"pass"} and lazy == [True] * 6  # started before case 0
+
+
+def test_compile_cache_empty_reads_tritons_cache_folder(tmp_path, monkeypatch):
+    from mlaspec.conformance.warmup import compile_cache_empty
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    assert compile_cache_empty()  # no folder
+    (tmp_path / "cache").mkdir()
+    assert compile_cache_empty()  # an empty one
+    (tmp_path / "cache" / "ABCDEF").mkdir()
+    assert not compile_cache_empty()
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert compile_cache_empty()  # ~/.triton/cache, absent here
+    (tmp_path / ".triton" / "cache" / "k").mkdir(parents=True)
+    assert not compile_cache_empty()
