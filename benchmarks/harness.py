@@ -122,7 +122,8 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
         "Cold: empty reference and Triton caches; warm: the same command again over both. CPU seconds are user + "
         "system of the run and its worker processes; `--warm` is the number of warm-up workers "
         "(`mlaspec check --warm N`: processes that run the cases ahead of the judged one, so that kernels compile "
-        "in parallel; `auto`, the default: 8 on a GPU, started at the first judged call that compiles).",
+        "in parallel; `auto`, the default: 8 on a GPU, started at once over an empty Triton cache, else at the first "
+        "judged call that compiles).",
         "",
         "![wall and CPU seconds](harness.png)",
         "",
