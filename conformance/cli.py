@@ -470,7 +470,8 @@ def parser() -> argparse.ArgumentParser:
         help="N more processes run the cases ahead of the judged worker, outputs thrown away, so that a JIT "
         "backend (Triton, FlashInfer) compiles its kernels in parallel into its disk cache (default: auto, "
         f"{WARM_AUTO} beside a JIT backend (Triton, FlashInfer) on a CUDA device, at most half the CPUs, started "
-        "when a judged call first compiles, else none; mlaspec.conformance.warmup)",
+        "at once over an empty Triton cache, else when a judged call first compiles; else none; "
+        "mlaspec.conformance.warmup)",
     )
     check.add_argument(
         "--verbose", action="store_true", help="a line per case and the full table (default: failures and counts)"

@@ -6,9 +6,8 @@ of a 232 s run on the H200). With ``mlaspec check --warm N``, once the judged wo
 processes run the same cases ahead of it, each its own share (process ``k`` takes cases ``1+k, 1+k+N, ...``; the
 judged worker starts with case 0), through the same :func:`~mlaspec.conformance.worker.invoke`, and throw the outputs
 away (``--warm auto``: at once over an empty Triton cache, else from the first judged call that compiled on,
-:data:`COMPILING`): what they compile lands in
-the backend's on-disk cache (Triton's ``~/.triton/cache``, written to a temporary
-name and renamed, so two processes compiling one kernel is safe), where the judged worker finds it.
+:data:`COMPILING`): what they compile lands in the backend's on-disk cache (Triton's ``~/.triton/cache``, written to
+a temporary name and renamed, so two processes compiling one kernel is safe), where the judged worker finds it.
 
 What keeps them out of the verdicts:
 
@@ -86,8 +85,7 @@ class WarmUp:
     needs (a warm full-scale triton run on the H200, 2026-11-25: 48.4 s without them, 54.3-55.0 s with 8).
     ``restarts`` counts the processes started again after dying, ``unstarted`` those that died before their first
     case (not started again: a device or backend this process cannot have), ``paused`` the cases that ran again
-    alone. The folder of their logs, :attr:`dir`, is removed at :meth:`stop`
-    unless one of those happened."""
+    alone. The folder of their logs, :attr:`dir`, is removed at :meth:`stop` unless one of those happened."""
 
     def __init__(
         self, backend_name: str, cases: list[Case], workers: int, device: str | None = None, *, lazy: bool = False
