@@ -72,6 +72,7 @@ __all__ = [
     "compiled_capability",
     "decode_config",
     "gluon_runs",
+    "hopper_why_not",
     "kernel_named",
     "mla_decode_paged",
     "num_splits_heuristic",
@@ -348,10 +349,8 @@ def sm90_why_not(
     pages of at least 64 slots), ``512 + 64`` entries, and (``aligned``) 16-byte-aligned tensors whose strides are
     multiples of 16 elements (what its ``cp.async`` copies are compiled for).
     """
-    if not decode_sm90.AVAILABLE:
-        return "decode_sm90 needs triton's Gluon (triton >= 3.5)"
-    if capability is None or capability[0] != 9:
-        return f"decode_sm90 runs on a Hopper GPU (sm_90) with compiled kernels, got compute capability {capability}"
+    if why := hopper_why_not("decode_sm90", decode_sm90.AVAILABLE, capability):
+        return why
     if fp8 or dtype not in (torch.bfloat16, torch.float16):
         return f"decode_sm90 takes a 16-bit cache in q's dtype, got {'an fp8 cache' if fp8 else dtype}"
     if (cfg.block_m, cfg.block_n) != (decode_sm90.BLOCK_M, decode_sm90.BLOCK_N):
@@ -360,6 +359,16 @@ def sm90_why_not(
         return f"decode_sm90 takes entries of 512 + 64, got {d_v} + {d_rope}"
     if not aligned:
         return "decode_sm90 takes q and kv_cache 16-byte aligned with strides of multiples of 16 elements"
+    return None
+
+
+def hopper_why_not(name: str, available: bool, capability: tuple[int, int] | None) -> str | None:
+    """Why the Gluon kernel module ``name`` cannot run at all, or ``None``: it needs Gluon in this Triton
+    (``available``, the module's ``AVAILABLE``) and a Hopper GPU (``capability``, :func:`compiled_capability`)."""
+    if not available:
+        return f"{name} needs triton's Gluon (triton >= 3.5)"
+    if capability is None or capability[0] != 9:
+        return f"{name} runs on a Hopper GPU (sm_90) with compiled kernels, got compute capability {capability}"
     return None
 
 

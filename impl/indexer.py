@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from . import indexer_sm90
-from .decode import _num_sms, aligned16, compiled_capability, gluon_runs, kernel_named
+from .decode import _num_sms, aligned16, compiled_capability, gluon_runs, hopper_why_not, kernel_named
 
 __all__ = ["indexer_logits", "indexer_sm90_why_not", "paged_indexer_logits", "topk_indices"]
 
@@ -301,10 +301,8 @@ def indexer_sm90_why_not(
     compiled and timed for) and (``aligned``) q and k 16-byte aligned (its ``cp.async`` copies move 16 bytes).
     """
     g = indexer_sm90
-    if not g.AVAILABLE:
-        return "indexer_sm90 needs triton's Gluon (triton >= 3.5)"
-    if capability is None or capability[0] != 9:
-        return f"indexer_sm90 runs on a Hopper GPU (sm_90) with compiled kernels, got compute capability {capability}"
+    if why := hopper_why_not("indexer_sm90", g.AVAILABLE, capability):
+        return why
     if (heads, dim) != (g.HEADS, g.DIM):
         return f"indexer_sm90 takes {g.HEADS} heads of {g.DIM}, got {heads} of {dim}"
     if not aligned:

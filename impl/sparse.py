@@ -60,7 +60,7 @@ import triton.language as tl
 from mlaspec.spec import cache_layouts as cl
 
 from . import sparse_sm90
-from .decode import _num_sms, aligned16, compiled_capability, gluon_runs, kernel_named
+from .decode import _num_sms, aligned16, compiled_capability, gluon_runs, hopper_why_not, kernel_named
 
 __all__ = [
     "BlockTable",
@@ -554,10 +554,8 @@ def sparse_sm90_why_not(
     a config override's ``(block_h, block_n)``). Any head count: fewer than 64 heads fill a tile with zero rows, as
     FlashMLA pads them to 64 (its program's time is set by its gathers, not its rows).
     """
-    if not sparse_sm90.AVAILABLE:
-        return "sparse_sm90 needs triton's Gluon (triton >= 3.5)"
-    if capability is None or capability[0] != 9:
-        return f"sparse_sm90 runs on a Hopper GPU (sm_90) with compiled kernels, got compute capability {capability}"
+    if why := hopper_why_not("sparse_sm90", sparse_sm90.AVAILABLE, capability):
+        return why
     if fmt != "fp8_v32" or dtype not in (torch.bfloat16, torch.float16):
         return f"sparse_sm90 takes bf16/fp16 q over the 656-byte fp8 cache, got {dtype} over {fmt!r} keys"
     if paged or extra:
