@@ -573,7 +573,9 @@ def mla_decode_paged(
         tile.update(BLOCK_N=cfg.block_n, SINGLE=num_splits == 1)
         grid = (row_blocks, num_splits, B)
         if gluon:
-            decode_sm90.split_kernel[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
+            descs = decode_sm90.cache_descriptors(kv_cache, page_size)
+            tile.update(TMA=descs is not None)
+            decode_sm90.split_kernel[grid](*args, *(descs or (None, None)), **tile, num_warps=decode_sm90.NUM_WARPS)
             return
         _mla_decode_split_kernel[grid](
             *args, **tile, PRECISION=precision, FP8=fp8, num_warps=cfg.num_warps, num_stages=stages

@@ -22,8 +22,9 @@ import sys
 def compile_for(
     kernel, pointers: dict, constexprs: dict, *, num_warps: int, num_stages: int, capability: int = 90, **options
 ):
-    """Compile ``kernel`` for ``cuda:capability``; every argument not in ``pointers`` (name -> ``"*bf16"`` etc.)
-    or ``constexprs`` is an ``fp32`` if its name ends in ``scale``, else an ``i32``."""
+    """Compile ``kernel`` for ``cuda:capability``; every argument not in ``pointers`` (name -> ``"*bf16"`` etc., or
+    a Gluon tensor descriptor's type, :func:`descriptor`) or ``constexprs`` is an ``fp32`` if its name ends in
+    ``scale``, else an ``i32``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -35,10 +36,18 @@ def compile_for(
         n: pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n.endswith("scale") else "i32")
         for n in names
     }
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in pointers or n.startswith("stride")}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n][0] == "*" or n[:6] == "stride"}
     source = ASTSource(kernel, sig, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=aligned)
     target = GPUTarget("cuda", capability, 32)
     return triton.compile(source, target=target, options=dict(num_warps=num_warps, num_stages=num_stages, **options))
+
+
+def descriptor(block: list[int], dtype: str = "bf16") -> str:
+    """The argument type of a Gluon TMA descriptor of ``block`` with the default swizzle (``dtype``: ``"bf16"``)."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, {"bf16": "bfloat16", "fp16": "float16"}[dtype]))
+    return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
 
 
 def prefetched(ttgir: str, tile: str) -> int:
@@ -52,8 +61,9 @@ def copies_before_dots(ttgir: str) -> bool:
     """Whether the main loop issues an async copy (the next tile's) before its first warpgroup MMA, so the copy
     runs during this iteration's dots."""
     body = ttgir.split("scf.for", 1)[1]
-    copy, dot = body.find("async_copy_global_to_local"), body.find("warp_group_dot ")
-    return 0 <= copy < dot
+    copy = re.search(r"async_(tma_)?copy_global_to_local", body)  # cp.async, or a tensor-memory copy
+    dot = body.find("warp_group_dot ")
+    return copy is not None and 0 <= copy.start() < dot
 
 
 def main(spec: dict) -> dict:
@@ -62,7 +72,7 @@ def main(spec: dict) -> dict:
     kernel = getattr(importlib.import_module(module), name)
     compiled = compile_for(
         kernel,
-        spec["pointers"],
+        {n: descriptor(t) if isinstance(t, list) else t for n, t in spec["pointers"].items()},
         spec["constexprs"],
         num_warps=spec["num_warps"],
         num_stages=spec["num_stages"],

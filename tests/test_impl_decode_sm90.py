@@ -102,6 +102,39 @@ def test_matches_spec(B, S_q, H, seq_lens, dtype, causal, page_size, num_splits)
         assert_within(f"{kernel} lse", lse, ref_lse, lse_bound)
 
 
+@pytest.mark.skipif(not decode_sm90.AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tensor_memory_copies_where_pages_are_one_stride_apart(dtype):
+    """The cache ``[pages, 64, 576]`` as ``[slots, 576]``: a descriptor for a tile's latent part, one for its RoPE
+    part; none where a page's slots are not followed by the next page's (then the copies go by ``cp.async``)."""
+    cache = torch.zeros(3, 64, 576, dtype=dtype)
+    latent, rope = decode_sm90.cache_descriptors(cache, 64)
+    assert (latent.shape, latent.strides, latent.block_shape) == ([192, 576], [576, 1], [64, 512])
+    assert (rope.shape, rope.block_shape) == ([192, 576], [64, 64])
+    assert decode_sm90.cache_descriptors(torch.zeros(3, 65, 576, dtype=dtype)[:, :64], 64) is None  # a slot between
+    assert decode_sm90.cache_descriptors(cache[:1], 64) is not None
+
+
+@pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize("gap", [False, True])
+def test_both_copy_paths_match_spec(gap, monkeypatch):
+    """Tensor-memory copies (whole tiles; a sequence's last, part-filled tile by ``cp.async`` over NaN slots) where
+    the pages are one stride apart, ``cp.async`` throughout where a slot lies between pages (``gap``)."""
+    q, kv, cache, block_table, lens = decode_case(2, 1, 128, [1000, 4096], torch.bfloat16, True, seed=11)
+    if gap:
+        wide = torch.full((cache.shape[0], 65, 576), float("nan"), dtype=cache.dtype)
+        wide[:, :64] = cache
+        cache = wide.cuda()[:, :64]
+    made = []
+    real = decode_sm90.cache_descriptors
+    monkeypatch.setattr(decode_sm90, "cache_descriptors", lambda *a: made.append(real(*a)) or made[-1])
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, [1000, 4096], True, unit_roundoff(q.dtype))
+    out, lse = mla_decode_paged(q.cuda(), cache.cuda(), block_table.cuda(), lens.cuda(), scale=SCALE, kernel="sm90")
+    assert made and (made[-1] is None) == gap
+    assert_within("out", out, ref_out, out_bound)
+    assert_within("lse", lse, ref_lse, lse_bound)
+
+
 @pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
 def test_inputs_it_does_not_take_run_the_readable_kernel(monkeypatch):
     """q sliced out of 584-wide rows (a stride its 16-byte copies are not compiled for), and a tile override: the

@@ -75,19 +75,28 @@ def test_the_64_row_decode_fits_hopper():
     assert out["shared"] <= HOPPER_SHARED, out
 
 
-def test_the_gluon_decode_streams_during_its_dots():
+@pytest.mark.parametrize("tma", [True, False])
+def test_the_gluon_decode_streams_during_its_dots(tma):
     """64 query rows on Hopper (:mod:`mlaspec.impl.decode_sm90`): the loop issues the next tile's copy before this
-    tile's first MMA, with q, two tiles and P in 227 KB."""
+    tile's first MMA, with q, two tiles and P in 227 KB; over a cache whose pages are one stride apart (``tma``)
+    as tensor-memory copies, else as ``cp.async``."""
     from mlaspec.impl import decode_sm90
 
     if not decode_sm90.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=decode_sm90.BLOCK_M, BLOCK_N=decode_sm90.BLOCK_N)
-    const.update(SINGLE=False)
+    const.update(SINGLE=False, TMA=tma)
+    pointers = dict(POINTERS)
+    if tma:
+        pointers.update(DESC_V=[64, 512], DESC_R=[64, 64])
+    else:
+        const.update(DESC_V=None, DESC_R=None)
     out = compiled(
-        "mlaspec.impl.decode_sm90:split_kernel", POINTERS, const, num_warps=decode_sm90.NUM_WARPS, num_stages=1
-    )
+        "mlaspec.impl.decode_sm90:split_kernel", pointers, const, num_warps=decode_sm90.NUM_WARPS, num_stages=1,
+        ptx_words=["cp.async.bulk.tensor.2d"],
+    )  # fmt: skip
     assert out["copies_before_dots"], out
+    assert out["ptx_has"]["cp.async.bulk.tensor.2d"] == tma, out
     assert out["shared"] <= HOPPER_SHARED, out
 
 
