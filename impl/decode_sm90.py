@@ -15,9 +15,10 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    issued by one thread, which signal the buffer's ``mbarrier`` (:func:`cache_descriptors`; FlashMLA's
    ``csrc/sm90/decode`` loads its tiles the same way); a sequence's last, part-filled tile, and every tile of
    any other cache, by ``cp.async``, which zero-fills the slots past a sequence's end as the readable kernel's
-   masked loads do. On the H200 the TMA copies took the 128-head decode from 0.73-0.79x to 0.81-0.85x FlashMLA
-   at B64-128 (8K and 64K keys) and from 1.07x to 1.18x at B1 64K: the ``cp.async`` copies cost each thread 18
-   copies and their addresses a tile (75 M instructions against FlashMLA's 61 M at B64 8K, Nsight Compute).
+   masked loads do. On the H200 the TMA copies (and the row sums below) took the 128-head decode from
+   0.73-0.78x to 0.82-0.86x FlashMLA at B64-128 and from 1.07x to 1.19x at B1 64K (``benchmarks/suite.py``): the
+   ``cp.async`` copies cost each thread 18 copies and their addresses a tile (75 M instructions against
+   FlashMLA's 61 M at B64 8K, Nsight Compute).
 2. **Each logit once.** Triton lays the ``[64, 64]`` logits out over both warpgroups by rows (``[8, 1]``), so
    each warpgroup computes all of ``q @ k^T`` -- half the tensor-core work twice. Here the two warpgroups take 32
    keys each (``[4, 2]``), the row max crosses them, and ``P`` goes through 8 KB of shared memory into
