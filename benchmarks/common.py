@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import platform
+import statistics
 import subprocess
+import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -28,6 +30,7 @@ REFERENCE = {
     "sparse_decode": "flashmla",
     "sparse_prefill": "flashmla",
     "indexer": "deepgemm",
+    "indexer_graph": "deepgemm",
     "topk": "torch",
 }
 
@@ -45,6 +48,21 @@ def bench(fn: Callable[[], object], *, graph: bool = False) -> float:
     if graph:
         return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e-3
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
+
+
+def host_seconds(fn: Callable[[], object], calls: int = 200) -> float:
+    """Median host seconds a call of ``fn`` takes to return, over 5 rounds of ``calls`` calls not waited for (the
+    GPU runs behind: what eager callers pay on the host, whatever the kernel's time)."""
+    fn()
+    torch.cuda.synchronize()
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - t0) / calls)
+        torch.cuda.synchronize()
+    return statistics.median(rounds)
 
 
 class Roofline(NamedTuple):

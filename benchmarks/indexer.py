@@ -10,6 +10,12 @@ the rows (kernel ``topk``). Counts::
                                                      # W = max(ke - ks) compressed columns (DeepGEMM >= 2.8)
     top-k: bytes = 4 * M * N + 4 * M * K             # read the logits, write int32 indices; no FLOPs counted
 
+Timers: kernel ``indexer`` is ``do_bench`` of the call (L2 flushed before each, the host's launch path included:
+prefill runs eagerly), ``indexer_graph`` (``--graph``) the same call as CUDA-graph replays, the GPU's time alone (L2
+not flushed). They differ where the call is short: ``do_bench`` flushes L2 with a ~60 us memset before each call, and
+a call that takes the host about as long (Triton's Python launch path: 27 us of the triton call's 48-78 us on the
+H200's host, DeepGEMM's C++ binding 35 us) is timed on the host, not the GPU (S = 1K).
+
 Providers: ``triton`` (:func:`mlaspec.impl.indexer.indexer_logits` as called: on Hopper the Gluon kernel of
 :mod:`mlaspec.impl.indexer_sm90`, ``MLASPEC_INDEXER_KERNEL=triton`` for the readable one), ``deepgemm``
 (``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits`` through
@@ -19,6 +25,7 @@ note when not importable), ``torch`` (fp32 einsum, as vLLM's fallback). The top-
 DeepGEMM (logits) and ``torch.topk`` measured in the same run.
 
     python benchmarks/indexer.py --seqs 1024,4096,8192 --out indexer.png
+    python benchmarks/indexer.py --seqs 1024 --graph --providers triton,deepgemm   # GPU time next to do_bench
     python benchmarks/indexer.py --sweep 8192                    # the ragged kernel's launch options
 
 Importing this module runs nothing.
@@ -30,7 +37,7 @@ import argparse
 import functools
 
 import torch
-from common import Row, bench, load_deepgemm, measure, plot_sweep, print_table, skip
+from common import Row, bench, host_seconds, load_deepgemm, measure, plot_sweep, print_table, shape_str, skip
 
 H, D, K = 64, 128, 2048
 PROVIDERS = ("triton", "deepgemm", "torch")
@@ -74,27 +81,33 @@ def run(
     *,
     logits: bool = True,
     topk: bool = True,
+    graph: bool = False,
     torch_max_gb: float = 20.0,
     device: str = "cuda",
 ) -> list[Row]:
-    """Rows of kernel ``indexer`` (when ``logits``) and ``topk`` (when ``topk``) for every ``S``."""
+    """Rows of kernel ``indexer`` (when ``logits``), ``indexer_graph`` (when ``graph``: the same calls as CUDA-graph
+    replays; not torch's, whose temporaries a graph would keep) and ``topk`` (when ``topk``) for every ``S``."""
     from mlaspec.impl.indexer import indexer_logits, topk_indices
 
     dev = torch.device(device)
-    dg = load_deepgemm() if logits and "deepgemm" in providers else None
+    dg = load_deepgemm() if (logits or graph) and "deepgemm" in providers else None
     rows: list[Row] = []
     for S in seqs:
         q, k, k_scale, w, ks, ke = make_problem(S, dev)
         flops = 2 * H * D * S * (S + 1) / 2
         nbytes = S * H * D + S * D + 4 * S + 4 * S * H + 4 * S * S
-        for p in providers if logits else ():
+        for p in providers if logits or graph else ():
             if p == "deepgemm" and dg is None:
                 continue
             if p == "torch" and torch_max_gb * 1e9 < S * S * H * 4:
                 skip("indexer", p, dict(S=S), f"{S * S * H * 4 / 1e9:.0f} GB of fp32 scores")
                 continue
             fn = _logits_fn(p, dg, q, k, k_scale, w, ks, ke)
-            measure(rows, "indexer", p, dict(S=S), fn, nbytes=nbytes, flops=flops)
+            if logits:
+                measure(rows, "indexer", p, dict(S=S), fn, nbytes=nbytes, flops=flops)
+            if graph and p != "torch":
+                measure(rows, "indexer_graph", p, dict(S=S), fn, nbytes=nbytes, flops=flops, graph=True)
+                print(f"  {'host':<14} {shape_str(dict(S=S)):<30} {p:<12} {host_seconds(fn) * 1e6:10.1f} us a call")
         if topk:  # over the logits, decode-style rows [0, ke)
             lg = indexer_logits(q, k, w, ks, ke, k_scale)
             tk, nbytes = dict(S=S, K=K), 4 * S * S + 4 * S * K
@@ -140,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--providers", default=",".join(PROVIDERS))
     ap.add_argument("--out", default="indexer.png")
     ap.add_argument("--sweep", type=int, default=0, help="time launch options at this S and exit")
+    ap.add_argument("--graph", action="store_true", help="also time the logits as CUDA-graph replays (indexer_graph)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/indexer.py needs a CUDA device")
@@ -147,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         sweep(args.sweep)
         return 0
-    rows = run([int(s) for s in args.seqs.split(",")], args.providers.split(","))
+    rows = run([int(s) for s in args.seqs.split(",")], args.providers.split(","), graph=args.graph)
     print_table(rows)
     plot_sweep(
         [r for r in rows if r.kernel == "indexer"],

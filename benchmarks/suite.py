@@ -7,11 +7,13 @@ Kernels (``--kernels``, comma list; default all), each with its providers and co
   128, batch 1..128, context 1K..128K; ``triton``, ``flashmla``, ``torch``;
 * ``sparse_decode``, ``sparse_prefill`` (:mod:`sparse`): top-k 2048 over a 656-byte fp8 or bf16 cache, and the
   prefill over bf16 ``kv``; ``triton(-fp8|-bf16)``, ``flashmla``, ``torch``;
-* ``indexer``, ``topk`` (:mod:`indexer`): fp8 causal logits, H 64, D 128; ``triton``, ``deepgemm``, ``torch``; the
-  top-k (K 2048) ``triton`` against ``torch.topk``.
+* ``indexer``, ``indexer_graph``, ``topk`` (:mod:`indexer`): fp8 causal logits, H 64, D 128; ``triton``,
+  ``deepgemm``, ``torch``; the top-k (K 2048) ``triton`` against ``torch.topk``.
 
 Decode kernels are timed as CUDA-graph replays (as serving runs them; ``--no-graphs`` for ``do_bench``), prefill,
-indexer and top-k with ``do_bench`` (L2 flushed). A provider that does not import, or a shape over the memory caps,
+indexer and top-k with ``do_bench`` (L2 flushed, the host's launch path included: prefill runs eagerly);
+``indexer_graph`` is the indexer's logits again as graph replays, the GPU's time alone (:mod:`indexer` says where
+the two differ). A provider that does not import, or a shape over the memory caps,
 is skipped with a printed note. Writes to ``--out-dir``: ``bench.md`` (environment, roofs and the table: µs, GB/s,
 TFLOP/s and the speed against FlashMLA / DeepGEMM / ``torch.topk`` measured in this run), ``bench.json`` (the same,
 rows with their counts) and ``roofline.png`` (every row against the measured copy bandwidth and matmul rates).
@@ -91,12 +93,13 @@ def run(
             torch_max_gb=torch_max_gb,
             providers=_providers(providers, sparse.PREFILL_PROVIDERS),
         )
-    if "indexer" in kernels or "topk" in kernels:
+    if {"indexer", "indexer_graph", "topk"} & set(kernels):
         print("\n## indexer / topk")
         rows += indexer.run(
             **grid["indexer"],
             providers=_providers(providers, indexer.PROVIDERS),
             logits="indexer" in kernels,
+            graph="indexer_graph" in kernels,
             topk="topk" in kernels,
         )
     return rows

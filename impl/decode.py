@@ -69,6 +69,7 @@ __all__ = [
     "DecodeConfig",
     "DecodeOutput",
     "aligned16",
+    "combine_config",
     "compiled_capability",
     "decode_config",
     "gluon_runs",
@@ -330,6 +331,27 @@ def num_splits_heuristic(
     key_blocks = max(1, triton.cdiv(max_seq_len, block_n))
     per_wave = programs_per_sm * num_sms // max(1, batch * row_blocks)
     return max(1, min(per_wave, key_blocks, max_splits))
+
+
+def combine_config(rows: int, num_splits: int, d_v: int, num_sms: int) -> tuple[int, int, int]:
+    """``(block_d, chunk, num_warps)`` of the combine for ``rows = B * S_q * H_q`` rows of ``num_splits`` partials:
+    ``block_d`` value columns a program, ``chunk`` splits' partials a load, ``num_warps``.
+
+    One warp a program, at most 4096 partials (128 registers a thread) a load: the combine is a few microseconds of
+    loads, and more, smaller programs keep more of them in flight. Columns a program: 32 up to 32 rows (16 heads,
+    B <= 2), 64 up to 64, 128 below four rows an SM, else a whole row (its LSEs read once). The exception: up to 16
+    rows with more than ``4096 / 32`` splits (16 heads, B = 1, 129-132 splits) load them all at once over 4 warps.
+    Measured on an H200 (CUDA-graph replays of the combine alone, partials of 512 columns; before -> after):
+    128 heads B = 1, 66 splits 5.92 -> 4.72 us, B = 2, 33 splits 7.85 -> 4.66, B = 4, 16 splits 9.93 -> 3.90; 16
+    heads B = 1, 64 splits 2.93 -> 2.21, B = 2, 66 splits 2.91 -> 2.59, B = 4, 33 splits 3.36 -> 2.50, B = 64, 2
+    splits 2.44 -> 2.39, B = 1, 132 splits 2.90 as before (one warp, two loads: 3.15); where it lost: B = 1, 16
+    splits 1.89 -> 1.95. (Before: 4 warps, 8192 partials a load, 64 columns from 33 rows.)
+    """
+    p2 = triton.next_power_of_2(num_splits)
+    block_d = min(d_v, 32 if rows <= 32 else 64 if rows <= 64 else 128 if rows < 4 * num_sms else d_v)
+    if rows <= 16 and p2 * block_d > 4096:
+        return block_d, min(p2, 8192 // block_d), 4
+    return block_d, max(1, min(p2, 4096 // block_d)), 1
 
 
 def sm90_why_not(
@@ -596,33 +618,36 @@ def mla_decode_paged(
             if i == len(attempts) - 1:
                 raise
     if num_splits > 1:
-        # a few rows (16 heads, B = 1): 32 columns a program, every split's partials in one load (H200, 132 splits:
-        # 6.2 us as 64 columns and 32 splits a load, 2.9 us so); up to 4 rows an SM: 64 columns (32 cost 128 heads
-        # B = 4 4K keys 34.2 -> 37.7 us: twice the programs); more: one program a row (the LSEs read once; 64-column
-        # programs cost B64 16 heads 4K keys 85 -> 92 us)
-        block_d = min(d_v, 32 if B * rows <= 32 else 64 if B * rows < 4 * sms else d_v)
-        _mla_decode_combine_kernel[(rows, B, d_v // block_d)](
-            o_part,
-            lse_part,
-            out,
-            lse,
-            out.stride(0),
-            out.stride(1),
-            out.stride(2),
-            lse.stride(0),
-            lse.stride(1),
-            lse.stride(2),
-            S_q,
-            H_q,
-            num_splits,
-            D_V=d_v,
-            BLOCK_D=block_d,
-            SPLITS_P2=triton.next_power_of_2(num_splits),
-            CHUNK=max(1, min(triton.next_power_of_2(num_splits), 8192 // block_d)),  # <= 8192 partials a load
-            num_warps=4,
-            num_stages=1,  # one load in flight is all there is
-        )
+        _combine(o_part, lse_part, out, lse, sms)
     return DecodeOutput(out, lse)
+
+
+def _combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sms: int) -> None:
+    """Merge the splits' partials ``o_part [B, splits, S_q H_q, D_v]`` fp32 (normalised) and ``lse_part [B, splits,
+    S_q H_q]`` (base 2) by their LSEs into ``out [B, S_q, H_q, D_v]`` and ``lse [B, H_q, S_q]`` (natural log)."""
+    B, num_splits, rows, d_v = o_part.shape
+    block_d, chunk, warps = combine_config(B * rows, num_splits, d_v, sms)
+    _mla_decode_combine_kernel[(rows, B, d_v // block_d)](
+        o_part,
+        lse_part,
+        out,
+        lse,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        lse.stride(2),
+        out.shape[1],
+        out.shape[2],
+        num_splits,
+        D_V=d_v,
+        BLOCK_D=block_d,
+        SPLITS_P2=triton.next_power_of_2(num_splits),
+        CHUNK=chunk,
+        num_warps=warps,
+        num_stages=1,  # one load in flight is all there is
+    )
 
 
 def page_cache(

@@ -32,7 +32,7 @@ from mlaspec.conformance.backends.triton import TritonBackend, interpreted
 from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.ops.common import attention_bounds, unit_roundoff
 from mlaspec.conformance.runner import run_case
-from mlaspec.impl.decode import DecodeConfig, mla_decode_paged, num_splits_heuristic
+from mlaspec.impl.decode import DecodeConfig, _combine, combine_config, mla_decode_paged, num_splits_heuristic
 from mlaspec.impl.merge import merge_attn_states
 from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen, prefill_config, split_head_dim
 from mlaspec.spec import merge as spec_merge
@@ -152,6 +152,50 @@ def test_num_splits_heuristic_fills_one_wave(batch, row_blocks, seq, sms, per_sm
     assert 1 <= splits <= min(256, math.ceil(seq / 64))  # at least one key block of 64 a split
     assert splits == 1 or programs <= wave  # never a partial second wave
     assert splits == 256 or splits == math.ceil(seq / 64) or programs + batch * row_blocks > wave  # the wave is full
+
+
+@pytest.mark.parametrize(
+    "rows, splits, expected",
+    [
+        (128, 66, (128, 32, 1)),  # 128 heads, B = 1: 128 columns, 32 splits a load (two loads), one warp
+        (512, 16, (128, 16, 1)),  # 128 heads, B = 4: still under four rows an SM
+        (1024, 2, (512, 2, 1)),  # 16 heads, B = 64: a whole row a program
+        (16, 132, (32, 256, 4)),  # 16 heads, B = 1, 132 splits: all at once over four warps
+        (16, 128, (32, 128, 1)),  # 128 splits of 32 columns: 4096 partials, one warp
+        (64, 33, (64, 64, 1)),  # 16 heads, B = 4
+    ],
+)
+def test_combine_config_examples(rows, splits, expected):
+    assert combine_config(rows, splits, 512, 132) == expected
+
+
+@given(rows=st.integers(1, 1 << 14), splits=st.integers(2, 256), d_v=st.sampled_from([16, 64, 512]))
+def test_combine_config_tiles_every_column_and_split(rows, splits, d_v):
+    block_d, chunk, warps = combine_config(rows, splits, d_v, 132)
+    assert d_v % block_d == 0 and chunk & (chunk - 1) == 0 and 1 <= chunk <= 1 << (splits - 1).bit_length()
+    assert chunk * block_d <= 4096 * warps  # at most 128 partials a thread in one load
+
+
+def test_combine_merges_splits_over_several_loads():
+    """The combine against the float64 LSE merge where a program loads the splits in parts (12 splits, 8 a load: 512
+    columns a program at the interpreter's 4 SMs), with an empty split (-inf) and a row whose splits are all empty."""
+    B, splits, R, d_v = 2, 12, 40, 512
+    _, chunk, _ = combine_config(B * R, splits, d_v, 4)
+    assert chunk < splits
+    g = torch.Generator().manual_seed(0)
+    o_part = torch.randn(B, splits, R, d_v, generator=g)
+    lse_part = torch.randn(B, splits, R, generator=g) * 4
+    lse_part[0, 9] = float("-inf")
+    lse_part[1, :, 3] = float("-inf")
+    out, lse = torch.empty(B, 1, R, d_v), torch.empty(B, R, 1)
+    _combine(o_part, lse_part, out, lse, 4)
+    w = torch.exp2(lse_part.double())  # [B, splits, R]
+    total = w.sum(1)  # [B, R]
+    ref = torch.einsum("bsr,bsrd->brd", w, o_part.double()) / total.clamp_min(1e-300)[..., None]
+    ref_lse = torch.log(total)
+    assert torch.allclose(out[:, 0].double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(lse[..., 0].double(), ref_lse, rtol=1e-5, atol=1e-5)
+    assert (out[1, 0, 3] == 0).all() and lse[1, 3, 0] == float("-inf")
 
 
 # -- prefill (varlen flash attention) ---------------------------------------------------------------------------------
