@@ -31,6 +31,7 @@ from mlaspec.conformance.ops.sparse import gather_keys, sparse_bounds
 from mlaspec.conformance.runner import run_case
 from mlaspec.impl.sparse import (
     SparseConfig,
+    combine_config,
     decode_splits,
     float_keys,
     quantize_keys,
@@ -135,6 +136,19 @@ def test_splits_merge_to_the_same_result_and_padding_equals_shorter_length():
     b = sparse_mla(q, float_keys(kv), padded, scale=scale, d_v=d_v, config=cfg)
     for x, y in zip(a, b):
         assert torch.equal(x, y)  # masked tiles change nothing: alpha = 1, p = 0
+
+
+@pytest.mark.parametrize(
+    "rows, heads, d_v, expected",
+    [
+        (1, 128, 512, (1, 128, 1)),  # B1 128 heads: 512 one-warp programs of one head's 128 columns
+        (8, 64, 512, (1, 128, 1)),  # 512 (row, head) pairs: still one head a program
+        (8, 128, 512, (4, 128, 1)),  # more: four heads a program
+        (3, 5, 32, (1, 32, 1)),  # a value narrower than 128 columns: one column block
+    ],
+)
+def test_combine_config_examples(rows, heads, d_v, expected):
+    assert combine_config(rows, heads, d_v) == expected
 
 
 @pytest.mark.parametrize("dtype, rows", [(torch.float16, 0), (torch.float16, 32), (torch.float32, 0)])
