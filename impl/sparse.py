@@ -377,7 +377,7 @@ def _sparse_mla_combine_kernel(
     m_use = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(ms - m_use[:, None])  # empty splits: 0
     l_i = tl.sum(ls * w, 1)
-    # -- acc = sum_i 2^(m_i - m) acc_i: read splits * D_V fp32 per head ----------------------------------------------
+    # -- acc = sum_i 2^(m_i - m) acc_i: read splits * BLOCK_D fp32 per head ------------------------------------------
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     base = (r64 * H_Q + heads) * num_splits
     for i in range(num_splits):
