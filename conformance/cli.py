@@ -46,8 +46,9 @@ class UsageError(Exception):
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_EMPTY = 0, 1, 2, 3
 
 
-def _load(name: str, *, isolated: bool, timeout: float | None, dcp: int | None = None):
-    """The backend ``name``, in a worker process (``isolated``), in ``dcp`` processes of one group
+def _load(name: str, *, isolated: bool, timeout: float | None, dcp: int | None = None, started=None):
+    """The backend ``name``, in a worker process (``isolated``; ``started``: one already started for it,
+    :func:`~mlaspec.conformance.spawn.spawn`), in ``dcp`` processes of one group
     (:class:`~mlaspec.conformance.distributed.RankGroup`) or in this one; a usage error when it cannot be loaded."""
     from .worker import load_failure, open_backend
 
@@ -56,7 +57,7 @@ def _load(name: str, *, isolated: bool, timeout: float | None, dcp: int | None =
             from .distributed import RankGroup
 
             return RankGroup(name, dcp, timeout=timeout)
-        return open_backend(name, isolated=isolated, timeout=timeout)
+        return open_backend(name, isolated=isolated, timeout=timeout, started=started)
     except Exception as exc:  # not importable, no such attribute, raises on construction
         message = load_failure(exc, isolated=isolated).removeprefix(f"backend {name!r} could not be loaded: ")
         hint = ""
@@ -119,6 +120,19 @@ def warm_count(warm: int | str, device: str | None, *, jit: bool, isolated: bool
 
 
 def _check(args: argparse.Namespace) -> int:
+    """``mlaspec check``. The judged worker starts first (:mod:`~mlaspec.conformance.spawn`): its imports run
+    beside this process's."""
+    from .spawn import spawn
+
+    started = spawn(args.backend) if args.isolation == "process" and args.dcp is None else None
+    try:
+        return _check_cases(args, started)
+    finally:
+        if started is not None:  # stopped by the run that took it; else (a usage error first) stopped here
+            started.kill()
+
+
+def _check_cases(args: argparse.Namespace, started) -> int:
     from .cases import case_by_id, curated_cases
     from .ops import DTYPES, OPS
     from .progress import Progress
@@ -147,7 +161,9 @@ def _check(args: argparse.Namespace) -> int:
         if args.generated:
             cases += _generated_cases(args.generated, dtypes, args.seed, ops)
     _check_warm(args)
-    backend = _load(args.backend, isolated=args.isolation == "process", timeout=args.timeout, dcp=args.dcp)
+    backend = _load(
+        args.backend, isolated=args.isolation == "process", timeout=args.timeout, dcp=args.dcp, started=started
+    )
     warm = None
     try:
         device = getattr(backend, "device", None)

@@ -18,7 +18,7 @@ import torch
 from .numerics import lse_rounded
 from .statistics import ALPHA, rounding_statistics
 
-__all__ = ["Metric", "Result", "format_failure", "judge", "judge_exact"]
+__all__ = ["Metric", "Result", "argmax_index", "format_failure", "judge", "judge_exact"]
 
 
 @dataclass
@@ -96,6 +96,16 @@ def _nonfinite_mismatch(name: str, got: torch.Tensor, ref: torch.Tensor) -> str:
     return ""
 
 
+def argmax_index(t: torch.Tensor) -> tuple[int, ...]:
+    """The index of ``t``'s largest element as a tuple (``torch.unravel_index`` without its first call's import of
+    sympy, a second of the default run)."""
+    flat, idx = int(t.argmax()), []
+    for n in reversed(t.shape):
+        flat, i = divmod(flat, n)
+        idx.append(i)
+    return tuple(reversed(idx))
+
+
 def judge(
     names: tuple[str, ...], got: object, ref: tuple, bounds: tuple, *, u: float = 0.0
 ) -> tuple[str, str, list[Metric], dict, dict]:
@@ -149,7 +159,7 @@ def judge(
         worst_ratio = ratio.max().item() if ratio.numel() else 0.0
         metrics.append(Metric(name, "max_error/bound", worst_ratio, 1.0))
         if ratio.numel() and worst_ratio > 0:
-            idx = tuple(int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape))
+            idx = argmax_index(ratio)
             worst[name] = dict(index=list(idx), got=g[idx].item(), spec=r[idx].item(), bound=b[idx].item())
         if worst_ratio > 1.0:
             w = worst[name]

@@ -33,12 +33,10 @@ import pickle
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
-from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -46,6 +44,7 @@ import torch
 
 from .cases import Case
 from .cpus import usable_cpus
+from .spawn import Spawned, spawn
 
 __all__ = ["Outcome", "WorkerBackend", "contract_breaches", "error_message", "invoke"]
 
@@ -227,11 +226,12 @@ def _status(code: int | None) -> str:
     return f"exited with status {code}"
 
 
-def open_backend(name: str, *, isolated: bool, timeout: float | None):
-    """The backend ``name`` in a worker process (``isolated``: a :class:`WorkerBackend`) or in this one."""
+def open_backend(name: str, *, isolated: bool, timeout: float | None, started: Spawned | None = None):
+    """The backend ``name`` in a worker process (``isolated``: a :class:`WorkerBackend`, in ``started`` if given)
+    or in this one."""
     from .backend import load_backend
 
-    return WorkerBackend(name, timeout=timeout) if isolated else load_backend(name)
+    return WorkerBackend(name, timeout=timeout, started=started) if isolated else load_backend(name)
 
 
 def load_failure(exc: BaseException, *, isolated: bool) -> str:
@@ -248,13 +248,13 @@ class WorkerBackend:
     ``unsupported``) and runs ops through :meth:`send` / :meth:`collect`. Raises ``RuntimeError`` when the backend
     cannot be loaded (the message is the worker's)."""
 
-    def __init__(self, backend_name: str, *, timeout: float | None = 120.0):
+    def __init__(self, backend_name: str, *, timeout: float | None = 120.0, started: Spawned | None = None):
         self.backend_name = backend_name
         self.timeout = timeout
-        self._log = Path(tempfile.mkdtemp(prefix="mlaspec-worker-")) / "worker.log"
+        self._log = None
         self._proc = None
         self._conn = None
-        meta = self._start()
+        meta = self._start(started)
         self.name, self.version = meta["name"], meta["version"]
         self.ops, self.dtypes = meta["ops"], meta["dtypes"]
         self.not_implemented = meta["not_implemented"]
@@ -270,17 +270,13 @@ class WorkerBackend:
         self.jit = meta["jit"]  # it compiles kernels on first use (the protocol's optional ``jit``)
         self.starts = 1
 
-    def _start(self) -> dict:
-        self._conn, child = Pipe(duplex=True)
-        with open(self._log, "wb") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "mlaspec.conformance.worker", str(child.fileno()), self.backend_name],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=[child.fileno()],
-            )
-        child.close()
+    def _start(self, started: Spawned | None = None) -> dict:
+        """Start a worker (or take ``started``, one :func:`~mlaspec.conformance.spawn.spawn` began for this backend)
+        and wait for its ``ready``: the backend's description."""
+        if started is not None and started.backend_name != self.backend_name:
+            raise ValueError(f"started: a worker of {started.backend_name!r}, not of {self.backend_name!r}")
+        w = started or spawn(self.backend_name, self._log)
+        self._proc, self._conn, self._log = w.proc, w.conn, w.log
         reply = self._receive(_START_TIMEOUT)
         if reply is None or reply[0] != "ready":
             if reply is not None and reply[0] == "load-error":

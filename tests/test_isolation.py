@@ -129,6 +129,31 @@ def test_usage_errors_are_one_line_and_exit_2(misbehaving, capsys, argv, message
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
+def test_the_judged_worker_starts_first_and_never_outlives_the_run(misbehaving, monkeypatch):
+    """``mlaspec check`` starts its worker before its own imports (conformance.spawn) and the run takes that one: a
+    second start would show here as a second spawn. A usage error found after the start stops it."""
+    from mlaspec.conformance import spawn as spawning
+    from mlaspec.conformance import worker
+
+    spawned = []
+
+    def recording(*args, **kwargs):
+        spawned.append(spawning.spawn.__wrapped__(*args, **kwargs))
+        return spawned[-1]
+
+    recording.__wrapped__ = spawning.spawn
+    monkeypatch.setattr(spawning, "spawn", recording)
+    monkeypatch.setattr(worker, "spawn", recording)
+    assert main(["check", "--ops", "nosuchop", "--report", str(misbehaving / "u")]) == EXIT_USAGE
+    assert len(spawned) == 1 and spawned[0].proc.poll() is not None
+    spawned.clear()
+    argv = ["check", "--case", CASES[0], "--report", str(misbehaving / "r")]
+    assert main(argv) == EXIT_OK
+    assert len(spawned) == 1 and spawned[0].proc.poll() is not None
+    with pytest.raises(ValueError, match="started: a worker of 'torch', not of 'spec'"):
+        worker.WorkerBackend("spec", started=spawning.Spawned("torch", None, None, None))
+
+
 def test_report_of_a_killed_run_names_what_never_ran(misbehaving, capsys):
     _check("_Misbehaving", misbehaving / "report")
     path = misbehaving / "report" / "results.jsonl"

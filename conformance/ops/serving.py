@@ -76,7 +76,7 @@ from mlaspec.spec.paged_cache import (
 )
 
 from ..cases import Case
-from ..verdict import Metric, judge, judge_exact
+from ..verdict import Metric, argmax_index, judge, judge_exact
 from .common import (
     DTYPES,
     EPS32,
@@ -239,7 +239,7 @@ def _judge_records(
         w = ratio.max().item()
         metrics.append(Metric(f"{names_prefix}values", "max_error/bound", w, 1.0))
         if w > 1.0:
-            i, j = (int(v) for v in torch.unravel_index(ratio.argmax(), ratio.shape))
+            i, j = argmax_index(ratio)
             col = int(cols.nonzero().flatten()[j])
             worst["values"] = dict(
                 index=[int(slots[i]), col], got=deq[i, col].item(), spec=xs[i, col].item(), bound=bound[i, col].item()
