@@ -158,6 +158,7 @@ class _State:
     markers_registered: bool = False
     _backend: Any = None
     _load_error: str | None = None
+    _started: Any = None  # the worker process start() began, until backend() takes it
     _sink: Any = field(default=None, repr=False)
 
     @classmethod
@@ -197,6 +198,14 @@ class _State:
 
         return ReferenceCache.default() if self.use_cache else None
 
+    def start(self) -> None:
+        """Start the backend's worker process now (:mod:`~mlaspec.conformance.spawn`), so that its imports run
+        beside the rest of pytest's start; :meth:`backend` takes it."""
+        if self.isolation == "process" and self.dcp is None and self._backend is None and self._started is None:
+            from .spawn import spawn
+
+            self._started = spawn(self.backend_name)
+
     def backend(self):
         """The backend object, loaded once; a backend that cannot load fails every test with the same reason."""
         __tracebackhide__ = True
@@ -204,6 +213,7 @@ class _State:
             from .backend import load_backend
             from .worker import WorkerBackend
 
+            started, self._started = self._started, None
             try:
                 if self.dcp is not None:
                     from .distributed import RankGroup
@@ -212,7 +222,7 @@ class _State:
                         raise ValueError("--mla-dcp needs N >= 2 and --mla-isolation process")
                     self._backend = RankGroup(self.backend_name, self.dcp, timeout=self.timeout)
                 elif self.isolation == "process":
-                    self._backend = WorkerBackend(self.backend_name, timeout=self.timeout)
+                    self._backend = WorkerBackend(self.backend_name, timeout=self.timeout, started=started)
                 else:
                     self._backend = load_backend(self.backend_name)
             except Exception as exc:  # any import or construction failure is the user's to see
@@ -244,6 +254,9 @@ class _State:
             self._sink = None
         if self._backend is not None and hasattr(self._backend, "close"):
             self._backend.close()
+        if self._started is not None:  # started, never needed (no test of this session asked for the backend)
+            self._started.kill()
+            self._started = None
 
 
 _KEY = pytest.StashKey[_State]()
@@ -295,6 +308,8 @@ def pytest_configure(config: pytest.Config) -> None:
             torch.cuda.set_device(torch.device(device))
     if state.backend_name is None:
         return  # not in use: options only
+    state.start()  # its imports beside the ops' below (and, in an xdist worker, the collection)
+    _register_markers(config)
     if state.worker is None:  # the controller, or a run without xdist: a backend that cannot load is one usage error
         try:
             backend = state.backend()
@@ -302,7 +317,6 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(getattr(exc, "msg", exc))) from None
         if getattr(config.option, "numprocesses", None) and hasattr(backend, "close"):
             backend.close()  # xdist's workers run the cases, each with a worker of its own
-    _register_markers(config)
     if state.report_dir is not None and state.worker is None and state.report_dir.is_dir():
         for stale in state.report_dir.glob("results*.jsonl"):  # this run's verdicts only
             stale.unlink()

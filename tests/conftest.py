@@ -13,6 +13,7 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=25, deadline=None)
@@ -55,8 +56,6 @@ SLOW_FILES = frozenset(
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
@@ -71,3 +70,21 @@ if "MLASPEC_CACHE_DIR" not in os.environ:
 
     os.environ["MLASPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="mlaspec-test-cache-")
     atexit.register(shutil.rmtree, os.environ["MLASPEC_CACHE_DIR"], ignore_errors=True)
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    """Every worker process :func:`mlaspec.conformance.spawn.spawn` starts from now on, as a list (under both names
+    of it: the CLI's and the plugin's, and :class:`~mlaspec.conformance.worker.WorkerBackend`'s own)."""
+    from mlaspec.conformance import spawn as spawning
+    from mlaspec.conformance import worker
+
+    real, started = spawning.spawn, []
+
+    def recording(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(spawning, "spawn", recording)
+    monkeypatch.setattr(worker, "spawn", recording)
+    return started

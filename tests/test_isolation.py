@@ -129,21 +129,12 @@ def test_usage_errors_are_one_line_and_exit_2(misbehaving, capsys, argv, message
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
-def test_the_judged_worker_starts_first_and_never_outlives_the_run(misbehaving, monkeypatch):
+def test_the_judged_worker_starts_first_and_never_outlives_the_run(misbehaving, spawned):
     """``mlaspec check`` starts its worker before its own imports (conformance.spawn) and the run takes that one: a
     second start would show here as a second spawn. A usage error found after the start stops it."""
     from mlaspec.conformance import spawn as spawning
     from mlaspec.conformance import worker
 
-    spawned = []
-
-    def recording(*args, **kwargs):
-        spawned.append(spawning.spawn.__wrapped__(*args, **kwargs))
-        return spawned[-1]
-
-    recording.__wrapped__ = spawning.spawn
-    monkeypatch.setattr(spawning, "spawn", recording)
-    monkeypatch.setattr(worker, "spawn", recording)
     assert main(["check", "--ops", "nosuchop", "--report", str(misbehaving / "u")]) == EXIT_USAGE
     assert len(spawned) == 1 and spawned[0].proc.poll() is not None
     spawned.clear()

@@ -128,6 +128,21 @@ def test_missing_backend_is_one_usage_error(suite):
     assert "--mla-backend NAME or the environment variable MLASPEC_BACKEND=NAME" in result.stderr.str()
 
 
+def test_the_worker_starts_at_configure_and_is_the_one_the_cases_use(suite, spawned):
+    """The plugin starts its worker in ``pytest_configure`` (conformance.spawn), before the ops' import, and the
+    cases run in that one (a second start would show as a second spawn); a session that never needs it stops it."""
+    case = curated_cases(ops=("attention",), dtypes=("float32",))[0]
+    suite("--mla-backend", "torch", "--mla-dtypes", "float32", "-k", case.id).assert_outcomes(passed=1)
+    assert len(spawned) == 1 and spawned[0].proc.poll() is not None
+    spawned.clear()
+    from mlaspec.conformance.plugin import _State  # an xdist worker's state, whose tests never ask for the backend
+
+    state = _State("torch", "tiny", ("float32",), None, 60.0, 0, 0, "gw0")
+    state.start()
+    state.close()
+    assert len(spawned) == 1 and spawned[0].proc.poll() is not None
+
+
 def test_inert_in_other_test_runs(pytester, monkeypatch):
     """Loaded into a run that does not collect the suite, the plugin imports nothing heavy and changes nothing."""
     monkeypatch.delenv("MLASPEC_BACKEND", raising=False)
