@@ -66,8 +66,12 @@ def sign_test_p(positive: int, n: int) -> float:
     m = max(positive, n - positive)
     if n == 0 or 2 * m == n:
         return 1.0
-    if n <= 2000:  # exact
-        return min(1.0, 2 * sum(math.comb(n, i) for i in range(m, n + 1)) / 2**n)
+    if n <= 2000:  # exact: C(n, i + 1) = C(n, i) (n - i) / (i + 1) in integers (a math.comb a term: 4x slower)
+        term = total = math.comb(n, m)
+        for i in range(m, n):
+            term = term * (n - i) // (i + 1)
+            total += term
+        return min(1.0, 2 * total / 2**n)
     log_first = math.lgamma(n + 1) - math.lgamma(m + 1) - math.lgamma(n - m + 1) - n * math.log(2)
     total, term = 0.0, 1.0  # the tail in units of its first term C(n, m) / 2^n; terms shrink as i grows past n/2
     for i in range(m, n + 1):
