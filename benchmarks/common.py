@@ -202,11 +202,11 @@ class Row:
 
     @property
     def gbps(self) -> float:
-        return self.bytes / self.seconds / 1e9
+        return self.bytes / self.seconds / 1e9 if self.bytes else 0.0  # a row of no traffic may take no time
 
     @property
     def tflops(self) -> float:
-        return self.flops / self.seconds / 1e12
+        return self.flops / self.seconds / 1e12 if self.flops else 0.0
 
     @property
     def intensity(self) -> float:

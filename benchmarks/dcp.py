@@ -13,13 +13,17 @@ its own repetitions would deadlock):
   attention layer does before its output projection;
 * **collectives**: the DCP step minus its decode, the combine's share of the step.
 
-Each step starts on every rank at once (a barrier), so a rank's time includes its wait for the slowest; the table
-takes the slowest rank's median. Throughput is ``B / time`` (requests decoded per second); the speed-up is the
+Each is timed as a CUDA-graph replay, the decode's launches and the collectives in one graph a rank (NCCL
+collectives are captured as every rank's graph issues the same sequence), as the single-GPU rows of the suite
+and as vLLM serves decode: an eager step would time the host's launches (~300 us of Python and NCCL calls on the
+H100 pair, 2026-11-27) rather than the GPUs. Where capture fails the eager step is timed and the rows say so (their
+``timer``). Each step starts on every rank at once (a barrier), so a rank's time includes its wait for the slowest;
+the table takes the slowest rank's median. Throughput is ``B / time`` (requests decoded per second); the speed-up is the
 1-GPU time over the DCP time, both from this run. The counts (``bytes``: the cache read once, the whole batch over
 all GPUs; ``flops``: ``2 B H_q S_kv (576 + 512)``) are those of ``benchmarks/decode.py``.
 
-    python benchmarks/dcp.py --out-dir docs/bench             # B 1-4, 128K-1M keys, 2 GPUs: docs/bench/dcp.md, .png
-    python benchmarks/dcp.py --world-size 4 --contexts 1048576 --batches 1
+    python benchmarks/dcp.py --out-dir docs/bench                  # B 1-4, 128K-1M keys, 2 GPUs: docs/bench/dcp2.md
+    python benchmarks/dcp.py --world-size 4 --out-dir docs/bench   # 4 GPUs: docs/bench/dcp4.md
 
 Needs ``N`` GPUs; with fewer it says so and exits 0 (nothing timed). Goal (issue 20): at two GPUs, >= 1.8x the
 1-GPU throughput at the longest contexts. Importing this module runs nothing.
@@ -36,20 +40,18 @@ import statistics
 from pathlib import Path
 
 import torch
-from common import Row, markdown_table, plot_bars
+from common import Row, environment, markdown_table, plot_bars
 from decode import D_QK, D_V, _fn, make_problem
 
 KERNEL = "dcp_decode"
 SCALE = 192**-0.5
 
 
-def _steps(fn, *, warmup: int, iters: int) -> float:
+def _steps(fn, *, iters: int) -> float:
     """Median seconds of ``fn`` over ``iters`` steps, each started on every rank together (fixed counts: the
     ranks' collectives must pair up)."""
     import torch.distributed as dist
 
-    for _ in range(warmup):
-        fn()
     times = []
     for _ in range(iters):
         torch.cuda.synchronize()
@@ -61,6 +63,36 @@ def _steps(fn, *, warmup: int, iters: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e-3)
     return statistics.median(times)
+
+
+def _graphed(fn, *, warmup: int):
+    """``(replay, "graph")``: ``fn`` captured in a CUDA graph after ``warmup`` calls on a side stream (every rank
+    captures the same collectives); ``(fn, "steps")`` where capture fails on any rank."""
+    import torch.distributed as dist
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+        ok = True
+    except RuntimeError as exc:  # e.g. a collective this NCCL cannot capture: time the eager step instead
+        print(f"  capture failed, timing eager steps: {exc}", flush=True)
+        ok = False
+    flag = torch.tensor([int(ok)], device="cuda")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if not flag.item():
+        return fn, "steps"
+
+    def replay(fn=fn):  # holds fn, and so the inputs the graph reads: freed, their memory is reused under it
+        graph.replay()
+
+    return replay, "graph"
 
 
 def _slowest(seconds: float) -> float:
@@ -82,9 +114,11 @@ def _rank_rows(rank: int, args) -> list[Row]:
         shape = dict(H=args.heads, B=B, S_kv=S_kv)
         nbytes, flops = B * S_kv * D_QK * 2, 2 * B * args.heads * S_kv * (D_QK + D_V)
         q = torch.randn(B, 1, args.heads, D_QK, device=device, dtype=torch.bfloat16)
-        whole = _fn("triton", None, q, *make_problem(B, S_kv, device, seed=rank), S_kv, SCALE, None)
-        one = _slowest(_steps(whole, warmup=args.warmup, iters=args.iters))
-        whole = None  # free the whole cache before the share's
+        whole, timer = _graphed(
+            _fn("triton", None, q, *make_problem(B, S_kv, device, seed=rank), S_kv, SCALE, None), warmup=args.warmup
+        )
+        one = _slowest(_steps(whole, iters=args.iters))
+        whole = None  # free the whole cache (and its graph) before the share's
         torch.cuda.empty_cache()
         s_loc = -(-S_kv // n)  # the first rank's share, the largest (dcp_local_seq_lens)
         part = _fn("triton", None, q, *make_problem(B, s_loc, device, seed=rank), s_loc, SCALE, None)
@@ -93,17 +127,19 @@ def _rank_rows(rank: int, args) -> list[Row]:
             out, lse = part()
             return combine_over_group(out, lse, combine)
 
-        decode = _slowest(_steps(part, warmup=args.warmup, iters=args.iters))
-        dcp = _slowest(_steps(step, warmup=args.warmup, iters=args.iters))
+        decode = _slowest(_steps(_graphed(part, warmup=args.warmup)[0], iters=args.iters))
+        dcp_step, dcp_timer = _graphed(step, warmup=args.warmup)
+        dcp = _slowest(_steps(dcp_step, iters=args.iters))
         rows += [
-            Row(KERNEL, "triton 1 GPU", shape, one, nbytes, flops, "steps"),
-            Row(KERNEL, f"triton DCP{n}", shape, dcp, nbytes, flops, "steps"),
-            Row(KERNEL, f"triton DCP{n} collectives", shape, max(dcp - decode, 0.0), 0.0, 0.0, "steps"),
+            Row(KERNEL, "triton 1 GPU", shape, one, nbytes, flops, timer),
+            Row(KERNEL, f"triton DCP{n}", shape, dcp, nbytes, flops, dcp_timer),
+            # the step's time beyond its decode; 0 where the two are within noise (no bytes: its GB/s is 0)
+            Row(KERNEL, f"triton DCP{n} collectives", shape, max(dcp - decode, 0.0), 0.0, 0.0, dcp_timer),
         ]
         if rank == 0:
             times = f"1 GPU {one * 1e6:.0f} us, DCP{n} {dcp * 1e6:.0f} us (decode {decode * 1e6:.0f} us)"
             print(f"  B={B} S_kv={S_kv}: {times}", flush=True)
-        part = q = None
+        part = q = dcp_step = None
         torch.cuda.empty_cache()
     return rows
 
@@ -150,11 +186,13 @@ def speedup_table(rows: list[Row], n: int) -> str:
 
 
 def write(rows: list[Row], args) -> None:
-    """Print the tables; with ``--out-dir``, write ``dcp.md``, ``dcp.json`` and ``dcp.png`` there."""
-    n = args.world_size
+    """Print the tables; with ``--out-dir``, write ``dcp<N>.md``, ``dcp<N>.json`` and ``dcp<N>.png`` there."""
+    n, env = args.world_size, environment()
+    versions = f"driver {env.get('driver', '?')}, torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}"
     text = (
-        f"# DCP decode: {n} GPUs against 1 ({torch.cuda.get_device_name()}, H_q={args.heads}, bf16, page 64)\n\n"
-        f"Written by `python benchmarks/dcp.py --world-size {n} --out-dir DIR` (its docstring says what is timed).\n\n"
+        f"# DCP decode: {n} GPUs against 1 ({env.get('gpu')}, H_q={args.heads}, bf16, page 64)\n\n"
+        f"{versions}; CUDA-graph replays. Written by `python benchmarks/dcp.py --world-size {n} --out-dir DIR` (its "
+        "docstring says what is timed).\n\n"
         + speedup_table(rows, n)
         + "\n\n"
         + markdown_table(rows, {KERNEL: "triton 1 GPU"})
@@ -164,9 +202,10 @@ def write(rows: list[Row], args) -> None:
     if args.out_dir:
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "dcp.md").write_text(text)
-        (out / "dcp.json").write_text(json.dumps([r.as_dict() for r in rows], indent=1))
-        plot_bars(rows, str(out / "dcp.png"), title=f"MLA decode, {n} GPUs (DCP) against 1, H_q={args.heads}")
+        (out / f"dcp{n}.md").write_text(text)
+        data = {"environment": env, "rows": [r.as_dict() for r in rows]}
+        (out / f"dcp{n}.json").write_text(json.dumps(data, indent=1))
+        plot_bars(rows, str(out / f"dcp{n}.png"), title=f"MLA decode, {n} GPUs (DCP) against 1, H_q={args.heads}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=128, help="H_q per rank (DeepSeek V3 at TP1: 128)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--out-dir", help="write dcp.md, dcp.json and dcp.png here (e.g. docs/bench)")
+    parser.add_argument("--out-dir", help="write dcp<N>.md, dcp<N>.json and dcp<N>.png here (e.g. docs/bench)")
     args = parser.parse_args(argv)
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have < args.world_size:

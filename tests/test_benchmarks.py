@@ -122,6 +122,17 @@ def test_dcp_speedup_table(bench):
     assert dcp.speedup_table(rows, 2).splitlines()[2] == "| 2 | 1048576 | 2000 | 4000 | 2.00x | 100 | 20% |"
 
 
+def test_a_row_of_no_traffic_and_no_time_goes_in_the_table(bench):
+    """The DCP collectives' row is the step's time beyond its decode: 0 where both are within noise (it raised
+    ZeroDivisionError on the H100 pair, 2026-11-27)."""
+    common = bench["common"]
+    rows = [common.Row("dcp_decode", "triton 1 GPU", {"B": 2}, 1e-3, 1e9, 1e12, "graph")]
+    rows.append(common.Row("dcp_decode", "triton DCP2 collectives", {"B": 2}, 0.0, 0.0, 0.0, "graph"))
+    table = common.markdown_table(rows, {"dcp_decode": "triton 1 GPU"})
+    assert "| dcp_decode | B=2 | triton DCP2 collectives | 0.0 | 0 | - | - |" in table.splitlines()
+    assert rows[0].gbps == 1000 and rows[0].tflops == 1000
+
+
 def test_harness_table_and_figure(bench, tmp_path):
     harness = bench["harness"]
     runs = [harness.Run("cold", 0, 95.0, 400.0, 0, "158 passed"), harness.Run("warm", 0, 50.0, 120.0, 0, "158 passed")]
