@@ -622,11 +622,25 @@ def mla_decode_paged(
     return DecodeOutput(out, lse)
 
 
-def _combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sms: int) -> None:
+def _combine(
+    o_part: torch.Tensor,
+    lse_part: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    sms: int,
+    *,
+    config: tuple[int, int, int] | None = None,
+) -> None:
     """Merge the splits' partials ``o_part [B, splits, S_q H_q, D_v]`` fp32 (normalised) and ``lse_part [B, splits,
-    S_q H_q]`` (base 2) by their LSEs into ``out [B, S_q, H_q, D_v]`` and ``lse [B, H_q, S_q]`` (natural log)."""
+    S_q H_q]`` (base 2) by their LSEs into ``out [B, S_q, H_q, D_v]`` and ``lse [B, H_q, S_q]`` (natural log).
+
+    ``config``: ``(block_d, chunk, num_warps)``, default :func:`combine_config`'s on a GPU; the interpreter takes
+    whole rows (its cost is per program and step, not per column: 32 columns a program made the fp8 DCP cases' tests
+    take a minute each), and ``tests/test_impl_interpreter.py`` runs the column blocks by passing a config."""
     B, num_splits, rows, d_v = o_part.shape
-    block_d, chunk, warps = combine_config(B * rows, num_splits, d_v, sms)
+    if config is None and _interpreted():
+        config = d_v, max(1, min(triton.next_power_of_2(num_splits), 4096 // d_v)), 1
+    block_d, chunk, warps = config or combine_config(B * rows, num_splits, d_v, sms)
     _mla_decode_combine_kernel[(rows, B, d_v // block_d)](
         o_part,
         lse_part,

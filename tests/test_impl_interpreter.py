@@ -176,19 +176,27 @@ def test_combine_config_tiles_every_column_and_split(rows, splits, d_v):
     assert chunk * block_d <= 4096 * warps  # at most 128 partials a thread in one load
 
 
-def test_combine_merges_splits_over_several_loads():
-    """The combine against the float64 LSE merge where a program loads the splits in parts (12 splits, 8 a load: 512
-    columns a program at the interpreter's 4 SMs), with an empty split (-inf) and a row whose splits are all empty."""
-    B, splits, R, d_v = 2, 12, 40, 512
-    _, chunk, _ = combine_config(B * R, splits, d_v, 4)
-    assert chunk < splits
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,  # the interpreter's: whole rows, 8 splits a load (two loads)
+        (32, 4, 1),  # the GPU's at <= 32 rows: 16 column blocks, here in three loads
+        (128, 16, 1),  # four column blocks, one load
+    ],
+)
+def test_combine_merges_splits_over_several_loads(config):
+    """The combine against the float64 LSE merge where a program loads the splits in parts and (with a config of
+    fewer columns than a row) where a row's columns are split over programs, with an empty split (-inf) and a row
+    whose splits are all empty: a program that reads only its first load, or a row of which only the first column
+    block is written, fails it."""
+    B, splits, R, d_v = 2, 12, 8, 512
     g = torch.Generator().manual_seed(0)
     o_part = torch.randn(B, splits, R, d_v, generator=g)
     lse_part = torch.randn(B, splits, R, generator=g) * 4
     lse_part[0, 9] = float("-inf")
     lse_part[1, :, 3] = float("-inf")
-    out, lse = torch.empty(B, 1, R, d_v), torch.empty(B, R, 1)
-    _combine(o_part, lse_part, out, lse, 4)
+    out, lse = torch.full((B, 1, R, d_v), math.nan), torch.full((B, R, 1), math.nan)
+    _combine(o_part, lse_part, out, lse, 4, config=config)
     w = torch.exp2(lse_part.double())  # [B, splits, R]
     total = w.sum(1)  # [B, R]
     ref = torch.einsum("bsr,bsrd->brd", w, o_part.double()) / total.clamp_min(1e-300)[..., None]
