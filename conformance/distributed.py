@@ -118,12 +118,13 @@ def _lse_ag_out_rs(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, 
 
 def _lse_a2a(out: torch.Tensor, lse: torch.Tensor, combine, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's ``dcp_a2a_lse_reduce`` on this rank: all-to-all (on ``device``) of the head slices of the partial output
-    and its LSE, then ``combine(outs [N, B, S_q, H_q/N, D_v], lses [N, B, H_q/N, S_q])`` (the backend's
-    ``dcp_combine``, on ``out``'s device)."""
+    and its LSE, both issued before either is waited on (as vLLM does), then ``combine(outs [N, B, S_q, H_q/N, D_v],
+    lses [N, B, H_q/N, S_q])`` (the backend's ``dcp_combine``, on ``out``'s device)."""
     sent = (_by_head_slices(out, 2).to(device), _by_head_slices(lse, 1).to(device))
     got = tuple(torch.empty_like(x) for x in sent)
-    for recv, send in zip(got, sent):
-        dist.all_to_all_single(recv, send)
+    works = [dist.all_to_all_single(recv, send, async_op=True) for recv, send in zip(got, sent)]
+    for work in works:
+        work.wait()
     return combine(*(x.to(out.device) for x in got))
 
 
