@@ -44,6 +44,7 @@ from common import Row, environment, markdown_table, plot_bars
 from decode import D_QK, D_V, _fn, make_problem
 
 KERNEL = "dcp_decode"
+TIMERS = {"graph": "CUDA-graph replays", "steps": "eager steps (a capture failed)"}
 SCALE = 192**-0.5
 
 
@@ -191,7 +192,8 @@ def write(rows: list[Row], args) -> None:
     versions = f"driver {env.get('driver', '?')}, torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}"
     text = (
         f"# DCP decode: {n} GPUs against 1 ({env.get('gpu')}, H_q={args.heads}, bf16, page 64)\n\n"
-        f"{versions}; CUDA-graph replays. Written by `python benchmarks/dcp.py --world-size {n} --out-dir DIR` (its "
+        f"{versions}; timed as {' and '.join(sorted({TIMERS[r.timer] for r in rows}))}. Written by "
+        f"`python benchmarks/dcp.py --world-size {n} --out-dir DIR` (its "
         "docstring says what is timed).\n\n"
         + speedup_table(rows, n)
         + "\n\n"

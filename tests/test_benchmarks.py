@@ -122,6 +122,19 @@ def test_dcp_speedup_table(bench):
     assert dcp.speedup_table(rows, 2).splitlines()[2] == "| 2 | 1048576 | 2000 | 4000 | 2.00x | 100 | 20% |"
 
 
+def test_dcp_page_says_how_it_timed(bench, tmp_path):
+    import types
+
+    Row, dcp = bench["common"].Row, bench["dcp"]
+    shape = {"H": 128, "B": 1, "S_kv": 1 << 20}
+    rows = [Row(dcp.KERNEL, p, shape, t, 0, 0, "steps") for p, t in (("triton 1 GPU", 2e-3), ("triton DCP2", 1e-3))]
+    rows.append(Row(dcp.KERNEL, "triton DCP2 collectives", shape, 0.0, 0, 0, "steps"))
+    dcp.write(rows, types.SimpleNamespace(world_size=2, heads=128, out_dir=str(tmp_path)))
+    page = (tmp_path / "dcp2.md").read_text()
+    assert "timed as eager steps (a capture failed)" in page and "| 1 | 1048576 | 500 | 1000 | 2.00x |" in page
+    assert {p.name for p in tmp_path.iterdir()} == {"dcp2.md", "dcp2.json", "dcp2.png"}
+
+
 def test_a_row_of_no_traffic_and_no_time_goes_in_the_table(bench):
     """The DCP collectives' row is the step's time beyond its decode: 0 where both are within noise (it raised
     ZeroDivisionError on the H100 pair, 2026-11-27)."""
