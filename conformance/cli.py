@@ -265,14 +265,17 @@ def _verdict(
 
 
 def _dcp_ops(args: argparse.Namespace, ops: tuple[str, ...] | None) -> tuple[str, ...]:
-    """The ops of a ``--dcp N`` run: ``dcp_decode`` only, on ``N >= 2`` processes of the backend."""
+    """The ops of a ``--dcp N`` run: ``dcp_decode`` and ``dcp_decode_fp8`` (or those of them ``--ops`` names), on
+    ``N >= 2`` processes of the backend."""
+    from .distributed import DECODES
+
     if args.dcp < 2:
         raise UsageError(f"--dcp must be >= 2 (the simulated ranks of --ops dcp_decode need no flag), got {args.dcp}")
     if args.isolation != "process":
         raise UsageError("--dcp runs the backend in its own processes; --isolation none does not go with it")
-    if ops is not None and set(ops) != {"dcp_decode"}:
-        raise UsageError(f"--dcp runs dcp_decode only, got --ops {','.join(ops)}")
-    return ("dcp_decode",)
+    if ops is not None and not set(ops) <= set(DECODES):
+        raise UsageError(f"--dcp runs {' and '.join(DECODES)} only, got --ops {','.join(ops)}")
+    return tuple(ops or DECODES)
 
 
 def _reference_options(args: argparse.Namespace) -> dict:
@@ -475,8 +478,8 @@ def parser() -> argparse.ArgumentParser:
         "--dcp",
         type=int,
         metavar="N",
-        help="run the dcp_decode cases of N_cp=N on N processes of one torch.distributed group (NCCL with a GPU "
-        "per rank, else gloo), combined by real collectives (mlaspec.conformance.distributed)",
+        help="run the dcp_decode and dcp_decode_fp8 cases of N_cp=N on N processes of one torch.distributed group "
+        "(NCCL with a GPU per rank, else gloo), combined by real collectives (mlaspec.conformance.distributed)",
     )
     check.add_argument(
         "--warm",

@@ -1,10 +1,12 @@
-"""``mlaspec check --dcp N``: the ``dcp_decode`` cases across ``N`` real processes, combined by real collectives.
+"""``mlaspec check --dcp N``: the ``dcp_decode`` and ``dcp_decode_fp8`` cases across ``N`` real processes, combined by
+real collectives.
 
 Every rank is a process of its own (``torch.multiprocessing``, spawn) in one ``torch.distributed`` group on a free
 TCP port of localhost: NCCL when every rank has a GPU of its own (rank ``r`` on ``cuda:r``), gloo on the CPU
 otherwise. For each case every rank builds the case's inputs (the same seed, so the same tensors), decodes its share
-of the cache with the backend's ``mla_decode`` as the spec shards it
-(:func:`~mlaspec.conformance.backends.common.dcp_rank_decode`, :func:`mlaspec.spec.dcp.dcp_shard`), and the group
+of the cache with the backend's ``mla_decode`` (``dcp_decode``) or ``mla_decode_fp8`` over the fp8 records
+(``dcp_decode_fp8``) as the spec shards it (:func:`~mlaspec.conformance.backends.common.dcp_rank_decode`,
+:func:`~mlaspec.conformance.backends.common.dcp_rank_decode_fp8`, :func:`mlaspec.spec.dcp.dcp_shard`), and the group
 combines the partials as vLLM does (``vllm/v1/attention/ops/common.py``, ``cp_lse_ag_out_rs``,
 https://github.com/vllm-project/vllm/blob/main/vllm/v1/attention/ops/common.py):
 
@@ -16,7 +18,7 @@ https://github.com/vllm-project/vllm/blob/main/vllm/v1/attention/ops/common.py):
   ``r`` of every rank's partial and its LSE, and combines them locally.
 
 An all-gather of the head slices then gives rank 0 the whole output, which the parent judges against the
-single-device spec with the ``dcp_decode`` op's budgets (:class:`RankGroup` is an isolated backend to
+single-device spec with the op's budgets (:class:`RankGroup` is an isolated backend to
 :func:`~mlaspec.conformance.runner.run_case`, as :class:`~mlaspec.conformance.worker.WorkerBackend` is). The sum
 over ranks is done in fp32 and rounded once to the case dtype (vLLM reduce-scatters in the output dtype).
 
@@ -47,13 +49,14 @@ import torch.multiprocessing as mp
 
 from mlaspec.spec.dcp import dcp_correction
 
-from .backends.common import dcp_rank_decode
+from .backends.common import dcp_rank_decode, dcp_rank_decode_fp8
 from .cases import Case
 from .worker import Outcome, _case_dict, _pack, _status, _tail, _to_cpu, error_message, invoke
 
 __all__ = ["NO_MULTICAST", "RankGroup", "combine_over_group", "gather_heads", "process_group_backend"]
 
-OP = "dcp_decode"
+DECODES = {"dcp_decode": "mla_decode", "dcp_decode_fp8": "mla_decode_fp8"}
+"""The ops a group runs, each by the backend's single-device decode of one rank's share."""
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """NVLink multicast off on the GPU machines (NCCL's NVLS, torch's symmetric memory, NVSHMEM), set in every rank."""
 _GRACE = 10.0  # seconds the other ranks get to answer once one has answered with an error
@@ -148,17 +151,22 @@ def gather_heads(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 class _Rank:
-    """One rank's ``dcp_decode`` (called through :func:`~mlaspec.conformance.worker.invoke`): its partial by the
-    backend's ``mla_decode``, the group's combine, the whole result gathered."""
+    """One rank's ``dcp_decode`` / ``dcp_decode_fp8`` (called through :func:`~mlaspec.conformance.worker.invoke`): its
+    partial by the backend's ``mla_decode`` / ``mla_decode_fp8``, the group's combine, the whole result gathered."""
 
     def __init__(self, backend, device: torch.device):
         self.backend, self.device = backend, device
 
-    def dcp_decode(self, q, kv, *, d_v, scale, causal, seq_lens, world_size, interleave):
-        args = dict(d_v=d_v, scale=scale, causal=causal, seq_lens=seq_lens, world_size=world_size)
+    def dcp_decode(self, q, kv, **args):
+        return self._combined(dcp_rank_decode, q, kv, args)
+
+    def dcp_decode_fp8(self, q, kv_cache, **args):
+        return self._combined(dcp_rank_decode_fp8, q, kv_cache, args)
+
+    def _combined(self, rank_decode, q, kv, args):
         part, failure = None, None
         try:
-            part = dcp_rank_decode(self.backend, q, kv, **args, interleave=interleave, rank=dist.get_rank())
+            part = rank_decode(self.backend, q, kv, **args, rank=dist.get_rank())
         except Exception as exc:  # reported by this rank; the others learn of it below and stop too
             failure = exc
         if not _all_ok(failure is None, self.device):
@@ -211,7 +219,7 @@ def _serve_rank(  # pragma: no cover - runs in the rank's process
             if msg[0] == "skip":
                 conn.send(("ok", backend.unsupported(case)))
                 continue
-            got, seconds, breaches = invoke(rank_op, OP, OPS[OP].make_inputs(case), msg[2])
+            got, seconds, breaches = invoke(rank_op, case.op, OPS[case.op].make_inputs(case), msg[2])
             conn.send(("ok", _pack(_to_cpu(got)) if rank == 0 else None, seconds, breaches))
         except Exception as exc:  # the case's verdict, not the rank's end
             conn.send(("error", error_message(exc), isinstance(exc, PeerFailed)))
@@ -220,17 +228,19 @@ def _serve_rank(  # pragma: no cover - runs in the rank's process
 def _meta(backend, world_size: int, kind: str) -> dict:
     from .ops import OPS
 
-    ops = frozenset({OP}) if "mla_decode" in backend.ops else frozenset()
-    why = f"a group of {world_size} processes ({kind}) runs {OP} only"
+    ops = frozenset(op for op, decode in DECODES.items() if decode in backend.ops)
+    why = f"a group of {world_size} processes ({kind}) runs {' and '.join(DECODES)} only"
+    declared = getattr(backend, "numerics", None) or {}
     return dict(
         name=str(backend.name),
         version=f"{backend.version}; {world_size} ranks over {kind}",
         ops=ops,
         dtypes=frozenset(backend.dtypes),
-        not_implemented={op: why for op in OPS if op != OP} | ({} if ops else {OP: "it has no mla_decode"}),
+        not_implemented={op: why for op in OPS if op not in DECODES}
+        | {op: f"it has no {decode}" for op, decode in DECODES.items() if op not in ops},
         has_unsupported=callable(getattr(backend, "unsupported", None)),
         unavailable=getattr(backend, "unavailable", None),
-        numerics={OP: tuple((getattr(backend, "numerics", None) or {}).get(OP, ()))},
+        numerics={op: tuple(declared.get(op, ())) for op in ops},
     )
 
 
@@ -238,9 +248,9 @@ def _meta(backend, world_size: int, kind: str) -> dict:
 class RankGroup:
     """The backend ``backend_name`` on ``world_size`` processes in one ``torch.distributed`` group. To the harness it
     is an isolated backend (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``,
-    ``numerics``, ``unsupported``; :meth:`send` / :meth:`collect`) that runs ``dcp_decode`` cases of
-    ``world_size`` ranks. ``timeout`` bounds each case and each collective; ``init_timeout`` the group's start.
-    Raises ``RuntimeError`` (naming the rank and its message) when the group cannot start."""
+    ``numerics``, ``unsupported``; :meth:`send` / :meth:`collect`) that runs the ``dcp_decode`` and
+    ``dcp_decode_fp8`` cases of ``world_size`` ranks. ``timeout`` bounds each case and each collective; ``init_timeout``
+    the group's start. Raises ``RuntimeError`` (naming the rank and its message) when the group cannot start."""
 
     def __init__(self, backend_name: str, world_size: int, *, timeout: float | None = 120.0, init_timeout=600.0):
         if world_size < 2:
@@ -376,9 +386,9 @@ class RankGroup:
         """Why the group cannot run ``case``: another world size, heads not divisible by it, or the backend's own
         reason (asked on rank 0)."""
         n = case.params.get("world_size")
-        if case.op == OP and n != self.world_size:
+        if case.op in DECODES and n != self.world_size:
             return f"a case of N_cp={n} on a group of {self.world_size} processes (--dcp {n} runs it)"
-        if case.op == OP and case.params["H_q"] % self.world_size:
+        if case.op in DECODES and case.params["H_q"] % self.world_size:
             return f"H_q={case.params['H_q']} is not divisible by N_cp={n}: the combine scatters heads over the ranks"
         if not self._has_unsupported:
             return None

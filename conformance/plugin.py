@@ -13,9 +13,10 @@ Options (group ``mlaspec``): ``--mla-backend NAME`` (or ``MLASPEC_BACKEND``), ``
 ``--mla-dtypes bfloat16,float16``, ``--mla-report DIR`` (``results.jsonl`` streamed per case and ``report.html``, as
 ``mlaspec check`` writes them; one ``results-<worker>.jsonl`` per pytest-xdist worker, merged into one report),
 ``--mla-timeout SECONDS`` (per case), ``--mla-examples N`` and ``--mla-seed S`` (generated cases), ``--mla-dcp N``
-(the ``dcp_decode`` cases of ``N_cp = N`` on ``N`` processes, :mod:`mlaspec.conformance.distributed`), ``--mla-device``
-(``cuda`` spreads xdist workers over the visible GPUs: worker ``gwN`` gets ``MLASPEC_DEVICE=cuda:<N % n_gpus>``),
-``--mla-reference-device`` and ``--mla-no-cache`` / ini ``mla_cache`` (:mod:`mlaspec.conformance.references`).
+(the ``dcp_decode`` and ``dcp_decode_fp8`` cases of ``N_cp = N`` on ``N`` processes,
+:mod:`mlaspec.conformance.distributed`), ``--mla-device`` (``cuda`` spreads xdist workers over the visible GPUs: worker
+``gwN`` gets ``MLASPEC_DEVICE=cuda:<N % n_gpus>``), ``--mla-reference-device`` and ``--mla-no-cache`` / ini
+``mla_cache`` (:mod:`mlaspec.conformance.references`).
 
 The plugin is registered under the ``pytest11`` entry point ``mlaspec``, so it loads in every pytest run where
 mlaspec is installed. There it only adds its options: it imports nothing heavy (no torch) and changes nothing
@@ -110,8 +111,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         type=int,
         default=None,
-        help="run the dcp_decode cases of N_cp=N on N processes of one torch.distributed group, combined by real "
-        "collectives (mlaspec check --dcp N; every other case is skipped)",
+        help="run the dcp_decode and dcp_decode_fp8 cases of N_cp=N on N processes of one torch.distributed group, "
+        "combined by real collectives (mlaspec check --dcp N; every other case is skipped)",
     )
     group.addoption(
         "--mla-device",

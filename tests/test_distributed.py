@@ -13,6 +13,7 @@ from mlaspec.conformance.report import read_jsonl
 
 TESTS = Path(__file__).resolve().parent
 DCP2 = [f"dcp_decode[{name}-bfloat16]" for name in ("length-1-dcp2", "short-dcp2-i64-idle-rank", "mtp4-dcp2-i16")]
+FP8 = [f"dcp_decode_fp8[{name}-bfloat16]" for name in ("length-1-dcp2", "short-dcp2-i64-idle-rank")]  # idle ranks
 BAD = DCP2[0]  # misbehaving.BAD_DCP
 
 
@@ -23,18 +24,20 @@ def misbehaving(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
 
 
-def _check(out: Path, backend: str, *extra: str) -> tuple[int, dict[str, dict]]:
-    argv = ["check", "--backend", backend, "--ops", "dcp_decode", "--report", str(out), "--timeout", "60"]
-    status = main([*argv, *(a for c in DCP2 for a in ("--case", c)), *extra])
+def _check(out: Path, backend: str, *extra: str, cases=DCP2) -> tuple[int, dict[str, dict]]:
+    argv = ["check", "--backend", backend, "--report", str(out), "--timeout", "60"]
+    status = main([*argv, *(a for c in cases for a in ("--case", c)), *extra])
     _, records = read_jsonl(out / "results.jsonl")
     return status, {r["case_id"]: r for r in records}
 
 
 @pytest.mark.parametrize("backend", ["torch", "misbehaving:WithCombine"])  # all-gather + reduce-scatter; all-to-all
 def test_two_processes_give_the_simulated_ranks_verdicts(tmp_path, misbehaving, backend):
-    status, real = _check(tmp_path / "dcp", backend, "--dcp", "2")
-    _, simulated = _check(tmp_path / "sim", backend)
-    assert status == EXIT_OK
+    """Both ops: ``dcp_decode`` through the backend's ``mla_decode``, ``dcp_decode_fp8`` through its
+    ``mla_decode_fp8`` on each rank's share of the fp8 records (idle ranks included)."""
+    status, real = _check(tmp_path / "dcp", backend, "--dcp", "2", cases=DCP2 + FP8)
+    _, simulated = _check(tmp_path / "sim", backend, cases=DCP2 + FP8)
+    assert status == EXIT_OK and list(real) == DCP2 + FP8
     assert {c: r["verdict"] for c, r in real.items()} == {c: r["verdict"] for c, r in simulated.items()}
     assert {r["verdict"] for r in real.values()} == {"pass"}
     assert all(r["repro"].endswith(" --dcp 2") for r in real.values())
@@ -61,10 +64,26 @@ def test_a_misbehaving_rank_fails_only_its_case(tmp_path, misbehaving, adapter, 
 
 
 @pytest.mark.parametrize(
-    "extra", [("--dcp", "1"), ("--dcp", "2", "--ops", "attention"), ("--dcp", "2", "--isolation", "none")]
+    "extra",
+    [
+        ("--dcp", "1"),
+        ("--dcp", "2", "--ops", "attention"),
+        ("--dcp", "2", "--ops", "dcp_decode_fp8,mla_decode"),
+        ("--dcp", "2", "--isolation", "none"),
+    ],
 )
 def test_dcp_usage_errors(tmp_path, extra):
     assert main(["check", "--report", str(tmp_path), *extra]) == EXIT_USAGE
+
+
+def test_dcp_runs_both_ops_or_those_named():
+    import argparse
+
+    from mlaspec.conformance.cli import _dcp_ops
+
+    args = argparse.Namespace(dcp=2, isolation="process")
+    assert _dcp_ops(args, None) == ("dcp_decode", "dcp_decode_fp8")
+    assert _dcp_ops(args, ("dcp_decode_fp8",)) == ("dcp_decode_fp8",)
 
 
 class _ExitingRank:

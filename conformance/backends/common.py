@@ -196,27 +196,13 @@ class DCPByRanks:
 
 class DCPFP8ByRanks:
     """Mixin: the ``dcp_decode_fp8`` op of any backend with an ``mla_decode_fp8``: each rank's share of the fp8
-    records through the backend's ``mla_decode_fp8`` (:func:`rank_partial`), the layout and both scales the same on
-    every rank (one per-tensor ``k_scale`` for the whole cache, vLLM's layer scale), combined as ``dcp_decode``."""
+    records through the backend's ``mla_decode_fp8`` (:func:`dcp_rank_decode_fp8`), the layout and both scales the
+    same on every rank (one per-tensor ``k_scale`` for the whole cache, vLLM's layer scale), combined as
+    ``dcp_decode``."""
 
-    def dcp_decode_fp8(
-        self, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal, seq_lens, world_size, interleave
-    ):
-        def decode(rows_q, rows_kv, local):
-            return self.mla_decode_fp8(
-                rows_q,
-                rows_kv,
-                layout=layout,
-                k_scale=k_scale,
-                q_scale=q_scale,
-                d_v=d_v,
-                scale=scale,
-                causal=False,
-                seq_lens=local,
-            )
-
-        group = dict(causal=causal, seq_lens=seq_lens, world_size=world_size, interleave=interleave)
-        parts = [rank_partial(decode, q, kv_cache, **group, rank=rank) for rank in range(world_size)]
+    def dcp_decode_fp8(self, q, kv_cache, *, world_size, **args):
+        ranks = range(world_size)
+        parts = [dcp_rank_decode_fp8(self, q, kv_cache, world_size=world_size, **args, rank=r) for r in ranks]
         return combine_partials(self, q, parts)
 
 
@@ -247,6 +233,21 @@ def dcp_rank_decode(backend, q, kv, *, d_v, scale, causal, seq_lens, world_size,
 
     group = dict(causal=causal, seq_lens=seq_lens, world_size=world_size, interleave=interleave)
     return rank_partial(decode, q, kv, **group, rank=rank)
+
+
+def dcp_rank_decode_fp8(
+    backend, q, kv_cache, *, layout, k_scale, q_scale, d_v, scale, causal, seq_lens, world_size, interleave, rank
+):
+    """Rank ``rank``'s partial of a DCP decode over an fp8 cache by the backend's ``mla_decode_fp8``
+    (:func:`rank_partial` on the cache's uint8 records ``kv_cache [B, S_kv, record bytes]``); returns ``out [B, S_q,
+    H_q, d_v]`` and ``lse [B, H_q, S_q]``, as the backend returns them."""
+
+    def decode(rows_q, rows_kv, local):
+        fp8 = dict(layout=layout, k_scale=k_scale, q_scale=q_scale)
+        return backend.mla_decode_fp8(rows_q, rows_kv, **fp8, d_v=d_v, scale=scale, causal=False, seq_lens=local)
+
+    group = dict(causal=causal, seq_lens=seq_lens, world_size=world_size, interleave=interleave)
+    return rank_partial(decode, q, kv_cache, **group, rank=rank)
 
 
 def combine_partials(backend, q, parts):
