@@ -357,17 +357,31 @@ class RankGroup:
         seconds = time.perf_counter() - self._pending
         silent = [r for r, reply in replies.items() if reply is None]
         raised = {r: reply[1] for r, reply in replies.items() if reply is not None and reply[0] == "error"}
+        own = {r: m for r, m in raised.items() if not replies[r][2]}  # not the PeerFailed of a rank told to stop
         if silent:
-            outcome = self._silent_outcome(silent, seconds)
+            if own and all(self._procs[r].is_alive() for r in silent):
+                outcome = self._left_waiting(own, silent, seconds)
+            else:
+                outcome = self._silent_outcome(silent, seconds)
+                outcome.reason += "".join(f"; meanwhile rank {r} raised {m}" for r, m in raised.items())
             self._restart()  # the survivors may be stuck in a collective: a new group for the next case
-            outcome.reason += "".join(f"; meanwhile rank {r} raised {m}" for r, m in raised.items())
             return outcome
         if raised:
-            own = {r: m for r, m in raised.items() if not replies[r][2]} or raised
-            return Outcome("error", reason="; ".join(f"rank {r}: {m}" for r, m in own.items()), seconds=seconds)
+            return Outcome(
+                "error", reason="; ".join(f"rank {r}: {m}" for r, m in (own or raised).items()), seconds=seconds
+            )
         breaches = tuple(f"rank {r}: {b}" for r, reply in replies.items() for b in reply[3])
         outputs = pickle.loads(replies[0][1])  # our own rank's bytes
         return Outcome("ok", outputs=outputs, seconds=max(reply[2] for reply in replies.values()), breaches=breaches)
+
+    def _left_waiting(self, own: dict[int, str], silent: list[int], seconds: float) -> Outcome:
+        """A rank raised and the others, alive, gave no answer within :data:`_GRACE` seconds of it: they wait in a
+        collective the failed rank will not join (one whose CUDA context an illegal access broke raises in every
+        collective after it). The case's error is the rank's own, not a timeout of the others."""
+        errors = "; ".join(f"rank {r}: {m}" for r, m in own.items())
+        waiting = ", ".join(map(str, silent))
+        reason = f"{errors}; rank {waiting} gave no answer within {_GRACE:g} s of it (left waiting in a collective)"
+        return Outcome("error", reason=f"{reason}; the group was restarted", seconds=seconds)
 
     def _silent_outcome(self, silent: list[int], seconds: float) -> Outcome:
         dead = [r for r in silent if not self._procs[r].is_alive()]

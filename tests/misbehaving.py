@@ -149,6 +149,20 @@ class RankHangs(_MisbehavingRank):
         time.sleep(3600)  # rank 0 waits in the group's collective meanwhile
 
 
+class RankLosesItsDevice(_MisbehavingRank):
+    """As FlashMLA's fp8 decode on an idle rank (H200 pair, 2026-11-27): an illegal memory access breaks the rank's
+    CUDA context, so its decode raises and so does every collective after it; rank 0 is left waiting."""
+
+    def misbehave(self, q, kv, **kw):
+        import torch.distributed as dist
+
+        def lost(*args, **kwargs):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        dist.all_reduce = dist.all_gather_into_tensor = dist.all_to_all_single = lost
+        lost()
+
+
 class WithCombine(TorchBackend):
     """Honest, with a ``dcp_combine`` of its own: the group combines by all-to-all and this (the spec's combine)."""
 
