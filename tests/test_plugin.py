@@ -2,6 +2,7 @@
 ``mlaspec check`` and generated ones; failures carry the reproducer; it stays inert in other pytest runs."""
 
 import json
+import re
 import shlex
 import xml.etree.ElementTree as ET
 from importlib.metadata import entry_points
@@ -65,6 +66,8 @@ def test_spec_backend_passes_the_same_cases_as_the_cli(suite, monkeypatch):
     result = suite("-m", " or ".join(ops), "--mla-dtypes", "bfloat16", "--mla-examples", "3", "-v")
     curated = curated_cases(dtypes=("bfloat16",), ops=ops)
     result.assert_outcomes(passed=len(curated) + len(ops))
+    # a user's run: the package outside the rootdir, its node ids `test_conformance.py::...`; a green run exits 0
+    assert result.ret == 0 and not any("NOTHING CHECKED" in line for line in result.outlines)
     assert any(line.startswith("mlaspec: backend spec (float64 reference), scale tiny") for line in result.outlines)
     ran = [line.split("::")[1].split(" ")[0] for line in result.outlines if "::test_curated[" in line]
     assert ran == [f"test_curated[{c.id}]" for c in curated]  # the CLI's list, in its order, ids = case ids
@@ -110,6 +113,18 @@ def test_mutant_fails_with_reproducers_junit_and_report(suite, pytester):
     page = (pytester.path / "rep" / "report.html").read_text()
     assert page.count('class="repro"') == failed and "data:image/png;base64," in page
     assert "mlaspec report: rep/report.html" in out
+
+
+def test_mla_dcp_runs_both_dcp_ops_on_two_processes(suite):
+    """``--mla-dcp 2``: the ``N_cp = 2`` cases of ``dcp_decode`` and ``dcp_decode_fp8`` on a group of two ranks
+    (gloo on the CPU), idle ranks included."""
+    names = "length-1-dcp2 or short-dcp2-i64-idle-rank"
+    result = suite("--mla-backend", "torch", "--mla-dcp", "2", "--mla-dtypes", "bfloat16", "-v", "-k", names)
+    result.assert_outcomes(passed=4)
+    assert result.ret == 0
+    ran = sorted(m[1] for line in result.outlines if (m := re.search(r"::test_curated\[(.+)\] PASSED", line)))
+    assert ran == sorted(f"{op}[{n}-bfloat16]" for op in ("dcp_decode", "dcp_decode_fp8") for n in names.split(" or "))
+    assert any("2 ranks over gloo" in line for line in result.outlines)
 
 
 def test_unsupported_cases_skip_with_the_backends_reason(suite):
