@@ -1,14 +1,15 @@
 """A seesaw 64-row decode split kernel for Hopper, in Gluon (FlashMLA's ``csrc/sm90/decode/dense/splitkv_mla.cuh``
 schedule, simplified): an experiment, not wired in.
 
-Written in the session of 2026-11-27 as the next step for issue 18's 128-head targets (``docs/backends.md``,
-"Issue 18's targets"), after an ablation of :mod:`mlaspec.impl.decode_sm90` showed where its time goes: each of its
+Written in the session of 2026-11-27 as the next step for issue 18's 128-head targets (``docs/backends.md``, "Issue
+18's targets"), after an ablation of :mod:`mlaspec.impl.decode_sm90` showed where its time goes: each of its
 warpgroups reads all of q for ``q k^T`` (the logits split 32 keys a warpgroup), the softmax runs while the tensor
 cores wait, and 13-18% is waiting for the next tile. It is right -- ``mlaspec check --backend triton --ops
 mla_decode,dcp_decode --scale full --generated 20`` with this kernel in the landed one's place: 98 passed on an
-H100, outputs within one bf16 step of the landed kernel's -- and **1.2x slower** (H100, CUDA-graph replays, 128
-heads: B1 64K 68.2 against 55.1 us, B2 64K 108.7-111.3 against 93.6-95.1, B64 8K 393-414 against 336-343), so
-:func:`mlaspec.impl.decode.mla_decode_paged` never runs it.
+H100, outputs within one bf16 step of the landed kernel's -- and **1.2-1.3x slower** (H100, CUDA-graph replays, 128
+heads: B1 64K 68.2-69.1 against 55.1-56.3 us, B2 64K 108.7-111.3 against 93.6-95.1, B64 8K 393-419 against 336-343;
+16 heads with 4 MTP tokens, B8 8K, 60.4 against 45.9), so :func:`mlaspec.impl.decode.mla_decode_paged` never runs
+it.
 
 The design, two warpgroups (``gl.warp_specialize``: the default partition and one worker of 4 warps, 256 threads):
 
