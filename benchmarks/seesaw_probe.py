@@ -39,6 +39,11 @@ Why it is slower, and what a next attempt should change:
    measured slower again (B2 64K 119 us). FlashMLA splits the logits of the next tile into phases by column chunk
    (nine barriers a buffer) so each warpgroup starts on the chunks freed first.
 
+The second is what costs. With its copies switched off (each part's barrier signalled at once), this kernel computes
+B1 64K in 43.3-43.5 us and B64 8K in 220-223 us, against 48.8-49.1 and 276 for the landed kernel without its copy
+waits (H100, alternated in one process): its arithmetic is 11-20% faster, and 46% of its B64 8K time is waiting for
+tiles (the landed kernel's: 19%). The next attempt's work is the copies' lead.
+
     python benchmarks/seesaw_probe.py          # on an H100/H200: outputs against the landed kernel, then timings
 
 Importing this module compiles nothing and needs no GPU.
