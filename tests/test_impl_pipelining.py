@@ -116,6 +116,28 @@ def test_the_seesaw_probe_still_compiles_for_hopper():
     assert out["shared"] <= HOPPER_SHARED, out
 
 
+def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
+    """``benchmarks/decode_ablation.py`` switches parts of the Gluon decode off by replacing its lines: each
+    replacement still finds its lines in the kernel's source (else the tool would time a kernel it did not change),
+    and the kernel with every part off compiles for sm_90."""
+    from mlaspec.impl import decode_sm90
+
+    if not decode_sm90.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        import decode_ablation
+    finally:
+        sys.path.pop(0)
+    for part in decode_ablation.ABLATIONS:
+        assert decode_ablation.ablated_source([part]) != decode_ablation.ablated_source([])
+    (tmp_path / "ablated_all.py").write_text(decode_ablation.ablated_source(list(decode_ablation.ABLATIONS)))
+    const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=64, BLOCK_N=64, SINGLE=False, TMA=True)
+    pointers = dict(POINTERS, DESC_V=[64, 512], DESC_R=[64, 64])
+    out = compiled("ablated_all:split_kernel", pointers, const, num_warps=8, num_stages=1, path=[str(tmp_path)])
+    assert out["shared"] <= HOPPER_SHARED, out
+
+
 def test_the_gluon_indexer_waits_for_one_token_at_a_time():
     """The indexer's logits on Hopper (:mod:`mlaspec.impl.indexer_sm90`): fp8 warpgroup MMAs, the first token's
     waited for alone (``wgmma.wait_group 1``) so its epilogue runs under the second's, the next tile's copy issued

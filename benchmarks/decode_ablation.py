@@ -1,0 +1,145 @@
+"""Where the 64-row Gluon decode's time goes: the kernel timed with one part of its tile loop switched off at a time.
+
+Each ablation is a copy of :mod:`mlaspec.impl.decode_sm90`'s source with named lines replaced (:data:`ABLATIONS`),
+written to a temporary module at run time (no second copy of the kernel in the tree) and launched through
+:func:`mlaspec.impl.decode.mla_decode_paged` in the landed kernel's place, alternated with it in one process
+(CUDA-graph replays, :func:`common.bench`). Its outputs are then wrong; its time says what the part costs, and a
+part whose removal saves nothing is hidden behind another. The first table of ``docs/backends.md``, "Where the
+128-head decode's time goes" (2026-11-27, one H100), was measured with the same parts switched off in a hand-made
+copy of the kernel, before this script existed.
+
+    python benchmarks/decode_ablation.py                                 # 128 heads: B64 8K and B1 128K
+    python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
+
+If the kernel's source changes so that an ablation's lines are no longer found, building it fails and names them
+(``tests/test_impl_pipelining.py`` checks that every ablation still applies and compiles for sm_90).
+
+Importing this module compiles nothing and needs no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+# part -> the kernel's lines it replaces, and with what (indentation included)
+ABLATIONS = {
+    "softmax": [
+        (
+            "p, alpha, m_i_new = _softmax_step(qk, m_i)",
+            "p, alpha, m_i_new = qk, gl.full([BLOCK_M], 1.0, gl.float32, ROW_QK), m_i",
+        )
+    ],
+    "rescale": [("        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, PV)), 1)\n", "")],
+    "q k^T": [
+        (
+            "            qk = warpgroup_mma(q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)\n"
+            "            qk = warpgroup_mma(q_r, kv_r.index(buf).permute((1, 0)), qk, is_async=True)\n"
+            "            qk = warpgroup_mma_wait(0, deps=(qk,))\n",
+            "            qk = zero_qk + 1.0\n",
+        )
+    ],
+    "P @ V": [
+        (
+            "        acc = warpgroup_mma(p_smem, v, acc, is_async=True)\n"
+            "        return warpgroup_mma_wait(0, deps=(acc,))\n",
+            "        return acc\n",
+        )
+    ],
+    "P store + barrier": [
+        ("        p_smem.store(p.to(p_smem.dtype))\n        fence_async_shared()\n        _barrier()\n", "")
+    ],
+    "copy waits": [
+        (
+            "            async_copy.wait_group(0)  # this tile (and q): issued one iteration ago, in flight during its"
+            " work\n"
+            "            if TMA:\n"
+            "                mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)\n",
+            "",
+        ),
+        (
+            "            if blk + 1 < blk_hi:\n                _issue_tile(",
+            "            if blk < 0:  # never\n                _issue_tile(",
+        ),
+    ],
+}
+# the variants timed by default: the landed kernel, each part alone, then everything but the softmax and barriers
+DEFAULT = [(), *((name,) for name in ABLATIONS), ("copy waits", "q k^T", "P @ V")]
+
+
+def ablated_source(parts) -> str:
+    """:mod:`mlaspec.impl.decode_sm90`'s source with ``parts`` (names of :data:`ABLATIONS`) switched off."""
+    from mlaspec.impl import decode_sm90
+
+    source = Path(decode_sm90.__file__).read_text()
+    for part in parts:
+        for old, new in ABLATIONS[part]:
+            if source.count(old) != 1:
+                raise ValueError(f"ablation {part!r}: the kernel's source holds {source.count(old)} of {old!r}")
+            source = source.replace(old, new)
+    return source
+
+
+def load(parts, folder: str):
+    """The ablated kernel's module (written to ``folder``: Triton reads a kernel's source from its file)."""
+    name = "decode_sm90_without_" + "_".join("".join(c for c in p if c.isalnum()) for p in parts)
+    path = Path(folder) / f"{name}.py"
+    path.write_text(ablated_source(parts))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(shapes, variants=DEFAULT) -> list:
+    """:class:`common.Row` s, one a variant and shape (provider ``"landed"`` or ``"without <parts>"``), and
+    FlashMLA's where it imports."""
+    import torch
+    from common import Row, bench, load_flashmla
+    from decode import D_QK, _fn, make_problem
+
+    import mlaspec.impl.decode as dec
+
+    landed, rows, fm = dec.decode_sm90, [], load_flashmla()
+    with tempfile.TemporaryDirectory() as folder:
+        modules = {parts: load(parts, folder) if parts else landed for parts in variants}
+        for heads, batch, keys in shapes:
+            cache, bt, sl = make_problem(batch, keys, torch.device("cuda"))
+            q = torch.randn(batch, 1, heads, D_QK, device="cuda", dtype=torch.bfloat16)
+            problem = (q, cache, bt, sl, keys, 192**-0.5, None)
+            shape = dict(H=heads, B=batch, S_kv=keys)
+            if fm:
+                rows.append(Row("decode", "flashmla", shape, bench(_fn("flashmla", fm, *problem), graph=True), 0, 0))
+            call = _fn("triton", fm, *problem)
+            for parts, module in modules.items():
+                dec.decode_sm90 = module
+                try:
+                    seconds = bench(call, graph=True)
+                finally:
+                    dec.decode_sm90 = landed
+                provider = "without " + " + ".join(parts) if parts else "landed"
+                rows.append(Row("decode", provider, shape, seconds, 0, 0, timer="graph"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common import REFERENCE, plot_bars, print_table
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="128x64x8192,128x1x131072", help="HxBxS_kv, comma-separated")
+    parser.add_argument("--out", help="also write a bar chart here (.png)")
+    args = parser.parse_args(argv)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    rows = run(shapes)
+    print_table(rows, {**REFERENCE, "decode": "landed"})
+    if args.out:
+        plot_bars(rows, args.out, title="the Gluon decode without one part (µs, lower is faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
