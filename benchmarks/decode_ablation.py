@@ -10,6 +10,7 @@ copy of the kernel, before this script existed.
 
     python benchmarks/decode_ablation.py                                 # 128 heads: B64 8K and B1 128K
     python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
+    python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
 
 If the kernel's source changes so that an ablation's lines are no longer found, building it fails and names them
 (``tests/test_impl_pipelining.py`` checks that every ablation still applies and compiles for sm_90).
@@ -23,6 +24,7 @@ import argparse
 import importlib.util
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 # part -> the kernel's lines it replaces, and with what (indentation included)
@@ -66,28 +68,40 @@ ABLATIONS = {
         ),
     ],
 }
-# the variants timed by default: the landed kernel, each part alone, then everything but the softmax and barriers
-DEFAULT = [(), *((name,) for name in ABLATIONS), ("copy waits", "q k^T", "P @ V")]
+# benchmarks/seesaw_probe.py: its copies off, each part's barrier signalled at once (the tiles then garbage)
+SEESAW_ABLATIONS = {
+    "copies": [
+        (
+            "    if (blk + 1) * n <= p.seq_len:\n        row = page",
+            "    if blk >= 0:  # ablated: no copy\n        mbarrier.arrive(bar)\n"
+            "    elif (blk + 1) * n <= p.seq_len:\n        row = page",
+        )
+    ]
+}
+# kernel -> (its source file, its ablations, the variants timed by default: as it is, each part alone, ...)
+KERNELS = {
+    "landed": ("impl/decode_sm90.py", ABLATIONS, [(), *((n,) for n in ABLATIONS), ("copy waits", "q k^T", "P @ V")]),
+    "seesaw": ("benchmarks/seesaw_probe.py", SEESAW_ABLATIONS, [(), ("copies",)]),
+}
 
 
-def ablated_source(parts) -> str:
-    """:mod:`mlaspec.impl.decode_sm90`'s source with ``parts`` (names of :data:`ABLATIONS`) switched off."""
-    from mlaspec.impl import decode_sm90
-
-    source = Path(decode_sm90.__file__).read_text()
+def ablated_source(parts, kernel: str = "landed") -> str:
+    """``kernel``'s source (:data:`KERNELS`) with ``parts`` (names of its ablations) switched off."""
+    path, ablations, _ = KERNELS[kernel]
+    source = (Path(__file__).parents[1] / path).read_text()
     for part in parts:
-        for old, new in ABLATIONS[part]:
+        for old, new in ablations[part]:
             if source.count(old) != 1:
                 raise ValueError(f"ablation {part!r}: the kernel's source holds {source.count(old)} of {old!r}")
             source = source.replace(old, new)
     return source
 
 
-def load(parts, folder: str):
+def load(parts, folder: str, kernel: str = "landed"):
     """The ablated kernel's module (written to ``folder``: Triton reads a kernel's source from its file)."""
-    name = "decode_sm90_without_" + "_".join("".join(c for c in p if c.isalnum()) for p in parts)
+    name = f"{kernel}_without_" + "_".join("".join(c for c in p if c.isalnum()) for p in parts)
     path = Path(folder) / f"{name}.py"
-    path.write_text(ablated_source(parts))
+    path.write_text(ablated_source(parts, kernel))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -95,9 +109,18 @@ def load(parts, folder: str):
     return module
 
 
-def run(shapes, variants=DEFAULT) -> list:
-    """:class:`common.Row` s, one a variant and shape (provider ``"landed"`` or ``"without <parts>"``), and
-    FlashMLA's where it imports."""
+def _in_place(module, landed):
+    """What ``mlaspec.impl.decode`` sees as ``decode_sm90``: ``module`` itself if it is a copy of the landed kernel's
+    module, else the landed module with ``module``'s split kernel (the seesaw probe)."""
+    if hasattr(module, "cache_descriptors"):
+        return module
+    names = ("AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "cache_descriptors")
+    return types.SimpleNamespace(**{n: getattr(landed, n) for n in names}, split_kernel=module.split_kernel)
+
+
+def run(shapes, kernel: str = "landed") -> list:
+    """:class:`common.Row` s, one a variant of ``kernel`` and shape (provider ``kernel`` or ``"<kernel> without
+    <parts>"``), the landed kernel's, and FlashMLA's where it imports."""
     import torch
     from common import Row, bench, load_flashmla
     from decode import D_QK, _fn, make_problem
@@ -105,8 +128,14 @@ def run(shapes, variants=DEFAULT) -> list:
     import mlaspec.impl.decode as dec
 
     landed, rows, fm = dec.decode_sm90, [], load_flashmla()
+    variants = [(kernel, parts) for parts in KERNELS[kernel][2]]
+    if kernel != "landed":
+        variants.insert(0, ("landed", ()))
     with tempfile.TemporaryDirectory() as folder:
-        modules = {parts: load(parts, folder) if parts else landed for parts in variants}
+        modules = {
+            (k, parts): landed if (k, parts) == ("landed", ()) else _in_place(load(parts, folder, k), landed)
+            for k, parts in variants
+        }
         for heads, batch, keys in shapes:
             cache, bt, sl = make_problem(batch, keys, torch.device("cuda"))
             q = torch.randn(batch, 1, heads, D_QK, device="cuda", dtype=torch.bfloat16)
@@ -115,13 +144,13 @@ def run(shapes, variants=DEFAULT) -> list:
             if fm:
                 rows.append(Row("decode", "flashmla", shape, bench(_fn("flashmla", fm, *problem), graph=True), 0, 0))
             call = _fn("triton", fm, *problem)
-            for parts, module in modules.items():
+            for (k, parts), module in modules.items():
                 dec.decode_sm90 = module
                 try:
                     seconds = bench(call, graph=True)
                 finally:
                     dec.decode_sm90 = landed
-                provider = "without " + " + ".join(parts) if parts else "landed"
+                provider = f"{k} without " + " + ".join(parts) if parts else k
                 rows.append(Row("decode", provider, shape, seconds, 0, 0, timer="graph"))
     return rows
 
@@ -131,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="128x64x8192,128x1x131072", help="HxBxS_kv, comma-separated")
+    parser.add_argument("--kernel", choices=list(KERNELS), default="landed", help="whose parts to switch off")
     parser.add_argument("--out", help="also write a bar chart here (.png)")
     args = parser.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    rows = run(shapes)
+    rows = run(shapes, args.kernel)
     print_table(rows, {**REFERENCE, "decode": "landed"})
     if args.out:
         plot_bars(rows, args.out, title="the Gluon decode without one part (µs, lower is faster)")

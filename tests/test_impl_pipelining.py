@@ -117,9 +117,9 @@ def test_the_seesaw_probe_still_compiles_for_hopper():
 
 
 def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
-    """``benchmarks/decode_ablation.py`` switches parts of the Gluon decode off by replacing its lines: each
-    replacement still finds its lines in the kernel's source (else the tool would time a kernel it did not change),
-    and the kernel with every part off compiles for sm_90."""
+    """``benchmarks/decode_ablation.py`` switches parts of the Gluon decode (and of the seesaw probe) off by replacing
+    their lines: each replacement still finds its lines in the kernel's source (else the tool would time a kernel it
+    did not change), and each kernel with every part off compiles for sm_90."""
     from mlaspec.impl import decode_sm90
 
     if not decode_sm90.AVAILABLE:
@@ -129,13 +129,17 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
         import decode_ablation
     finally:
         sys.path.pop(0)
-    for part in decode_ablation.ABLATIONS:
-        assert decode_ablation.ablated_source([part]) != decode_ablation.ablated_source([])
-    (tmp_path / "ablated_all.py").write_text(decode_ablation.ablated_source(list(decode_ablation.ABLATIONS)))
+    for kernel, (_, ablations, _) in decode_ablation.KERNELS.items():
+        for part in ablations:
+            assert decode_ablation.ablated_source([part], kernel) != decode_ablation.ablated_source([], kernel)
+        (tmp_path / f"{kernel}_all.py").write_text(decode_ablation.ablated_source(list(ablations), kernel))
     const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=64, BLOCK_N=64, SINGLE=False, TMA=True)
-    pointers = dict(POINTERS, DESC_V=[64, 512], DESC_R=[64, 64])
-    out = compiled("ablated_all:split_kernel", pointers, const, num_warps=8, num_stages=1, path=[str(tmp_path)])
-    assert out["shared"] <= HOPPER_SHARED, out
+    spec = dict(num_stages=1, path=[str(tmp_path), str(Path(__file__).parents[1] / "benchmarks")])
+    landed = compiled("landed_all:split_kernel", dict(POINTERS, DESC_V=[64, 512], DESC_R=[64, 64]), const,
+                      num_warps=8, **spec)  # fmt: skip
+    seesaw = compiled("seesaw_all:seesaw_kernel", dict(POINTERS, DESC_H=[64, 256], DESC_R=[64, 64]), const,
+                      num_warps=4, options={"maxnreg": 248}, **spec)  # fmt: skip
+    assert landed["shared"] <= HOPPER_SHARED and seesaw["shared"] <= HOPPER_SHARED, (landed, seesaw)
 
 
 def test_the_gluon_indexer_waits_for_one_token_at_a_time():
