@@ -40,13 +40,12 @@ Why it is slower, and what a next attempt should change:
    (nine barriers a buffer) so each warpgroup starts on the chunks freed first.
 
    Where the lead is lost, part by part (a tile's value halves: L, read by warpgroup 0's ``P @ V``, R by warpgroup
-   1's; its RoPE part, read only by its own ``q k^T``): the RoPE parts and buffer 0's R half are freed early, but
-   buffer 0's L half is freed by warpgroup 0 one ``P @ V`` before it computes the next even tile's logits, and buffer
-   1's R half by warpgroup 1 right before the next odd tile's: no lead at all. What to try next, in FlashMLA's order
-   (``wg1_subroutine``): warpgroup 1 multiplies its own tile first and the other's after, so buffer 1's R half is
-   freed one ``P @ V`` earlier; that needs warpgroup 0's ``P`` rescaled to the max after tile 1 before it is
-   published (``wg0_scale_rP0``), since warpgroup 1 then adds it last. And let each warpgroup's next logits take the
-   parts in the order they are freed (warpgroup 0: RoPE, R, L).
+   1's; its RoPE part, read only by its own ``q k^T``): the RoPE parts are freed a softmax and two ``P @ V`` early,
+   but both halves of buffer 0 only about one ``P @ V`` before warpgroup 0 computes the next even tile's logits, and
+   buffer 1's R half by warpgroup 1 right before the next odd tile's: no lead at all. What to try next, in FlashMLA's
+   order (``wg1_subroutine``): warpgroup 1 multiplies its own tile first and the other's after, so buffer 1's R half
+   is freed one ``P @ V`` earlier; that needs warpgroup 0's ``P`` rescaled to the max after tile 1 before it is
+   published (``wg0_scale_rP0``), since warpgroup 1 then adds it last.
 
 The second is what costs. With its copies switched off (each part's barrier signalled at once), this kernel computes
 B1 64K in 43.3-43.5 us and B64 8K in 220-223 us, against 48.8-49.1 and 276 for the landed kernel without its copy
