@@ -52,6 +52,15 @@ B1 64K in 43.3-43.5 us and B64 8K in 220-223 us, against 48.8-49.1 and 276 for t
 waits (H100, alternated in one process): its arithmetic is 11-20% faster, and 46% of its B64 8K time is waiting for
 tiles (the landed kernel's: 19%). The next attempt's work is the copies' lead.
 
+**Not yet run: this file now holds that next step.** Every number above is of the order before it (git f7e4297:
+warpgroup 1 multiplied warpgroup 0's tile first). Here warpgroup 1 multiplies its own tile first and then warpgroup
+0's, whose ``P`` warpgroup 0 publishes already rescaled to the max after tile 1, in a separate handoff from the max
+(``_publish_max``, ``_publish_p``), and frees its buffer's R half as soon as its own ``P @ V`` is done
+(``warpgroup_mma_wait(1)``). It was written after the session's GPU time ran out: it compiles for sm_90 (104 bytes of
+spills under ``ptxas -v``, against 176 before) and its handoffs were checked by hand for a wait that cannot be met,
+but neither its outputs nor its time have been seen. Run ``python benchmarks/seesaw_probe.py`` and
+``benchmarks/decode_ablation.py --kernel seesaw`` first.
+
     python benchmarks/seesaw_probe.py          # on an H100/H200: outputs against the landed kernel, then timings
 
 Importing this module compiles nothing and needs no GPU.
@@ -82,10 +91,11 @@ SH1 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 # barriers, one array
 Q_READY = gl.constexpr(0)
 READY = gl.constexpr(1)  # [2 buffers x 3 parts]: value columns 0-255, 256-511, RoPE
-M_READY = gl.constexpr(7)  # [2]: warpgroup w published P, m, alpha
-P_FREE = gl.constexpr(9)  # [2]: the other read sP[w]
-L_READY = gl.constexpr(11)  # [2]
-NBAR = gl.constexpr(13)
+M_READY = gl.constexpr(7)  # [2]: warpgroup w published its max and rescale factor
+P_READY = gl.constexpr(9)  # [2]: warpgroup w published its P
+P_FREE = gl.constexpr(11)  # [2]: the other read sP[w]
+L_READY = gl.constexpr(13)  # [2]
+NBAR = gl.constexpr(15)
 LEFT, RIGHT, ROPE = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
 LOAD_H4 = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))  # [64, 256] over a warpgroup
 LOAD_R4 = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [64, 64]
@@ -213,14 +223,30 @@ def _softmax(p, s, blk, m_prev, n_keys, n_seen):
 
 
 @gluon.jit
-def _publish(p, W: gl.constexpr, prob, m_new, alpha, k):
-    mbarrier.wait(p.bars.index(P_FREE + W), (k - 1) & 1, pred=k > 0)
-    p.sp.index(W).store(prob.to(p.q_v.dtype))
+def _publish_max(p, W: gl.constexpr, m_new, alpha):
+    """Warpgroup ``W``'s running max after its tile and the factor that rescales what came before, for the other."""
     p.sm.index(W).store(m_new)
     p.sa.index(W).store(alpha)
-    fence_async_shared()
     _barrier()
     mbarrier.arrive(p.bars.index(M_READY + W), count=1)
+
+
+@gluon.jit
+def _publish_p(p, W: gl.constexpr, prob, k):
+    """Warpgroup ``W``'s ``P`` (rounded to q's dtype) for the other's ``P @ V``, once the other read the last one."""
+    mbarrier.wait(p.bars.index(P_FREE + W), (k - 1) & 1, pred=k > 0)
+    p.sp.index(W).store(prob.to(p.q_v.dtype))
+    fence_async_shared()
+    _barrier()
+    mbarrier.arrive(p.bars.index(P_READY + W), count=1)
+
+
+@gluon.jit
+def _their_p_times_v(p, acc, O: gl.constexpr, v, k):
+    """``acc + P @ v`` with warpgroup ``O``'s ``P``, once it is published (tile pair ``k``)."""
+    mbarrier.wait(p.bars.index(P_READY + O), k & 1)
+    acc = warpgroup_mma(p.sp.index(O), v, acc, is_async=True)
+    return warpgroup_mma_wait(0, deps=(acc,))
 
 
 @gluon.jit
@@ -285,21 +311,24 @@ def _consume(p, DESC_H, DESC_R, W: gl.constexpr, SINGLE: gl.constexpr):
                 _issue(p, DESC_H, DESC_R, 0, blk0 + 2, ROPE)
             prob, m0, alpha0 = _softmax(p, s, blk0, m_i, n_keys, n_seen)
             l_i = l_i * alpha0 + gl.sum(prob, 1)
-            _publish(p, 0, prob, m0, alpha0, k)
+            _publish_max(p, 0, m0, alpha0)
             acc = acc * gl.expand_dims(_rows(alpha0), 1)
             acc = warpgroup_mma(gl.convert_layout(prob.to(dtype), A_PV), v0, acc, is_async=True)
+            # warpgroup 1 adds this tile after its own: P published relative to the max after both
             mbarrier.wait(p.bars.index(M_READY + 1), k & 1, pred=has1)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            if more0:
-                _issue(p, DESC_H, DESC_R, 0, blk0 + 2, LEFT)
+            alpha1 = gl.full([M], 1.0, gl.float32, ROW_QK)
             m_i = m0
             if has1:
                 alpha1 = p.sa.index(1).load(ROW_QK)
                 m_i = p.sm.index(1).load(ROW_QK)
+            _publish_p(p, 0, prob * gl.expand_dims(alpha1, 1), k)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            if more0:
+                _issue(p, DESC_H, DESC_R, 0, blk0 + 2, LEFT)
+            if has1:
                 l_i = l_i * alpha1
                 acc = acc * gl.expand_dims(_rows(alpha1), 1)
-                acc = warpgroup_mma(p.sp.index(1), v1, acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
+                acc = _their_p_times_v(p, acc, 1, v1, k)
                 mbarrier.arrive(p.bars.index(P_FREE + 1), count=1)
                 if more1:
                     _issue(p, DESC_H, DESC_R, 1, blk0 + 3, LEFT)
@@ -314,23 +343,26 @@ def _consume(p, DESC_H, DESC_R, W: gl.constexpr, SINGLE: gl.constexpr):
             m_i = p.sm.index(0).load(ROW_QK)
             l_i = l_i * alpha0
             acc = acc * gl.expand_dims(_rows(alpha0), 1)
-            acc = warpgroup_mma(p.sp.index(0), v0, acc, is_async=True)
-            # (computed for a tile past the split too; used only where it exists)
-            prob, m1, alpha1 = _softmax(p, s, blk0 + 1, m_i, n_keys, n_seen)
             if has1:
-                _publish(p, 1, prob, m1, alpha1, k)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+                prob, m1, alpha1 = _softmax(p, s, blk0 + 1, m_i, n_keys, n_seen)
+                l_i = l_i * alpha1 + gl.sum(prob, 1)
+                _publish_max(p, 1, m1, alpha1)
+                _publish_p(p, 1, prob, k)
+                m_i = m1
+                # its own tile first, then warpgroup 0's (P already relative to m1): its buffer's half is freed first
+                acc = acc * gl.expand_dims(_rows(alpha1), 1)
+                acc = warpgroup_mma(gl.convert_layout(prob.to(dtype), A_PV), v1, acc, is_async=True)
+                mbarrier.wait(p.bars.index(P_READY + 0), k & 1)
+                acc = warpgroup_mma(p.sp.index(0), v0, acc, is_async=True)
+                acc = warpgroup_mma_wait(1, deps=(acc,))
+                if more1:
+                    _issue(p, DESC_H, DESC_R, 1, blk0 + 3, RIGHT)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+            else:
+                acc = _their_p_times_v(p, acc, 0, v0, k)
             mbarrier.arrive(p.bars.index(P_FREE + 0), count=1)
             if more0:
                 _issue(p, DESC_H, DESC_R, 0, blk0 + 2, RIGHT)
-            if has1:
-                l_i = l_i * alpha1 + gl.sum(prob, 1)
-                acc = acc * gl.expand_dims(_rows(alpha1), 1)
-                acc = warpgroup_mma(gl.convert_layout(prob.to(dtype), A_PV), v1, acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-                if more1:
-                    _issue(p, DESC_H, DESC_R, 1, blk0 + 3, RIGHT)
-                m_i = m1
 
     # -- the row sums of both warpgroups (relative to the same last max), then this warpgroup's half ----------------
     p.sl.index(W).store(l_i)
