@@ -97,7 +97,6 @@ P_FREE = gl.constexpr(11)  # [2]: the other read sP[w]
 L_READY = gl.constexpr(13)  # [2]
 NBAR = gl.constexpr(15)
 LEFT, RIGHT, ROPE = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
-LOAD_H4 = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))  # [64, 256] over a warpgroup
 LOAD_R4 = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [64, 64]
 MAXNREG = 248
 
