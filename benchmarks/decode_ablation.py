@@ -78,10 +78,51 @@ SEESAW_ABLATIONS = {
         )
     ]
 }
+# mlaspec.impl.sparse_sm90 (the fp8 656-byte sparse decode): its tile loop's parts
+SPARSE_ABLATIONS = {
+    "gathers": [  # the next tiles' bytes, scales and RoPE values (the first two tiles' are still copied)
+        ("            _copy_e4m3(e4m3.index(buf), KV, s2)\n", ""),
+        ("            scale = _load_scales(KVF, s1)\n            rope = _load_rope(KVB, r1)\n", ""),
+    ],
+    "dequant": [
+        (
+            "            vals = e4m3.index(buf).load(RAW).to(gl.float8e4nv, bitcast=True).to(gl.float32)\n"
+            "            vals = vals * gl.expand_dims(scale, 2)\n"
+            "            k_v.store(gl.reshape(vals.to(dtype), [BLOCK_N, D_V]))\n"
+            "            k_r.store(rope.to(dtype))\n",
+            "",
+        )
+    ],
+    "q k^T": [
+        (
+            "            qk = warpgroup_mma(q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)\n"
+            "            qk = warpgroup_mma(q_r, k_r.permute((1, 0)), qk, is_async=True)\n"
+            "            qk = warpgroup_mma_wait(0, deps=(qk,))\n",
+            "            qk = zero_qk + 1.0\n",
+        )
+    ],
+    "softmax": [
+        (
+            "p, alpha, m_i_new = _softmax_step(qk, m_i)",
+            "p, alpha, m_i_new = qk, gl.full([BLOCK_H], 1.0, gl.float32, gl.SliceLayout(1, QK)), m_i",
+        )
+    ],
+    "P @ V": [  # with P's store and barrier; the rescale stays
+        (
+            "            acc = _p_times_v(p, alpha, acc, p_smem, k_v)\n",
+            "            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, PV)), 1)\n",
+        )
+    ],
+}
 # kernel -> (its source file, its ablations, the variants timed by default: as it is, each part alone, ...)
 KERNELS = {
     "landed": ("impl/decode_sm90.py", ABLATIONS, [(), *((n,) for n in ABLATIONS), ("copy waits", "q k^T", "P @ V")]),
     "seesaw": ("benchmarks/seesaw_probe.py", SEESAW_ABLATIONS, [(), ("copies",)]),
+    "sparse": (
+        "impl/sparse_sm90.py",
+        SPARSE_ABLATIONS,
+        [(), *((n,) for n in SPARSE_ABLATIONS), ("q k^T", "P @ V"), ("gathers", "dequant")],
+    ),
 }
 
 
@@ -94,7 +135,7 @@ def ablated_source(parts, kernel: str = "landed") -> str:
             if source.count(old) != 1:
                 raise ValueError(f"ablation {part!r}: the kernel's source holds {source.count(old)} of {old!r}")
             source = source.replace(old, new)
-    return source
+    return source.replace("from .decode_sm90 import", "from mlaspec.impl.decode_sm90 import")  # a module of its own
 
 
 def load(parts, folder: str, kernel: str = "landed"):
@@ -127,6 +168,8 @@ def run(shapes, kernel: str = "landed") -> list:
 
     import mlaspec.impl.decode as dec
 
+    if kernel == "sparse":
+        return _sparse_rows(shapes)
     landed, rows, fm = dec.decode_sm90, [], load_flashmla()
     variants = [(kernel, parts) for parts in KERNELS[kernel][2]]
     if kernel != "landed":
@@ -155,17 +198,52 @@ def run(shapes, kernel: str = "landed") -> list:
     return rows
 
 
+def _sparse_rows(shapes, topk: int = 2048) -> list:
+    """:func:`run` for the sparse decode: ``shapes`` as ``(H, B, S_kv)``, ``topk`` keys a row (fp8 656-byte cache)."""
+    import torch
+    from common import Row, bench, load_flashmla
+    from sparse import _decode_fn, decode_problem
+
+    import mlaspec.impl.sparse as sp
+
+    landed, rows, fm = sp.sparse_sm90, [], load_flashmla()
+    with tempfile.TemporaryDirectory() as folder:
+        modules = {parts: load(parts, folder, "sparse") if parts else landed for parts in KERNELS["sparse"][2]}
+        for heads, batch, s_kv in shapes:
+            q, raw, idx = decode_problem(batch, heads, topk, s_kv, torch.device("cuda"))
+            shape = dict(H=heads, B=batch, K=topk)
+            providers = ["flashmla", "triton-fp8"] if fm else ["triton-fp8"]
+            for provider in providers:
+                call, _ = _decode_fn(provider, fm, q, raw, None, idx, 576**-0.5)
+                for parts, module in modules.items() if provider != "flashmla" else [((), None)]:
+                    sp.sparse_sm90 = module or landed
+                    try:
+                        seconds = bench(call, graph=True)
+                    finally:
+                        sp.sparse_sm90 = landed
+                    name = "flashmla" if provider == "flashmla" else "sparse"
+                    if parts:
+                        name += " without " + " + ".join(parts)
+                    rows.append(Row("sparse_decode", name, shape, seconds, 0, 0, timer="graph"))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     from common import REFERENCE, plot_bars, print_table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="128x64x8192,128x1x131072", help="HxBxS_kv, comma-separated")
+    parser.add_argument(
+        "--shapes",
+        help="HxBxS_kv, comma-separated (default: 128x64x8192,128x1x131072; sparse:"
+        " 128x64x8192,128x128x8192, top-k 2048)",
+    )
     parser.add_argument("--kernel", choices=list(KERNELS), default="landed", help="whose parts to switch off")
     parser.add_argument("--out", help="also write a bar chart here (.png)")
     args = parser.parse_args(argv)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    default = "128x64x8192,128x128x8192" if args.kernel == "sparse" else "128x64x8192,128x1x131072"
+    shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or default).split(",")]
     rows = run(shapes, args.kernel)
-    print_table(rows, {**REFERENCE, "decode": "landed"})
+    print_table(rows, {**REFERENCE, "decode": "landed", "sparse_decode": "sparse"})
     if args.out:
         plot_bars(rows, args.out, title="the Gluon decode without one part (µs, lower is faster)")
     return 0

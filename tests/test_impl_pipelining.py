@@ -31,6 +31,10 @@ POINTERS = {
     "OUT": "*bf16",
     "LSE": "*fp32",
 }
+# the sparse decode's (mlaspec.impl.sparse_sm90.sparse_kernel) pointers and constexprs
+SPARSE_POINTERS = dict(Q="*bf16", KV="*u8", KVF="*fp32", KVB="*bf16", IDX="*i32", LENS="*i32", SINK="*fp32")
+SPARSE_POINTERS.update(OUT="*bf16", LSE="*fp32", MAXL="*fp32", O_PART="*fp32", ML_PART="*fp32")
+SPARSE_CONST = dict(HAS_LENS=True, HAS_SINK=False, D_V=512, D_ROPE=64, BLOCK_H=64, BLOCK_N=64, SINGLE=False)
 
 
 def compiled(kernel: str, pointers: dict, constexprs: dict, **spec) -> dict:
@@ -139,7 +143,8 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
                       num_warps=8, **spec)  # fmt: skip
     seesaw = compiled("seesaw_all:seesaw_kernel", dict(POINTERS, DESC_H=[64, 256], DESC_R=[64, 64]), const,
                       num_warps=4, options={"maxnreg": 248}, **spec)  # fmt: skip
-    assert landed["shared"] <= HOPPER_SHARED and seesaw["shared"] <= HOPPER_SHARED, (landed, seesaw)
+    sparse = compiled("sparse_all:sparse_kernel", SPARSE_POINTERS, SPARSE_CONST, num_warps=8, **spec)
+    assert all(k["shared"] <= HOPPER_SHARED for k in (landed, seesaw, sparse)), (landed, seesaw, sparse)
 
 
 def test_the_gluon_indexer_waits_for_one_token_at_a_time():
@@ -168,10 +173,8 @@ def test_the_gluon_sparse_decode_keeps_two_tiles_in_flight():
 
     if not g.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
-    pointers = dict(Q="*bf16", KV="*u8", KVF="*fp32", KVB="*bf16", IDX="*i32", LENS="*i32", SINK="*fp32")
-    pointers.update(OUT="*bf16", LSE="*fp32", MAXL="*fp32", O_PART="*fp32", ML_PART="*fp32")
-    const = dict(HAS_LENS=True, HAS_SINK=False, D_V=512, D_ROPE=64, BLOCK_H=g.BLOCK_H, BLOCK_N=g.BLOCK_N, SINGLE=False)
-    out = compiled("mlaspec.impl.sparse_sm90:sparse_kernel", pointers, const, num_warps=g.NUM_WARPS, num_stages=1,
+    out = compiled("mlaspec.impl.sparse_sm90:sparse_kernel", SPARSE_POINTERS, SPARSE_CONST, num_warps=g.NUM_WARPS,
+                   num_stages=1,
                    ptx_words=["cp.async.wait_group \t1;"])  # fmt: skip
     assert all(out["ptx_has"].values()), out
     assert out["copies_before_dots"], out
