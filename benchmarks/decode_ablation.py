@@ -1,4 +1,4 @@
-"""Where the 64-row Gluon decode's time goes: the kernel timed with one part of its tile loop switched off at a time.
+"""Where the 64-row Gluon decodes' time goes: a kernel timed with one part of its tile loop switched off at a time.
 
 Each ablation is a copy of :mod:`mlaspec.impl.decode_sm90`'s source with named lines replaced (:data:`ABLATIONS`),
 written to a temporary module at run time (no second copy of the kernel in the tree) and launched through
@@ -11,6 +11,7 @@ copy of the kernel, before this script existed.
     python benchmarks/decode_ablation.py                                 # 128 heads: B64 8K and B1 128K
     python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
+    python benchmarks/decode_ablation.py --kernel sparse     # the sparse decode (mlaspec.impl.sparse_sm90), top-k 2048
 
 If the kernel's source changes so that an ablation's lines are no longer found, building it fails and names them
 (``tests/test_impl_pipelining.py`` checks that every ablation still applies and compiles for sm_90).

@@ -52,14 +52,15 @@ B1 64K in 43.3-43.5 us and B64 8K in 220-223 us, against 48.8-49.1 and 276 for t
 waits (H100, alternated in one process): its arithmetic is 11-20% faster, and 46% of its B64 8K time is waiting for
 tiles (the landed kernel's: 19%). The next attempt's work is the copies' lead.
 
-**Not yet run: this file now holds that next step.** Every number above is of the order before it (git f7e4297:
-warpgroup 1 multiplied warpgroup 0's tile first). Here warpgroup 1 multiplies its own tile first and then warpgroup
-0's, whose ``P`` warpgroup 0 publishes already rescaled to the max after tile 1, in a separate handoff from the max
-(``_publish_max``, ``_publish_p``), and frees its buffer's R half as soon as its own ``P @ V`` is done
-(``warpgroup_mma_wait(1)``). It was written after the session's GPU time ran out: it compiles for sm_90 (104 bytes of
-spills under ``ptxas -v``, against 176 before) and its handoffs were checked by hand for a wait that cannot be met,
-but neither its outputs nor its time have been seen. Run ``python benchmarks/seesaw_probe.py`` and
-``benchmarks/decode_ablation.py --kernel seesaw`` first.
+**This file now holds that next step, and it did not help.** Every number above is of the order before it (git
+f7e4297: warpgroup 1 multiplied warpgroup 0's tile first). Here warpgroup 1 multiplies its own tile first and then
+warpgroup 0's, whose ``P`` warpgroup 0 publishes already rescaled to the max after tile 1, in a separate handoff from
+the max (``_publish_max``, ``_publish_p``), and frees its buffer's R half as soon as its own ``P @ V`` is done
+(``warpgroup_mma_wait(1)``): 104 bytes of spills under ``ptxas -v`` (176 before). Run on an H100 on 2026-11-27
+(afternoon): right (the 98 full-scale cases above pass; outputs within one bf16 step of the landed kernel's) and as
+slow as before -- B1 64K 69.1 against 56.1 us, B2 64K 112.7 / 94.8, B64 8K 404.7 / 343.7, 16 heads MTP4 B8 8K
+59.8 / 45.1; with its copies off (``decode_ablation.py --kernel seesaw``) B64 8K 309.0 us and B1 128K 89.5, against
+338.0 / 95.0 for the landed kernel with its copies.
 
     python benchmarks/seesaw_probe.py          # on an H100/H200: outputs against the landed kernel, then timings
 

@@ -24,7 +24,10 @@ each load is issued. What this kernel does differently from the readable one:
 Tried first and measured slower on an H200 (CUDA-graph replays, top-k 2048): the next tile's bytes, scales and
 RoPE values prefetched into registers one tile ahead and dequantized into a second bf16 key tile under ``P @ V``
 (224 KB): 0.50-0.79x FlashMLA at B = 1-128 against 0.71-0.91x for item 1 alone; item 3 then made B = 128, 64 heads
-156.1 -> 140.0 us and 128 heads 288.2 -> 268.0 us.
+156.1 -> 140.0 us and 128 heads 288.2 -> 268.0 us. On an H100 (2026-11-27): the e4m3 bytes decoded by integer and f16
+instructions instead of the conversion unit, 6-9% slower; ``q k^T`` in four column chunks, each issued while the
+next chunk is dequantized, 18% slower (three more CTA barriers a tile). What the remaining gap to FlashMLA at 128
+heads asks for is in ``docs/backends.md`` ("Where the 128-head sparse decode's time goes").
 
 Rounding is the readable kernel's: the key rounded to q's dtype after its scale, fp32 logits, ``P`` rounded to
 q's dtype, fp32 accumulation, the same base-2 online softmax; only the order of the row sum's fp32 additions
