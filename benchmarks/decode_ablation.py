@@ -81,10 +81,10 @@ SEESAW_ABLATIONS = {
 }
 # mlaspec.impl.sparse_sm90 (the fp8 656-byte sparse decode): its tile loop's parts
 SPARSE_ABLATIONS = {
-    "gathers": [  # the next tiles' bytes, scales and RoPE values (the first two tiles' are still copied)
-        ("            _copy_e4m3(e4m3.index(buf), KV, s2)\n", ""),
-        ("            scale = _load_scales(KVF, s1)\n            rope = _load_rope(KVB, r1)\n", ""),
-    ],
+    # the gathers of the next tiles (the first two tiles' bytes are still copied): their e4m3 bytes, scales, RoPE values
+    "byte copies": [("            _copy_e4m3(e4m3.index(buf), KV, s2)\n", "")],
+    "scale loads": [("            scale = _load_scales(KVF, s1)\n", "")],
+    "RoPE loads": [("            rope = _load_rope(KVB, r1)\n", "")],
     "dequant": [
         (
             "            vals = e4m3.index(buf).load(RAW).to(gl.float8e4nv, bitcast=True).to(gl.float32)\n"
@@ -115,6 +115,7 @@ SPARSE_ABLATIONS = {
         )
     ],
 }
+GATHERS = ("byte copies", "scale loads", "RoPE loads")
 # kernel -> (its source file, its ablations, the variants timed by default: as it is, each part alone, ...)
 KERNELS = {
     "landed": ("impl/decode_sm90.py", ABLATIONS, [(), *((n,) for n in ABLATIONS), ("copy waits", "q k^T", "P @ V")]),
@@ -122,7 +123,7 @@ KERNELS = {
     "sparse": (
         "impl/sparse_sm90.py",
         SPARSE_ABLATIONS,
-        [(), *((n,) for n in SPARSE_ABLATIONS), ("q k^T", "P @ V"), ("gathers", "dequant")],
+        [(), *((n,) for n in SPARSE_ABLATIONS), GATHERS, ("q k^T", "P @ V"), (*GATHERS, "dequant")],
     ),
 }
 
