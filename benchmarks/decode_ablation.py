@@ -209,6 +209,7 @@ def _sparse_rows(shapes, topk: int = 2048) -> list:
     import mlaspec.impl.sparse as sp
 
     landed, rows, fm = sp.sparse_sm90, [], load_flashmla()
+    chooser, sp.sparse_producer_runs = sp.sparse_producer_runs, lambda tiles: False  # the kernel ablated here
     with tempfile.TemporaryDirectory() as folder:
         modules = {parts: load(parts, folder, "sparse") if parts else landed for parts in KERNELS["sparse"][2]}
         for heads, batch, s_kv in shapes:
@@ -227,6 +228,7 @@ def _sparse_rows(shapes, topk: int = 2048) -> list:
                     if parts:
                         name += " without " + " + ".join(parts)
                     rows.append(Row("sparse_decode", name, shape, seconds, 0, 0, timer="graph"))
+    sp.sparse_producer_runs = chooser
     return rows
 
 

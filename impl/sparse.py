@@ -45,7 +45,9 @@ Structure:
 2. ``_sparse_mla_combine_kernel``: merges the splits by their LSE, applies the sink, writes out / LSE / max_logits.
 
 On Hopper the 656-byte cache takes :mod:`mlaspec.impl.sparse_sm90` (Gluon) in place of step 1, at every head count:
-the same math and roundings, its bytes streamed two tiles ahead (``kernel=`` / ``MLASPEC_SPARSE_KERNEL`` choose).
+the same math and roundings, its bytes streamed two tiles ahead (``kernel=`` / ``MLASPEC_SPARSE_KERNEL`` choose); or,
+for the splits :func:`sparse_producer_runs` names, :mod:`mlaspec.impl.sparse_sm90_producer`, the same again with a
+producer warpgroup that dequantizes beside the MMAs.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ import triton.language as tl
 
 from mlaspec.spec import cache_layouts as cl
 
-from . import sparse_sm90
+from . import sparse_sm90, sparse_sm90_producer
 from .decode import _num_sms, aligned16, compiled_capability, gluon_runs, hopper_why_not, kernel_named
 
 __all__ = [
@@ -76,6 +78,7 @@ __all__ = [
     "sparse_config",
     "sparse_mla",
     "sparse_mla_decode",
+    "sparse_producer_runs",
     "sparse_sm90_why_not",
 ]
 
@@ -550,6 +553,16 @@ def _source_args(src: KeyCache, dtype: torch.dtype):
     return d, d, d.view(torch.bfloat16), 0, 0, d.shape[1], FMT_FP8_V4
 
 
+def sparse_producer_runs(tiles_per_split: int) -> bool:
+    """Whether the Gluon sparse decode takes :mod:`mlaspec.impl.sparse_sm90_producer` (a producer warpgroup
+    dequantizes beside the MMAs) over :mod:`mlaspec.impl.sparse_sm90` (all 8 warps dequantize, then multiply) for
+    splits of ``tiles_per_split`` 64-slot tiles. Same outputs either way; the choice is by speed, measured on an H100
+    (2026-11-27, top-k 2048, B1-128, 16-128 heads): the producer is faster walking a whole row's 32 tiles (128 heads
+    B64: 133.7 -> 127.8 us) or at most 4 (B1-16: 6-11%), slower over splits of 8-16 tiles (16 heads B64: 68.1 ->
+    74.8 us), where its one-warpgroup dequantization of a split's first tile is not hidden."""
+    return not 4 < tiles_per_split < 32
+
+
 def sparse_sm90_why_not(
     capability: tuple[int, int] | None,
     dtype: torch.dtype,
@@ -620,7 +633,8 @@ def sparse_mla(
             top-k 2048: B = 1, 64 heads 24.0 -> 21.8 us; B = 2, 128 heads 28.5 -> 23.3 us).
         config: tile override (default :func:`sparse_config`); it runs the readable kernel unless ``kernel="sm90"``.
         kernel: ``"auto"`` (default; or the ``MLASPEC_SPARSE_KERNEL`` environment variable): on Hopper, over the
-            656-byte fp8 cache, :mod:`mlaspec.impl.sparse_sm90` (Gluon; its own tiles), else the readable kernel;
+            656-byte fp8 cache, :mod:`mlaspec.impl.sparse_sm90` (Gluon; its own tiles; or its producer-warpgroup
+            twin where :func:`sparse_producer_runs`), else the readable kernel;
             ``"triton"``: the readable kernel; ``"sm90"``: the Gluon kernel, a ``ValueError`` saying why where it
             cannot run (:func:`sparse_sm90_why_not`).
 
@@ -744,9 +758,10 @@ def sparse_mla(
     flags = dict(HAS_LENS=has_lens, HAS_SINK=attn_sink is not None, D_V=d_v, D_ROPE=d_rope, SINGLE=num_splits == 1)
     flags.update(BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n)
     if gluon:
-        sparse_sm90.sparse_kernel[grid](
+        g = sparse_sm90_producer if sparse_producer_runs(tiles_per_split) else sparse_sm90
+        g.sparse_kernel[grid](
             q, q.stride(0), q.stride(1), kv, kvf, kvb, keys.num_rows, indices, indices.stride(0), lens, K, sink,
-            *results, tiles_per_split, num_splits, scale * LOG2E, **flags, num_warps=sparse_sm90.NUM_WARPS,
+            *results, tiles_per_split, num_splits, scale * LOG2E, **flags, num_warps=g.NUM_WARPS,
         )  # fmt: skip
     else:
         e_lens = extra_topk_length if has_lens and extra is not None else unused

@@ -29,6 +29,9 @@ instructions instead of the conversion unit, 6-9% slower; ``q k^T`` in four colu
 next chunk is dequantized, 18% slower (three more CTA barriers a tile). What the remaining gap to FlashMLA at 128
 heads asks for is in ``docs/backends.md`` ("Where the 128-head sparse decode's time goes").
 
+For splits of at most 4 or at least 32 tiles, :func:`mlaspec.impl.sparse.sparse_producer_runs` takes its twin
+:mod:`mlaspec.impl.sparse_sm90_producer`, where a producer warpgroup dequantizes beside the MMAs (same outputs).
+
 Rounding is the readable kernel's: the key rounded to q's dtype after its scale, fp32 logits, ``P`` rounded to
 q's dtype, fp32 accumulation, the same base-2 online softmax; only the order of the row sum's fp32 additions
 differs. The conformance harness judges both kernels (``MLASPEC_SPARSE_KERNEL``,
@@ -101,6 +104,37 @@ if AVAILABLE:
         return gl.load(ptr, mask=gl.expand_dims(slots >= 0, 1), other=0.0)
 
     @gluon.jit
+    def _finish(acc, m_i, l_i, head_ok, sink_ptr, has_sink, outs, parts, SINGLE: gl.constexpr):
+        """Write a program's result, as the readable kernel's ``_finish``: ``SINGLE`` (the split is the whole row)
+        ``out`` (normalised, times ``sigmoid(lse - sink)`` where ``has_sink``: a sink of ``+inf`` gives 0, ``-inf``
+        exactly 1), ``lse`` (natural log, ``+inf`` on empty rows) and ``max_logits``; else the split's unnormalised
+        ``acc`` and its ``(m, l)`` in base 2. ``outs``: ``(OUT, LSE, MAXL, out row offsets, lse offsets)``;
+        ``parts``: ``(O_PART, ML_PART, part indices)``; the offsets per head, ``[BLOCK_H]``."""
+        ROW: gl.constexpr = gl.SliceLayout(1, PV)
+        cols = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, PV))
+        m_o = gl.convert_layout(m_i, ROW)
+        l_o = gl.convert_layout(gl.sum(l_i, 1), ROW)
+        if SINGLE:
+            OUT, LSE, MAXL, o_row, l_off = outs
+            has_keys = l_o > 0.0
+            l_use = gl.where(has_keys, l_o, 1.0)
+            lse2 = m_o + gl.log2(l_use)
+            out = acc / gl.expand_dims(l_use, 1)  # empty rows: acc = 0
+            sink = gl.load(sink_ptr, mask=head_ok & has_sink, other=float("-inf")).to(gl.float32)
+            f = 1.0 / (1.0 + gl.exp2(sink * 1.4426950408889634 - gl.where(has_keys, lse2, 0.0)))
+            out = out * gl.expand_dims(f, 1)
+            o_ptr = OUT + gl.expand_dims(o_row, 1) + gl.expand_dims(cols, 0)
+            gl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=gl.expand_dims(head_ok, 1))
+            gl.store(LSE + l_off, gl.where(has_keys, lse2 * 0.6931471805599453, float("inf")), mask=head_ok)
+            gl.store(MAXL + l_off, m_o * 0.6931471805599453, mask=head_ok)
+        else:
+            O_PART, ML_PART, part = parts
+            o_ptr = O_PART + gl.expand_dims(part * acc.shape[1], 1) + gl.expand_dims(cols, 0)
+            gl.store(o_ptr, acc, mask=gl.expand_dims(head_ok, 1))
+            gl.store(ML_PART + part * 2, m_o, mask=head_ok)
+            gl.store(ML_PART + part * 2 + 1, l_o, mask=head_ok)
+
+    @gluon.jit
     def sparse_kernel(
         Q,
         stride_qr,
@@ -135,7 +169,6 @@ if AVAILABLE:
         SINGLE: gl.constexpr,
     ):
         dtype: gl.constexpr = Q.dtype.element_ty
-        ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
         SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
         SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
         SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype)
@@ -212,30 +245,7 @@ if AVAILABLE:
         async_copy.wait_group(0)
 
         # -- epilogue: as the readable kernel's _finish ---------------------------------------------------------------
-        heads = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_PV)
-        head_ok = heads < H_Q
-        cols = gl.arange(0, D_V, layout=gl.SliceLayout(0, PV))
-        m_o = gl.convert_layout(m_i, ROW_PV)
-        l_o = gl.convert_layout(gl.sum(l_i, 1), ROW_PV)
-        if SINGLE:
-            has_keys = l_o > 0.0
-            l_use = gl.where(has_keys, l_o, 1.0)
-            lse2 = m_o + gl.log2(l_use)
-            out = acc / gl.expand_dims(l_use, 1)  # empty rows: acc = 0
-            if HAS_SINK:  # sigmoid(lse - sink); +inf sink -> 0, -inf -> exactly 1
-                sink = gl.load(SINK + heads, mask=head_ok, other=float("-inf"))
-                f = 1.0 / (1.0 + gl.exp2(sink * 1.4426950408889634 - gl.where(has_keys, lse2, 0.0)))
-                out = out * gl.expand_dims(f, 1)
-            o_row = r64 * stride_or + heads * stride_oh
-            gl.store(
-                OUT + gl.expand_dims(o_row, 1) + gl.expand_dims(cols, 0), out.to(dtype), mask=gl.expand_dims(head_ok, 1)
-            )
-            lse = gl.where(has_keys, lse2 * 0.6931471805599453, float("inf"))
-            gl.store(LSE + r64 * stride_lr + heads, lse, mask=head_ok)
-            gl.store(MAXL + r64 * stride_lr + heads, m_o * 0.6931471805599453, mask=head_ok)
-        else:
-            part = (r64 * H_Q + heads) * num_splits + split
-            o_ptr = O_PART + gl.expand_dims(part * D_V, 1) + gl.expand_dims(cols, 0)
-            gl.store(o_ptr, acc, mask=gl.expand_dims(head_ok, 1))
-            gl.store(ML_PART + part * 2, m_o, mask=head_ok)
-            gl.store(ML_PART + part * 2 + 1, l_o, mask=head_ok)
+        heads = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, PV))
+        outs = (OUT, LSE, MAXL, r64 * stride_or + heads * stride_oh, r64 * stride_lr + heads)
+        parts = (O_PART, ML_PART, (r64 * H_Q + heads) * num_splits + split)
+        _finish(acc, m_i, l_i, heads < H_Q, SINK + heads, HAS_SINK, outs, parts, SINGLE)

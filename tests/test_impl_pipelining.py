@@ -179,3 +179,20 @@ def test_the_gluon_sparse_decode_keeps_two_tiles_in_flight():
     assert all(out["ptx_has"].values()), out
     assert out["copies_before_dots"], out
     assert out["shared"] <= HOPPER_SHARED, out
+
+
+def test_the_gluon_sparse_producer_dequantizes_in_warps_of_its_own():
+    """The sparse decode with a producer warpgroup (:mod:`mlaspec.impl.sparse_sm90_producer`): warp-specialized
+    (the producer's 4 warps give registers to the 8 consumers by ``setmaxnreg``), handing tiles over by
+    ``mbarrier``, with q, two bf16 key tiles and P in 227 KB."""
+    from mlaspec.impl import sparse_sm90_producer as g
+
+    if not g.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    words = ["setmaxnreg.dec", "setmaxnreg.inc", "mbarrier.try_wait"]
+    for single in (True, False):
+        out = compiled("mlaspec.impl.sparse_sm90_producer:sparse_kernel", SPARSE_POINTERS,
+                       dict(SPARSE_CONST, SINGLE=single), num_warps=g.NUM_WARPS, num_stages=1,
+                       ptx_words=words)  # fmt: skip
+        assert all(out["ptx_has"].values()), out
+        assert 2 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out

@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from mlaspec.impl import sparse_sm90
+from mlaspec.impl import sparse_sm90, sparse_sm90_producer
 from mlaspec.impl.sparse import (
     SparseConfig,
     float_keys,
@@ -77,7 +77,13 @@ def test_the_readable_kernel_when_asked_or_off_hopper(monkeypatch):
         (16, 300, (500, 120), (300, 100), torch.bfloat16, None, True),  # V3.2 over 8 GPUs: 48 zero heads
     ],
 )
-def test_matches_spec(h_q, k, seq_lens, lengths, dtype, splits, sink):
+@pytest.mark.parametrize("producer", [True, False], ids=["producer", "dequantizing-consumers"])
+def test_matches_spec(monkeypatch, h_q, k, seq_lens, lengths, dtype, splits, sink, producer):
+    """Both Gluon kernels (:mod:`mlaspec.impl.sparse_sm90_producer` forced on or off) against the float64 spec, and
+    against the readable kernel; the two Gluon kernels bit for bit against each other."""
+    import mlaspec.impl.sparse as sparse
+
+    monkeypatch.setattr(sparse, "sparse_producer_runs", lambda tiles: producer)
     shape = dict(h_q=h_q, k=k, seq_lens=seq_lens, lengths=lengths)
     q, cache, slots, lens = sparse_decode_case(576, h_q + k, dtype, 64, **shape)
     keys = quantize_keys(cache.view(-1, 576), page_size=64)
@@ -97,6 +103,9 @@ def test_matches_spec(h_q, k, seq_lens, lengths, dtype, splits, sink):
     # the same roundings as the readable kernel: what differs is the order of the MMAs' sums
     diff = (results["sm90"][0].float() - results["triton"][0].float()).abs().max()
     assert float(diff) <= 2**-7 * float(results["triton"][0].float().abs().max()), float(diff)
+    monkeypatch.setattr(sparse, "sparse_producer_runs", lambda tiles: not producer)
+    other = sparse_mla_decode(*args, **kw, kernel="sm90")
+    assert torch.equal(other[0], results["sm90"][0]) and torch.equal(other[1], results["sm90"][1])
 
 
 @pytest.mark.skipif(not (HOPPER and sparse_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
@@ -111,6 +120,7 @@ def test_a_tile_override_keeps_the_readable_kernel(monkeypatch):
             raise AssertionError("the Gluon kernel ran")
 
     monkeypatch.setattr(sparse_sm90, "sparse_kernel", Refused())
+    monkeypatch.setattr(sparse_sm90_producer, "sparse_kernel", Refused())
     out, lse = sparse_mla_decode(*args, scale=0.1, topk_length=lens.cuda(), config=SparseConfig(64, 64, 8, 2))
     check_sparse_decode(q, cache, slots, lens, out.cpu(), lse.cpu())
     with pytest.raises(AssertionError, match="Gluon kernel ran"):  # and the stub is what the default would call
@@ -121,11 +131,13 @@ def test_a_tile_override_keeps_the_readable_kernel(monkeypatch):
 @pytest.mark.parametrize(
     "heads, batch, k, fmt, grid, kernel",
     [
-        (128, 1, 2048, "fp8_v32", (2, 1, 16), "sm90"),  # 66 splits fill the card; 16 keep two of 32 tiles each
-        (16, 1, 2048, "fp8_v32", (1, 1, 16), "sm90"),  # 16 heads: one 64-row tile, zero rows past them
-        (16, 8, 2048, "fp8_v32", (1, 8, 16), "sm90"),
-        (64, 1, 64, "fp8_v32", (1, 1, 1), "sm90"),  # one tile: one split
-        (128, 64, 2048, "fp8_v32", (2, 64, 1), "sm90"),  # 128 programs: one wave already
+        (128, 1, 2048, "fp8_v32", (2, 1, 16), "producer"),  # 66 splits fill the card; 16 keep two of 32 tiles each
+        (16, 1, 2048, "fp8_v32", (1, 1, 16), "producer"),  # 16 heads: one 64-row tile, zero rows past them
+        (16, 8, 2048, "fp8_v32", (1, 8, 16), "producer"),
+        (64, 1, 64, "fp8_v32", (1, 1, 1), "producer"),  # one tile: one split
+        (128, 64, 2048, "fp8_v32", (2, 64, 1), "producer"),  # 128 programs: one wave already, whole rows
+        (16, 64, 2048, "fp8_v32", (1, 64, 2), "sm90"),  # splits of 16 tiles: the dequantizing consumers'
+        (128, 16, 2048, "fp8_v32", (2, 16, 4), "sm90"),  # 8 tiles
         (128, 1, 2048, "float", (2, 1, 32), "triton"),  # a bf16 cache: the readable kernel, a split a tile
         (128, 1, 2048, "fp8_v32+8", (2, 1, 32), "triton"),  # a cache 8 bytes off 16-byte alignment: no cp.async
     ],
@@ -147,6 +159,7 @@ def test_which_kernel_and_splits_a_hopper_decode_takes(monkeypatch, heads, batch
     monkeypatch.setattr(sparse, "compiled_capability", lambda device: (9, 0))
     monkeypatch.setattr(sparse, "_num_sms", lambda device: 132)
     monkeypatch.setattr(sparse_sm90, "sparse_kernel", Stub("sm90"))
+    monkeypatch.setattr(sparse_sm90_producer, "sparse_kernel", Stub("producer"))
     monkeypatch.setattr(sparse, "_sparse_mla_kernel", Stub("triton"))
     monkeypatch.setattr(sparse, "_sparse_mla_combine_kernel", Stub("combine"))
     q = torch.zeros(batch, 1, heads, 576, dtype=torch.bfloat16)
