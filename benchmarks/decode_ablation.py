@@ -87,31 +87,30 @@ SPARSE_ABLATIONS = {
     "RoPE loads": [("            rope = _load_rope(KVB, r1)\n", "")],
     "dequant": [
         (
-            "            vals = e4m3.index(buf).load(RAW).to(gl.float8e4nv, bitcast=True).to(gl.float32)\n"
-            "            vals = vals * gl.expand_dims(scale, 2)\n"
-            "            k_v.store(gl.reshape(vals.to(dtype), [BLOCK_N, D_V]))\n"
+            "            k_v.store(_dequantize(e4m3.index(buf).load(RAW), scale, dtype))\n"
             "            k_r.store(rope.to(dtype))\n",
             "",
         )
     ],
+    # the parts of its tile step, _attend
     "q k^T": [
         (
-            "            qk = warpgroup_mma(q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)\n"
-            "            qk = warpgroup_mma(q_r, k_r.permute((1, 0)), qk, is_async=True)\n"
-            "            qk = warpgroup_mma_wait(0, deps=(qk,))\n",
-            "            qk = zero_qk + 1.0\n",
+            "        qk = warpgroup_mma(q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)\n"
+            "        qk = warpgroup_mma(q_r, k_r.permute((1, 0)), qk, is_async=True)\n"
+            "        qk = warpgroup_mma_wait(0, deps=(qk,))\n",
+            "        qk = zero_qk + 1.0\n",
         )
     ],
     "softmax": [
         (
-            "p, alpha, m_i_new = _softmax_step(qk, m_i)",
-            "p, alpha, m_i_new = qk, gl.full([BLOCK_H], 1.0, gl.float32, gl.SliceLayout(1, QK)), m_i",
+            "p, alpha, m_new = _softmax_step(qk, m_i)",
+            "p, alpha, m_new = qk, gl.full([64], 1.0, gl.float32, gl.SliceLayout(1, QK)), m_i",
         )
     ],
     "P @ V": [  # with P's store and barrier; the rescale stays
         (
-            "            acc = _p_times_v(p, alpha, acc, p_smem, k_v)\n",
-            "            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, PV)), 1)\n",
+            "        return m_new, l_i, _p_times_v(p, alpha, acc, p_smem, k_v)\n",
+            "        return m_new, l_i, acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, PV)), 1)\n",
         )
     ],
 }

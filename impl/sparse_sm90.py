@@ -80,28 +80,73 @@ if AVAILABLE:
         return gl.where((slots >= 0) & (slots < n_rows), slots, -1)
 
     @gluon.jit
-    def _copy_e4m3(dst, KV, slots):
-        """Issue the ``cp.async`` of the keys' e4m3 bytes (bytes ``[0, 512)`` of each 656-byte record) into ``dst
-        [BLOCK_N, 4, 128]``; unused slots zero-filled, never read."""
-        g = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE))
-        c = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, RAW)))
+    def _e4m3_ptrs(KV, slots):
+        """Pointers to the keys' e4m3 bytes ``[BLOCK_N, 4, 128]`` (bytes ``[0, 512)`` of each 656-byte record) in
+        the 3-d layout whose ``[BLOCK_N]`` slice ``slots`` has, and the mask of the used slots."""
+        L: gl.constexpr = slots.type.layout.parent.parent
+        g = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L)))
+        c = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, L)))
         row = gl.expand_dims(gl.maximum(slots, 0).to(gl.int64) * 656, 1) + gl.expand_dims(g * 128, 0)
         ptr = KV + gl.expand_dims(row, 2) + gl.expand_dims(gl.expand_dims(c, 0), 1)
-        _async_load(dst, ptr, mask=gl.expand_dims(gl.expand_dims(slots >= 0, 1), 2))
+        return ptr, gl.expand_dims(gl.expand_dims(slots >= 0, 1), 2)
+
+    @gluon.jit
+    def _copy_e4m3(dst, KV, slots):
+        """Issue the ``cp.async`` of the keys' e4m3 bytes into ``dst [BLOCK_N, 4, 128]``; unused slots zero-filled,
+        never read."""
+        ptr, used = _e4m3_ptrs(KV, slots)
+        _async_load(dst, ptr, mask=used)
+
+    @gluon.jit
+    def _load_e4m3(KV, slots):
+        """The keys' e4m3 bytes ``[BLOCK_N, 4, 128]`` (uint8) into registers; 0 where unused."""
+        ptr, used = _e4m3_ptrs(KV, slots)
+        return gl.load(ptr, mask=used, other=0)
 
     @gluon.jit
     def _load_scales(KVF, slots):
-        """The keys' four fp32 scales ``[BLOCK_N, 4]`` (bytes ``[512, 528)``), 0 where unused."""
-        g = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE))
+        """The keys' four fp32 scales ``[BLOCK_N, 4]`` (bytes ``[512, 528)``) in the layout whose row slice
+        ``slots`` has; 0 where unused."""
+        g = gl.arange(0, 4, layout=gl.SliceLayout(0, slots.type.layout.parent))
         ptr = KVF + gl.expand_dims(gl.maximum(slots, 0).to(gl.int64) * 164 + 128, 1) + gl.expand_dims(g, 0)
         return gl.load(ptr, mask=gl.expand_dims(slots >= 0, 1), other=0.0)
 
     @gluon.jit
     def _load_rope(KVB, slots):
-        """The keys' 64 bf16 RoPE values ``[BLOCK_N, 64]`` (bytes ``[528, 656)``), 0 where unused."""
-        c = gl.arange(0, 64, layout=gl.SliceLayout(0, LOAD_R))
+        """The keys' 64 bf16 RoPE values ``[BLOCK_N, 64]`` (bytes ``[528, 656)``) in the layout whose row slice
+        ``slots`` has; 0 where unused."""
+        c = gl.arange(0, 64, layout=gl.SliceLayout(0, slots.type.layout.parent))
         ptr = KVB + gl.expand_dims(gl.maximum(slots, 0).to(gl.int64) * 328 + 264, 1) + gl.expand_dims(c, 0)
         return gl.load(ptr, mask=gl.expand_dims(slots >= 0, 1), other=0.0)
+
+    @gluon.jit
+    def _dequantize(raw, scale, dtype: gl.constexpr):
+        """A tile's e4m3 bytes ``raw [BLOCK_N, 4, 128]`` times their scales ``[BLOCK_N, 4]`` in fp32, rounded to
+        ``dtype``: the bf16 key tile ``[BLOCK_N, 512]``."""
+        vals = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(scale, 2)
+        return gl.reshape(vals.to(dtype), [raw.shape[0], raw.shape[1] * raw.shape[2]])
+
+    @gluon.jit
+    def _attend(q_v, q_r, k_v, k_r, used, qk_scale, m_i, l_i, acc, p_smem, zero_qk):
+        """One key tile's step: its logits in base 2 (fp32, each warpgroup 32 of the 64 keys; ``-inf`` where not
+        ``used``), the online softmax, then ``P @ V`` (``P`` rounded to q's dtype): ``(m_i, l_i, acc)``.
+        ``zero_qk``: a ``[64, 64]`` fp32 tensor in ``QK``, the logits' register shape (not read)."""
+        qk = warpgroup_mma(q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)
+        qk = warpgroup_mma(q_r, k_r.permute((1, 0)), qk, is_async=True)
+        qk = warpgroup_mma_wait(0, deps=(qk,))
+        qk = gl.where(gl.expand_dims(used, 0), qk * qk_scale, float("-inf"))
+        p, alpha, m_new = _softmax_step(qk, m_i)
+        l_i = l_i * gl.expand_dims(alpha, 1) + p  # per key column: summed once at the end, no barrier a tile
+        return m_new, l_i, _p_times_v(p, alpha, acc, p_smem, k_v)
+
+    @gluon.jit
+    def _row_tiles(LENS, r, K, split, tiles_per_split, HAS_LENS: gl.constexpr, BLOCK_N: gl.constexpr):
+        """``(n_main, lo, hi)``: a row's slots in use (``K``, or its ``topk_length``) and this split's tiles."""
+        n_main = gl.to_tensor(K)
+        if HAS_LENS:
+            n_main = gl.minimum(gl.load(LENS + r), K)
+        lo = split * tiles_per_split
+        return n_main, lo, gl.minimum(lo + tiles_per_split, gl.cdiv(n_main, BLOCK_N))
 
     @gluon.jit
     def _finish(acc, m_i, l_i, head_ok, sink_ptr, has_sink, outs, parts, SINGLE: gl.constexpr):
@@ -176,11 +221,7 @@ if AVAILABLE:
         # head blocks vary fastest: the programs that gather the same keys run together and share them in L2
         pid_h, r, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)
         r64 = r.to(gl.int64)
-        n_main = K
-        if HAS_LENS:
-            n_main = gl.minimum(gl.load(LENS + r), K)
-        lo = split * tiles_per_split
-        hi = gl.minimum(lo + tiles_per_split, gl.cdiv(n_main, BLOCK_N))
+        n_main, lo, hi = _row_tiles(LENS, r, K, split, tiles_per_split, HAS_LENS, BLOCK_N)
         idx = IDX + r64 * stride_ir
 
         # -- shared memory: q, one bf16 key tile, P, two tiles of e4m3 bytes in flight (216 KB) ----------------------
@@ -201,7 +242,7 @@ if AVAILABLE:
         _copy_e4m3(e4m3.index(1), KV, s1)
         async_copy.commit_group()
         # registers a tile ahead: the next tile's scales and RoPE values; slots up to three tiles ahead
-        scale = _load_scales(KVF, s0)
+        scale = _load_scales(KVF, s0)  # s0 is in ROW, the row slice of SCALE
         rope = _load_rope(KVB, _slots(idx, lo, n_main, n_rows, lo < hi, ROPE_ROW, BLOCK_N))
         r1 = _slots(idx, lo + 1, n_main, n_rows, lo + 1 < hi, ROPE_ROW, BLOCK_N)
         s2 = _slots(idx, lo + 2, n_main, n_rows, lo + 2 < hi, ROW, BLOCK_N)
@@ -215,9 +256,7 @@ if AVAILABLE:
             async_copy.wait_group(1)  # this tile's bytes (and q) are in; the next tile's may still be in flight
             _barrier()  # every thread's copies are in; every warpgroup is done with the key tile and P
             # -- dequantize this tile into the bf16 key tile: e4m3 * scale in fp32, rounded to q's dtype -------------
-            vals = e4m3.index(buf).load(RAW).to(gl.float8e4nv, bitcast=True).to(gl.float32)
-            vals = vals * gl.expand_dims(scale, 2)
-            k_v.store(gl.reshape(vals.to(dtype), [BLOCK_N, D_V]))
+            k_v.store(_dequantize(e4m3.index(buf).load(RAW), scale, dtype))
             k_r.store(rope.to(dtype))
             fence_async_shared()
             _barrier()  # the key tile is whole; this tile's bytes are read
@@ -230,18 +269,7 @@ if AVAILABLE:
             s1 = s2
             s2 = _slots(idx, tile + 3, n_main, n_rows, tile + 3 < hi, ROW, BLOCK_N)
             used = _slots(idx, tile, n_main, n_rows, True, gl.SliceLayout(0, QK), BLOCK_N) >= 0
-
-            # -- logits in base 2, fp32: each warpgroup 32 of the 64 keys -------------------------------------------
-            qk = warpgroup_mma(q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)
-            qk = warpgroup_mma(q_r, k_r.permute((1, 0)), qk, is_async=True)
-            qk = warpgroup_mma_wait(0, deps=(qk,))
-            qk = gl.where(gl.expand_dims(used, 0), qk * qk_scale, float("-inf"))
-
-            # -- online softmax, then P @ V (P rounded to q's dtype) ------------------------------------------------
-            p, alpha, m_i_new = _softmax_step(qk, m_i)
-            l_i = l_i * gl.expand_dims(alpha, 1) + p  # per key column: summed once at the end, no barrier a tile
-            m_i = m_i_new
-            acc = _p_times_v(p, alpha, acc, p_smem, k_v)
+            m_i, l_i, acc = _attend(q_v, q_r, k_v, k_r, used, qk_scale, m_i, l_i, acc, p_smem, zero_qk)
         async_copy.wait_group(0)
 
         # -- epilogue: as the readable kernel's _finish ---------------------------------------------------------------

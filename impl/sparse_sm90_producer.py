@@ -38,13 +38,11 @@ if AVAILABLE:
         async_copy,
         fence_async_shared,
         mbarrier,
-        warpgroup_mma,
-        warpgroup_mma_wait,
     )
     from triton.language.core import _aggregate as aggregate
 
-    from .decode_sm90 import LOAD_R, LOAD_V, PV, QK, _barrier, _copy_rows, _p_times_v, _softmax_step
-    from .sparse_sm90 import _finish, _slots
+    from .decode_sm90 import LOAD_R, LOAD_V, PV, QK, _barrier, _copy_rows
+    from .sparse_sm90 import _attend, _dequantize, _finish, _load_e4m3, _load_rope, _load_scales, _row_tiles, _slots
 
     PRODUCER_REGS = gl.constexpr(120)
     TILE = gl.constexpr(64)
@@ -101,26 +99,16 @@ if AVAILABLE:
     def _produce(p):
         """Gather, dequantize and hand over the split's tiles, one bf16 key tile of two at a time."""
         dtype: gl.constexpr = p.q_v.dtype
-        g = gl.arange(0, 4, layout=gl.SliceLayout(0, PSCALE))
-        c = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, PRAW)))
-        cr = gl.arange(0, 64, layout=gl.SliceLayout(0, PROPE))
         for i in range(p.hi - p.lo):
             b = i % 2
             s = _slots(p.idx, p.lo + i, p.n_main, p.n_rows, True, gl.SliceLayout(1, PSCALE), TILE)
-            sr = _slots(p.idx, p.lo + i, p.n_main, p.n_rows, True, gl.SliceLayout(1, PROPE), TILE)
-            key = gl.maximum(s, 0).to(gl.int64)
-            row = gl.expand_dims(key * 656, 1) + gl.expand_dims(g * 128, 0)
-            ok = gl.expand_dims(s >= 0, 1)
-            raw = gl.load(
-                p.KV + gl.expand_dims(row, 2) + gl.expand_dims(gl.expand_dims(c, 0), 1), mask=gl.expand_dims(ok, 2)
-            )
-            scale = gl.load(p.KVF + gl.expand_dims(key * 164 + 128, 1) + gl.expand_dims(g, 0), mask=ok, other=0.0)
-            rptr = p.KVB + gl.expand_dims(gl.maximum(sr, 0).to(gl.int64) * 328 + 264, 1) + gl.expand_dims(cr, 0)
-            rope = gl.load(rptr, mask=gl.expand_dims(sr >= 0, 1), other=0.0)
+            raw = _load_e4m3(p.KV, s)
+            scale = _load_scales(p.KVF, s)
+            rope_slots = _slots(p.idx, p.lo + i, p.n_main, p.n_rows, True, gl.SliceLayout(1, PROPE), TILE)
+            rope = _load_rope(p.KVB, rope_slots)
             # the loads are in flight while the consumers finish with this buffer's tile before last
             mbarrier.wait(p.bars.index(FREE + b), ((i // 2) & 1) ^ 1, pred=i >= 2)
-            vals = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(scale, 2)
-            p.k_v.index(b).store(gl.reshape(vals.to(dtype), [TILE, 512]))
+            p.k_v.index(b).store(_dequantize(raw, scale, dtype))
             p.k_r.index(b).store(rope.to(dtype))
             fence_async_shared()
             _barrier()
@@ -143,14 +131,8 @@ if AVAILABLE:
             used = _slots(p.idx, p.lo + i, p.n_main, p.n_rows, True, gl.SliceLayout(0, QK), TILE) >= 0
             mbarrier.wait(p.bars.index(READY + b), (i // 2) & 1)
             k_v = p.k_v.index(b)
-            qk = warpgroup_mma(p.q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)
-            qk = warpgroup_mma(p.q_r, p.k_r.index(b).permute((1, 0)), qk, is_async=True)
-            qk = warpgroup_mma_wait(0, deps=(qk,))
-            qk = gl.where(gl.expand_dims(used, 0), qk * p.qk_scale, float("-inf"))
-            prob, alpha, m_new = _softmax_step(qk, m_i)
-            l_i = l_i * gl.expand_dims(alpha, 1) + prob
-            m_i = m_new
-            acc = _p_times_v(prob, alpha, acc, p.p_smem, k_v)
+            k_r = p.k_r.index(b)
+            m_i, l_i, acc = _attend(p.q_v, p.q_r, k_v, k_r, used, p.qk_scale, m_i, l_i, acc, p.p_smem, zero_qk)
             _barrier()  # both warpgroups are done with key tile b (and P)
             mbarrier.arrive(p.bars.index(FREE + b), count=1)
 
@@ -213,11 +195,7 @@ if AVAILABLE:
         SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype)
         pid_h, r, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)
         r64 = r.to(gl.int64)
-        n_main = gl.to_tensor(K)
-        if HAS_LENS:
-            n_main = gl.minimum(gl.load(LENS + r), K)
-        lo = split * tiles_per_split
-        hi = gl.minimum(lo + tiles_per_split, gl.cdiv(n_main, BLOCK_N))
+        n_main, lo, hi = _row_tiles(LENS, r, K, split, tiles_per_split, HAS_LENS, BLOCK_N)
         bars = gl.allocate_shared_memory(gl.int64, [NBAR, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NBAR):
             mbarrier.init(bars.index(i), count=1)
