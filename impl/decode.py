@@ -46,7 +46,8 @@ The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once)
 
 On Hopper, 64 rows a program over a 16-bit cache run the same math as :mod:`mlaspec.impl.decode_sm90` (Gluon):
 there, the next key tile streams in during this one's dots, which Triton's pipeliner cannot fit beside a 64-row
-``q`` in 227 KB, and each logit is computed once (:func:`use_sm90`).
+``q`` in 227 KB, and each logit is computed once (:func:`use_sm90`). Over the fp8 cache its ``split_kernel_fp8``
+converts each tile in a producer warpgroup beside the MMAs, rows padded to 64 (:func:`fp8_rows_padded`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ __all__ = [
     "combine_config",
     "compiled_capability",
     "decode_config",
+    "fp8_rows_padded",
     "gluon_runs",
     "hopper_why_not",
     "kernel_named",
@@ -277,8 +279,12 @@ class DecodeConfig(NamedTuple):
     num_stages: int
 
 
-def decode_config(rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False) -> DecodeConfig:
-    """The tile for ``rows = S_q * H_q`` query rows (``fp8``: over the per-tensor fp8 cache).
+def decode_config(
+    rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False, *, gluon_fp8: bool = False
+) -> DecodeConfig:
+    """The tile for ``rows = S_q * H_q`` query rows (``fp8``: over the per-tensor fp8 cache; ``gluon_fp8``: that
+    cache on Hopper's Gluon kernel, :func:`mlaspec.impl.decode_sm90.split_kernel_fp8`, which pads any rows to one
+    ``64 x 64`` tile: at 16 heads 1.2x the readable kernel's 32-key tiles, two programs an SM, on an H100).
 
     bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys; 8 warps for 64 rows, so the ``[64, 512]``
     fp32 accumulator is 128 registers a thread. fp32 inputs (exact ``ieee`` dots, not tf32) take half-size tiles.
@@ -295,12 +301,24 @@ def decode_config(rows: int, page_size: int, dtype: torch.dtype, fp8: bool = Fal
     bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K keys 35.7 -> 18.5 us, B = 64, 4K 185
     -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
     """
+    if gluon_fp8:
+        return DecodeConfig(64, 64, 8, 1)
     big = dtype == torch.float32
     block_m = min(32 if big else 64, max(16, triton.next_power_of_2(rows)))
     block_n = min(16 if big else 32 if fp8 and block_m <= 16 else 64, page_size)
     num_warps = 8 if block_m >= 64 else 4
     num_stages = 1 if big else 5 if block_m <= 32 and not fp8 else 2
     return DecodeConfig(block_m, block_n, num_warps, num_stages)
+
+
+def fp8_rows_padded(rows: int, batch: int, max_seq_len: int) -> bool:
+    """Whether ``rows = S_q * H_q`` query rows over vLLM's fp8 cache go to Hopper's Gluon kernel under ``auto``
+    (where it applies): more than 32 rows always; fewer (16 heads), padded to its 64-row tile, where the batch holds
+    at least 128 tiles of 64 keys. Measured on an H100 (2026-11-27, CUDA-graph replays, 16 heads, Gluon against the
+    readable kernel's 32-key tiles): B1 1K 9.7 / 7.9 us, B2 1K 9.9 / 8.3, B4 1K 10.2 / 9.3 (16-64 tiles), but B2 4K
+    11.3 / 12.2, B1 8K 11.6 / 12.4, B64 1K 40.3 / 46.7, B1 128K 72.2 / 82.6, B64 8K 254 / 296 (128 tiles and more).
+    """
+    return rows > 32 or batch * triton.cdiv(max_seq_len, 64) >= 128
 
 
 def num_splits_heuristic(
@@ -367,14 +385,15 @@ def sm90_why_not(
     """Why :mod:`mlaspec.impl.decode_sm90` cannot take this split, or ``None`` where it can.
 
     It needs Gluon in this Triton, a Hopper GPU (``capability``: the CUDA device's compute capability, ``None`` off
-    CUDA or under the interpreter), a 16-bit cache in q's dtype, the ``64 x 64`` tile (more than 32 query rows,
-    pages of at least 64 slots), ``512 + 64`` entries, and (``aligned``) 16-byte-aligned tensors whose strides are
-    multiples of 16 elements (what its ``cp.async`` copies are compiled for).
+    CUDA or under the interpreter), a bf16 / fp16 query over a cache in its dtype or (``fp8``) vLLM's per-tensor
+    fp8 cache, the ``64 x 64`` tile (a 16-bit cache: more than 32 query rows; pages of at least 64 slots),
+    ``512 + 64`` entries, and (``aligned``) 16-byte-aligned tensors whose strides are multiples of 16 elements (what
+    its ``cp.async`` copies are compiled for).
     """
     if why := hopper_why_not("decode_sm90", decode_sm90.AVAILABLE, capability):
         return why
-    if fp8 or dtype not in (torch.bfloat16, torch.float16):
-        return f"decode_sm90 takes a 16-bit cache in q's dtype, got {'an fp8 cache' if fp8 else dtype}"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"decode_sm90 takes a bf16 / fp16 query, got {dtype}"
     if (cfg.block_m, cfg.block_n) != (decode_sm90.BLOCK_M, decode_sm90.BLOCK_N):
         return f"decode_sm90 takes 64-row tiles of 64 keys (more than 32 query rows), got {cfg.block_m} x {cfg.block_n}"
     if (d_v, d_rope) != (512, 64):
@@ -533,13 +552,19 @@ def mla_decode_paged(
 
     kernel = kernel_named(kernel, "MLASPEC_DECODE_KERNEL")
     rows = S_q * H_q
-    cfg = config or decode_config(rows, page_size, q.dtype, fp8)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max()) if B else 0
+    # vLLM's fp8 cache on Hopper: the Gluon kernel, whose tile is 64 x 64 at any row count (not where the readable
+    # kernel is asked for by name or by a tile override)
+    wide = DecodeConfig(decode_sm90.BLOCK_M, decode_sm90.BLOCK_N, decode_sm90.NUM_WARPS, 1)
+    gluon_fp8 = fp8 and config is None and kernel != "triton" and page_size % wide.block_n == 0
+    gluon_fp8 = gluon_fp8 and (kernel == "sm90" or fp8_rows_padded(rows, B, max_seq_len))
+    gluon_fp8 = gluon_fp8 and use_sm90("auto", q, kv_cache, wide, fp8=fp8, d_v=d_v, d_rope=d_rope)
+    cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon_fp8=gluon_fp8)
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
     row_blocks = triton.cdiv(rows, cfg.block_m)
     sms = _num_sms(q.device)
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max()) if B else 0
     key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
     if num_splits is None:
         small_fp8 = fp8 and cfg.block_m <= 32  # byte tiles small enough for two programs an SM (64 rows: q is 72 KB)
@@ -594,6 +619,9 @@ def mla_decode_paged(
         tile = dict(CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size, BLOCK_M=cfg.block_m)
         tile.update(BLOCK_N=cfg.block_n, SINGLE=num_splits == 1)
         grid = (row_blocks, num_splits, B)
+        if gluon and fp8:
+            decode_sm90.split_kernel_fp8[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
+            return
         if gluon:
             descs = decode_sm90.cache_descriptors(kv_cache, page_size)
             tile.update(TMA=descs is not None)

@@ -1,5 +1,5 @@
-"""The 64-row split kernel of :mod:`mlaspec.impl.decode` for Hopper, in Gluon: the next key tile streams in
-while this one is used.
+"""The 64-row split kernels of :mod:`mlaspec.impl.decode` for Hopper, in Gluon (a 16-bit cache, and vLLM's
+per-tensor fp8 cache): the next key tile streams in while this one is used.
 
 Same math and outputs as ``_mla_decode_split_kernel``, and its arguments less ``PRECISION`` and ``FP8`` (read
 that one first: it is the readable version); this one is what 64 query rows a program (128 heads, or 16 heads with
@@ -29,12 +29,26 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
 3. And **the page-table read one tile ahead** (a plain Triton loop could do this one): the physical page of tile
    ``j + 2`` is read in iteration ``j``, so the scalar load's latency hides behind a tile's work.
 
+4. **vLLM's per-tensor fp8 cache** (``split_kernel_fp8``; e4m3 bytes ``e4m3(entry / k_scale)``, 576 a token),
+   with a producer warpgroup as :mod:`mlaspec.impl.sparse_sm90_producer`'s: 4 more warps load the next tile's bytes
+   into registers and convert them, exactly, into the second of two bf16 key tiles while the 8 warps above multiply
+   the first (q, two key tiles and ``P``: 224 KB; consumers 192 registers a thread, the producer 120). ``k_scale``
+   sits in the logits' scale and the epilogue, as in the readable kernel, so its outputs equal this file's bf16
+   kernel's on the cache converted to bf16, bit for bit (``tests/test_impl_decode_sm90.py``). Rows are padded to 64,
+   so it also takes 16-32 query rows (:func:`mlaspec.impl.decode.decode_config`). Measured on an H100 (2026-11-27,
+   CUDA-graph replays, against the readable kernel's fp8 path): 128 heads 1.5-1.6x faster (B64 8K 768 -> 482 us),
+   16 heads 1.2x (B64 8K 296 -> 254 us), with the conversion done by all 8 warps between the MMAs instead 3-8% slower
+   than with the producer; still 0.45-0.72x FlashMLA's fp8 decode, which also rounds q and ``P`` to e4m3 and
+   multiplies in fp8 (half the tensor-core work; ``docs/backends.md``). The producer, converting a tile while its
+   next tile's loads wait behind it, sets the pace: 3.8 us a tile a program at 128 heads B64 8K, against 2.7 for the
+   bf16 kernel.
+
 Rounding is the readable kernel's: fp32 logits from the MMA, ``P`` rounded to q's dtype for ``P @ V``, fp32
 accumulation, the same online softmax in base 2 (the row sum's fp32 additions in another order). The conformance
 harness judges both kernels (``MLASPEC_DECODE_KERNEL``, :func:`mlaspec.impl.decode.mla_decode_paged`).
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: triton 3.6's aggregates (_F8) read their fields' types at run time
 
 import functools
 
@@ -52,6 +66,7 @@ try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs ever
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.language.core import _aggregate as aggregate
 
     # renamed after triton 3.6 (the H200 image's), same arguments: the cp.async copy, the CTA barrier
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -60,7 +75,7 @@ try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs ever
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed triton (a later rename)
     gluon = None
 
-__all__ = ["AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "cache_descriptors", "split_kernel"]
+__all__ = ["AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "cache_descriptors", "split_kernel", "split_kernel_fp8"]
 
 AVAILABLE = gluon is not None
 BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 8  # one warpgroup MMA tall; two warpgroups
@@ -147,6 +162,63 @@ if AVAILABLE:
         async_copy.commit_group()
 
     @gluon.jit
+    def _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M: gl.constexpr):
+        """``(n_keys [BLOCK_M], n_seen)``: how many keys each of this program's rows may see (causal: query ``s`` sees
+        keys ``j <= s + seq_len - S_q``), and how many every row sees."""
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, QK))
+        n_keys = gl.zeros([BLOCK_M], gl.int32, gl.SliceLayout(1, QK)) + seq_len
+        n_seen = seq_len
+        if CAUSAL:  # a constexpr, or (inside a warp-specialized partition) a runtime flag
+            n_keys = seq_len - S_Q + 1 + rows // H_Q
+            n_seen = seq_len - S_Q + 1
+        return n_keys, n_seen
+
+    @gluon.jit
+    def _scale_and_mask(qk, blk, qk_scale, seq_len, n_keys, n_seen):
+        """Key tile ``blk``'s logits ``qk [BLOCK_M, BLOCK_N]`` times ``qk_scale``; ``-inf`` past ``seq_len`` and past
+        each row's ``n_keys`` (a tile every row sees whole skips the mask)."""
+        n: gl.constexpr = qk.shape[1]
+        if (blk + 1) * n > n_seen:
+            keys = blk * n + gl.arange(0, n, layout=gl.SliceLayout(0, QK))
+            allowed = gl.expand_dims(keys < seq_len, 0) & (gl.expand_dims(keys, 0) < gl.expand_dims(n_keys, 1))
+            return gl.where(allowed, qk * qk_scale, float("-inf"))
+        return qk * qk_scale
+
+    @gluon.jit
+    def _write(acc, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE: gl.constexpr):
+        """The epilogue, as the readable kernel's: ``SINGLE`` (one split) the output in q's dtype and the natural-log
+        LSE, else the split's normalised fp32 partial and base-2 LSE. ``outs``: ``(OUT, LSE, O_PART, LSE_PART,
+        stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls)``."""
+        OUT, LSE, O_PART, LSE_PART, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls = outs
+        ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
+        R = S_Q * H_Q
+        l_o = gl.convert_layout(gl.sum(l_i, 1), ROW_PV)
+        has_keys = l_o > 0.0
+        l_use = gl.where(has_keys, l_o, 1.0)
+        out = acc * gl.expand_dims(k_scale / l_use, 1)
+        lse2 = gl.where(has_keys, gl.convert_layout(m_i, ROW_PV) + gl.log2(l_use), float("-inf"))
+        rows_o = pid_m * acc.shape[0] + gl.arange(0, acc.shape[0], layout=ROW_PV)
+        row_ok = rows_o < R
+        cols_o = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, PV))
+        if SINGLE:
+            s, h = rows_o // H_Q, rows_o % H_Q
+            o_row = b.to(gl.int64) * stride_ob + s * stride_os + h * stride_oh
+            gl.store(
+                OUT + gl.expand_dims(o_row, 1) + gl.expand_dims(cols_o, 0),
+                out.to(OUT.dtype.element_ty),
+                mask=gl.expand_dims(row_ok, 1),
+            )
+            gl.store(LSE + b * stride_lb + h * stride_lh + s * stride_ls, lse2 * 0.6931471805599453, mask=row_ok)
+        else:
+            part = (b * num_splits + split).to(gl.int64) * R + rows_o
+            gl.store(
+                O_PART + gl.expand_dims(part * acc.shape[1], 1) + gl.expand_dims(cols_o, 0),
+                out,
+                mask=gl.expand_dims(row_ok, 1),
+            )
+            gl.store(LSE_PART + part, lse2, mask=row_ok)
+
+    @gluon.jit
     def _softmax_step(qk, m_i):
         """One online-softmax step over base-2 logits ``qk [64, keys]`` (rows with nothing yet keep ``m = -inf``):
         ``(p, alpha, m_new)``, ``alpha`` rescaling what the rows had."""
@@ -207,7 +279,6 @@ if AVAILABLE:
     ):
         dtype: gl.constexpr = Q.dtype.element_ty
         ROW_QK: gl.constexpr = gl.SliceLayout(1, QK)
-        ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
         SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
         SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
         SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
@@ -243,15 +314,7 @@ if AVAILABLE:
                         stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
         next_page = gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0).to(gl.int64)
 
-        # -- which keys each row may see (causal: query s sees keys j <= s + seq_len - S_q) --------------------------
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_QK)
-        if CAUSAL:
-            n_keys = seq_len - S_Q + 1 + rows // H_Q
-            n_seen = seq_len - S_Q + 1  # keys every row sees
-        else:
-            n_keys = gl.zeros([BLOCK_M], gl.int32, ROW_QK) + seq_len
-            n_seen = seq_len
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, QK))
+        n_keys, n_seen = _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M)
 
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW_QK)
         l_i = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, QK)  # row sums per key column: summed once at the end
@@ -275,12 +338,7 @@ if AVAILABLE:
             qk = warpgroup_mma(q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)
             qk = warpgroup_mma(q_r, kv_r.index(buf).permute((1, 0)), qk, is_async=True)
             qk = warpgroup_mma_wait(0, deps=(qk,))
-            if (blk + 1) * BLOCK_N > n_seen:  # a tile some row does not see whole: mask it
-                keys = blk * BLOCK_N + offs_n
-                allowed = gl.expand_dims(keys < seq_len, 0) & (gl.expand_dims(keys, 0) < gl.expand_dims(n_keys, 1))
-                qk = gl.where(allowed, qk * qk_scale, float("-inf"))
-            else:
-                qk = qk * qk_scale
+            qk = _scale_and_mask(qk, blk, qk_scale, seq_len, n_keys, n_seen)
 
             # -- online softmax, then P @ V (P rounded to q's dtype) ------------------------------------------------
             p, alpha, m_i_new = _softmax_step(qk, m_i)
@@ -288,28 +346,241 @@ if AVAILABLE:
             m_i = m_i_new
             acc = _p_times_v(p, alpha, acc, p_smem, k_v)
         async_copy.wait_group(0)
+        outs = (OUT, LSE, O_PART, LSE_PART, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls)
+        _write(acc, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE)
 
-        # -- epilogue: as the readable kernel ----------------------------------------------------------------------
-        l_o = gl.convert_layout(gl.sum(l_i, 1), ROW_PV)
-        has_keys = l_o > 0.0
-        l_use = gl.where(has_keys, l_o, 1.0)
-        out = acc * gl.expand_dims(k_scale / l_use, 1)
-        lse2 = gl.where(has_keys, gl.convert_layout(m_i, ROW_PV) + gl.log2(l_use), float("-inf"))
-        rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_PV)
-        row_ok = rows_o < R
-        cols_o = gl.arange(0, D_V, layout=gl.SliceLayout(0, PV))
+    # -- the fp8 decode with a producer warpgroup -----------------------------------------------------------------
+    FP8_PRODUCER_REGS = gl.constexpr(120)
+    # the producer's layouts (4 warps): a tile's 512 value bytes as [64, 4, 128] four keys a warp, 16 a thread (each
+    # 16-byte store of the converted bf16 tile then meets all 8 bank slots of its 128-byte-swizzled row, as in
+    # mlaspec.impl.sparse_sm90), its 64 RoPE bytes as [64, 64] a quarter warp a key
+    PRAW = gl.constexpr(gl.BlockedLayout([1, 1, 16], [4, 1, 8], [4, 1, 1], [2, 1, 0]))
+    PRAW_R = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
+    READY = gl.constexpr(0)  # [2]: key tile b holds its tile
+    FREE = gl.constexpr(2)  # [2]: the consumers are done with key tile b
+
+    @aggregate
+    class _F8:
+        Q: gl.tensor  # this sequence's q
+        KV: gl.tensor
+        bt: gl.tensor  # this sequence's block-table row
+        seq_len: gl.tensor
+        blk_lo: gl.tensor
+        blk_hi: gl.tensor
+        pid_m: gl.tensor
+        split: gl.tensor
+        b: gl.tensor
+        S_Q: gl.tensor
+        H_Q: gl.tensor
+        stride_qs: gl.tensor
+        stride_qh: gl.tensor
+        stride_kp: gl.tensor
+        stride_ks: gl.tensor
+        page: gl.tensor  # slots a page
+        causal: gl.tensor
+        qk_scale: gl.tensor
+        k_scale: gl.tensor
+        num_splits: gl.tensor
+        OUT: gl.tensor
+        LSE: gl.tensor
+        O_PART: gl.tensor
+        LSE_PART: gl.tensor
+        stride_ob: gl.tensor
+        stride_os: gl.tensor
+        stride_oh: gl.tensor
+        stride_lb: gl.tensor
+        stride_lh: gl.tensor
+        stride_ls: gl.tensor
+        q_v: gl.shared_memory_descriptor
+        q_r: gl.shared_memory_descriptor
+        k_v: gl.shared_memory_descriptor  # [2, 64, 512]
+        k_r: gl.shared_memory_descriptor  # [2, 64, 64]
+        p_smem: gl.shared_memory_descriptor
+        bars: gl.shared_memory_descriptor
+
+        @gluon.constexpr_function
+        def __init__(self, *values, _names=tuple(__annotations__)):
+            for name, value in zip(_names, values, strict=True):
+                setattr(self, name, value)
+
+    @gluon.jit
+    def _load_bytes(KV, page, blk, seq_len, stride_kp, stride_ks, PAGE, n: gl.constexpr):
+        """Key tile ``blk``'s e4m3 bytes (of physical page ``page``) into the producer's registers: values ``[n, 4,
+        128]``, RoPE ``[n, 64]``; 0 past ``seq_len``."""
+        slot0 = (blk % (PAGE // n)) * n
+        limit = slot0 + seq_len - blk * n
+        base = KV + page * stride_kp
+        r = slot0 + gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, PRAW)))
+        g = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, PRAW)))
+        c = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, PRAW)))
+        row = gl.expand_dims(r.to(gl.int64) * stride_ks, 1) + gl.expand_dims(g * 128, 0)
+        raw = gl.load(base + gl.expand_dims(row, 2) + gl.expand_dims(gl.expand_dims(c, 0), 1),
+                      mask=gl.expand_dims(gl.expand_dims(r < limit, 1), 2), other=0)  # fmt: skip
+        rr = slot0 + gl.arange(0, n, layout=gl.SliceLayout(1, PRAW_R))
+        cr = 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, PRAW_R))
+        rope = gl.load(base + gl.expand_dims(rr.to(gl.int64) * stride_ks, 1) + gl.expand_dims(cr, 0),
+                       mask=gl.expand_dims(rr < limit, 1), other=0)  # fmt: skip
+        return raw, rope
+
+    @gluon.jit
+    def _produce_fp8(p):
+        """Load, convert and hand over the split's tiles, one bf16 key tile of two at a time."""
+        dtype: gl.constexpr = p.q_v.dtype
+        n: gl.constexpr = p.k_v.shape[1]
+        D: gl.constexpr = p.k_v.shape[2]
+        sub = p.page // n
+        page = gl.load(p.bt + p.blk_lo // sub, mask=p.blk_lo < p.blk_hi, other=0).to(gl.int64)
+        for i in range(p.blk_hi - p.blk_lo):
+            blk = p.blk_lo + i
+            b = i % 2
+            raw, rope = _load_bytes(p.KV, page, blk, p.seq_len, p.stride_kp, p.stride_ks, p.page, n)
+            page = gl.load(p.bt + (blk + 1) // sub, mask=blk + 1 < p.blk_hi, other=0).to(gl.int64)
+            # the loads are in flight while the consumers finish with this buffer's tile before last
+            mbarrier.wait(p.bars.index(FREE + b), ((i // 2) & 1) ^ 1, pred=i >= 2)
+            vals = raw.to(gl.float8e4nv, bitcast=True).to(dtype)
+            p.k_v.index(b).store(gl.reshape(vals, [n, D]))
+            p.k_r.index(b).store(rope.to(gl.float8e4nv, bitcast=True).to(dtype))
+            fence_async_shared()
+            _barrier()
+            mbarrier.arrive(p.bars.index(READY + b), count=1)
+
+    @gluon.jit
+    def _consume_fp8(p, SINGLE: gl.constexpr):
+        """:func:`split_kernel`'s tile step on the ready tiles, then its epilogue."""
+        M: gl.constexpr = p.q_v.shape[0]
+        N: gl.constexpr = p.k_v.shape[1]
+        D: gl.constexpr = p.k_v.shape[2]
+        _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * M, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V, LOAD_R))
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _barrier()
+        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M)
+        m_i = gl.full([M], float("-inf"), gl.float32, gl.SliceLayout(1, QK))
+        l_i = gl.zeros([M, N], gl.float32, QK)
+        acc = gl.zeros([M, D], gl.float32, PV)
+        zero_qk = gl.zeros([M, N], gl.float32, QK)
+        for i in range(p.blk_hi - p.blk_lo):
+            b = i % 2
+            mbarrier.wait(p.bars.index(READY + b), (i // 2) & 1)
+            k_v = p.k_v.index(b)
+            qk = warpgroup_mma(p.q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)
+            qk = warpgroup_mma(p.q_r, p.k_r.index(b).permute((1, 0)), qk, is_async=True)
+            qk = warpgroup_mma_wait(0, deps=(qk,))
+            qk = _scale_and_mask(qk, p.blk_lo + i, p.qk_scale, p.seq_len, n_keys, n_seen)
+            prob, alpha, m_i_new = _softmax_step(qk, m_i)
+            l_i = l_i * gl.expand_dims(alpha, 1) + prob
+            m_i = m_i_new
+            acc = _p_times_v(prob, alpha, acc, p.p_smem, k_v)
+            _barrier()  # both warpgroups are done with key tile b (and P)
+            mbarrier.arrive(p.bars.index(FREE + b), count=1)
+        outs = (p.OUT, p.LSE, p.O_PART, p.LSE_PART, p.stride_ob, p.stride_os, p.stride_oh, p.stride_lb, p.stride_lh,
+                p.stride_ls)  # fmt: skip
+        _write(acc, m_i, l_i, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, outs, SINGLE)
+
+    # the consumers, one function a SINGLE: constexprs do not cross warp_specialize in triton 3.6 (they arrive as
+    # runtime values); literals written in a partition's body do
+
+    @gluon.jit
+    def _consume_fp8_single(p):
+        _consume_fp8(p, True)
+
+    @gluon.jit
+    def _consume_fp8_split(p):
+        _consume_fp8(p, False)
+
+    @gluon.jit
+    def split_kernel_fp8(
+        Q,
+        KV,
+        BLOCK_TABLE,
+        SEQ_LENS,
+        O_PART,
+        LSE_PART,
+        OUT,
+        LSE,
+        stride_qb,
+        stride_qs,
+        stride_qh,
+        stride_kp,
+        stride_ks,
+        stride_btb,
+        stride_ob,
+        stride_os,
+        stride_oh,
+        stride_lb,
+        stride_lh,
+        stride_ls,
+        qk_scale,
+        k_scale,
+        S_Q,
+        H_Q,
+        blocks_per_split,
+        num_splits,
+        CAUSAL: gl.constexpr,
+        D_V: gl.constexpr,
+        D_ROPE: gl.constexpr,
+        PAGE: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        SINGLE: gl.constexpr,
+    ):
+        """:func:`split_kernel` over vLLM's per-tensor fp8 cache (``KV``: e4m3 bytes, 576 a token), with a producer
+        warpgroup (:mod:`mlaspec.impl.sparse_sm90_producer`'s schedule): 4 warps load the next tile's bytes into
+        registers and convert them, exactly, into the second of two bf16 key tiles while the 8 consumer warps
+        multiply the first (q, two key tiles and ``P``: 224 KB); ``k_scale`` sits in ``qk_scale`` and the epilogue,
+        as in the readable kernel."""
+        dtype: gl.constexpr = Q.dtype.element_ty
+        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
+        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+        pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+        seq_len = gl.load(SEQ_LENS + b)
+        blk_lo = split * blocks_per_split
+        blk_hi = gl.minimum(blk_lo + blocks_per_split, gl.cdiv(seq_len, BLOCK_N))
+        bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(4):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+        p = _F8(
+            Q + b.to(gl.int64) * stride_qb,
+            KV,
+            BLOCK_TABLE + b * stride_btb,
+            seq_len,
+            blk_lo,
+            blk_hi,
+            pid_m,
+            split,
+            b,
+            gl.to_tensor(S_Q),
+            gl.to_tensor(H_Q),
+            gl.to_tensor(stride_qs),
+            gl.to_tensor(stride_qh),
+            gl.to_tensor(stride_kp),
+            gl.to_tensor(stride_ks),
+            gl.to_tensor(PAGE),
+            gl.to_tensor(CAUSAL),
+            gl.to_tensor(qk_scale),
+            gl.to_tensor(k_scale),
+            gl.to_tensor(num_splits),
+            OUT,
+            LSE,
+            O_PART,
+            LSE_PART,
+            gl.to_tensor(stride_ob),
+            gl.to_tensor(stride_os),
+            gl.to_tensor(stride_oh),
+            gl.to_tensor(stride_lb),
+            gl.to_tensor(stride_lh),
+            gl.to_tensor(stride_ls),
+            gl.allocate_shared_memory(dtype, [BLOCK_M, D_V], SH_V),
+            gl.allocate_shared_memory(dtype, [BLOCK_M, D_ROPE], SH_R),
+            gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], SH_V),
+            gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], SH_R),
+            gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], SH_P),
+            bars,
+        )
         if SINGLE:
-            s, h = rows_o // H_Q, rows_o % H_Q
-            o_row = b.to(gl.int64) * stride_ob + s * stride_os + h * stride_oh
-            gl.store(
-                OUT + gl.expand_dims(o_row, 1) + gl.expand_dims(cols_o, 0),
-                out.to(dtype),
-                mask=gl.expand_dims(row_ok, 1),
-            )
-            gl.store(LSE + b * stride_lb + h * stride_lh + s * stride_ls, lse2 * 0.6931471805599453, mask=row_ok)
+            gl.warp_specialize([(_consume_fp8_single, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])
         else:
-            part = (b * num_splits + split).to(gl.int64) * R + rows_o
-            gl.store(
-                O_PART + gl.expand_dims(part * D_V, 1) + gl.expand_dims(cols_o, 0), out, mask=gl.expand_dims(row_ok, 1)
-            )
-            gl.store(LSE_PART + part, lse2, mask=row_ok)
+            gl.warp_specialize([(_consume_fp8_split, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])

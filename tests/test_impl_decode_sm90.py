@@ -13,7 +13,14 @@ import torch
 
 from mlaspec.conformance.ops.common import unit_roundoff
 from mlaspec.impl import decode_sm90
-from mlaspec.impl.decode import DecodeConfig, decode_config, mla_decode_paged, sm90_why_not, use_sm90
+from mlaspec.impl.decode import (
+    DecodeConfig,
+    decode_config,
+    fp8_rows_padded,
+    mla_decode_paged,
+    sm90_why_not,
+    use_sm90,
+)
 from tests.kernel_checks import SCALE, assert_within, decode_case, decode_reference
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
@@ -33,8 +40,9 @@ def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, 
         (dict(capability=None), "Hopper"),
         (dict(capability=(10, 0)), "Hopper"),  # Blackwell: not this kernel's instructions
         (dict(capability=(8, 0)), "Hopper"),
-        (dict(dtype=torch.float32), "16-bit"),
-        (dict(fp8=True), "fp8"),
+        (dict(dtype=torch.float32), "bf16 / fp16"),
+        (dict(fp8=True), None),  # vLLM's per-tensor fp8 cache: split_kernel_fp8
+        (dict(fp8=True, dtype=torch.float32), "bf16 / fp16"),
         (dict(rows=32), "64-row"),  # 16 heads with MTP 2: the readable kernel's 5-stage pipeline
         (dict(page_size=32), "64-row tiles of 64 keys"),  # a 32-slot page: 32-key tiles
         (dict(d_v=256, d_rope=64), "512 \\+ 64"),
@@ -44,6 +52,24 @@ def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, 
 def test_where_the_gluon_kernel_applies(kw, why):
     got = _why(**kw)
     assert got is None if why is None else re.search(why, got), got
+
+
+@pytest.mark.parametrize(
+    "rows, batch, keys, padded",
+    [
+        (128, 1, 64, True),  # 128 heads: the Gluon fp8 kernel at any size
+        (64, 4, 1024, True),
+        (16, 1, 1024, False),  # 16 heads, 16 tiles: the readable kernel's 32-key tiles were faster
+        (16, 4, 1024, False),  # 64 tiles
+        (16, 2, 4096, True),  # 128 tiles: the padded Gluon kernel was faster
+        (32, 64, 1024, True),
+        (16, 1, 8128, False),  # 127 tiles
+        (16, 1, 8129, True),
+    ],
+)
+def test_which_fp8_decodes_pad_their_rows(rows, batch, keys, padded):
+    assert fp8_rows_padded(rows, batch, keys) is padded
+    assert decode_config(rows, 64, torch.bfloat16, True, gluon_fp8=True) == DecodeConfig(64, 64, 8, 1)
 
 
 def test_the_readable_kernel_when_asked_or_off_hopper():
@@ -161,3 +187,68 @@ def test_inputs_it_does_not_take_run_the_readable_kernel(monkeypatch):
     assert_within("out", out, ref_out, out_bound)
     with pytest.raises(AssertionError, match="Gluon kernel ran"):  # and the stub is what the default would call
         mla_decode_paged(*args, scale=SCALE)
+
+
+FP8_CASES = [
+    (1, 1, 128, [1000], True, 64, None),
+    (3, 1, 128, [0, 77, 4096], True, 64, None),  # an empty sequence; splits with nothing
+    (2, 2, 64, [5, 300], True, 64, None),  # MTP: rows that see fewer keys
+    (2, 1, 16, [129, 64], True, 64, None),  # 16 heads: rows padded to the 64-row tile (sm90)
+    (2, 1, 16, [8192, 64], True, 64, None),  # ... which auto takes for a batch of 256 tiles
+    (2, 1, 128, [1000, 333], True, 128, None),  # two tiles a page
+    (1, 1, 128, [700], True, 64, 1),  # one split: the kernel writes the result itself
+    (1, 2, 64, [513], False, 64, None),
+]
+
+
+def _fp8(cache, k_scale):
+    """vLLM's per-tensor fp8 cache of ``cache``: e4m3 bytes of ``cache / k_scale`` (NaN slots stay NaN bytes)."""
+    return (cache.float() / k_scale).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+@pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize("B, S_q, H, seq_lens, causal, page_size, num_splits", FP8_CASES)
+def test_fp8_equals_the_bf16_kernel_on_the_converted_cache(
+    B, S_q, H, seq_lens, causal, page_size, num_splits, monkeypatch
+):
+    """``split_kernel_fp8`` converts each byte to bf16 exactly and keeps ``k_scale`` out of the tile: at ``k_scale
+    = 1`` its outputs are the bf16 kernel's on the cache converted to bf16, bit for bit (same MMAs, same softmax);
+    and ``auto`` takes it where :func:`fp8_rows_padded` says (16 heads: rows padded to the 64-row tile)."""
+    case = decode_case(B, S_q, H, seq_lens, torch.bfloat16, causal, seed=H + sum(seq_lens), page_size=page_size)
+    q, _, cache, block_table, lens = (t.cuda() for t in case)
+    c8 = _fp8(cache, 1.0)
+    kw = dict(scale=SCALE, causal=causal, num_splits=num_splits, kernel="sm90")
+    calls = []
+    real = decode_sm90.split_kernel_fp8
+
+    class Recorded:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return real[grid]
+
+    got = mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, **kw)
+    if H * S_q > 32:  # the bf16 kernel takes more than 32 rows (16 heads: test_fp8_matches_spec)
+        want = mla_decode_paged(q, c8.view(torch.float8_e4m3fn).to(torch.bfloat16), block_table, lens, **kw)
+        assert torch.equal(got.out, want.out) and torch.equal(got.lse, want.lse)
+    monkeypatch.setattr(decode_sm90, "split_kernel_fp8", Recorded())
+    mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, scale=SCALE, causal=causal, num_splits=num_splits)
+    assert bool(calls) == fp8_rows_padded(H * S_q, B, max(seq_lens)), calls
+
+
+@pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize("B, S_q, H, seq_lens, causal, page_size, num_splits", FP8_CASES)
+def test_fp8_matches_spec(B, S_q, H, seq_lens, causal, page_size, num_splits):
+    """Over the fp8 cache at ``k_scale = 0.37``, against the float64 spec on the dequantized entries, within the
+    harness's budgets for q's dtype, beside the readable kernel on the same bytes."""
+    k_scale = 0.37
+    q, kv, cache, block_table, lens = decode_case(
+        B, S_q, H, seq_lens, torch.bfloat16, causal, seed=H + sum(seq_lens), page_size=page_size
+    )
+    dequantized = (kv.double() / k_scale).to(torch.float8_e4m3fn).double() * k_scale
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, dequantized, seq_lens, causal, unit_roundoff(q.dtype))
+    args = [q.cuda(), _fp8(cache, k_scale).cuda(), block_table.cuda(), lens.cuda()]
+    for kernel in ("sm90", "triton"):
+        out, lse = mla_decode_paged(*args, scale=SCALE, causal=causal, k_scale=k_scale, num_splits=num_splits,
+                                    kernel=kernel)  # fmt: skip
+        assert_within(f"{kernel} out", out, ref_out, out_bound)
+        assert_within(f"{kernel} lse", lse, ref_lse, lse_bound)

@@ -104,6 +104,24 @@ def test_the_gluon_decode_streams_during_its_dots(tma):
     assert out["shared"] <= HOPPER_SHARED, out
 
 
+def test_the_gluon_fp8_decode_converts_in_warps_of_its_own():
+    """The decode over vLLM's per-tensor fp8 cache on Hopper (``decode_sm90.split_kernel_fp8``): warp-specialized
+    (a 4-warp producer gives registers to the 8 consumers by ``setmaxnreg``), tiles handed over by ``mbarrier``, with
+    q, two bf16 key tiles and P in 227 KB."""
+    from mlaspec.impl import decode_sm90
+
+    if not decode_sm90.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    pointers = dict(POINTERS, KV="*u8")
+    words = ["setmaxnreg.dec", "setmaxnreg.inc", "mbarrier.try_wait"]
+    for single in (True, False):
+        const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=64, BLOCK_N=64, SINGLE=single)
+        out = compiled("mlaspec.impl.decode_sm90:split_kernel_fp8", pointers, const, num_warps=decode_sm90.NUM_WARPS,
+                       num_stages=1, ptx_words=words)  # fmt: skip
+        assert all(out["ptx_has"].values()), out
+        assert 2 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out
+
+
 def test_the_seesaw_probe_still_compiles_for_hopper():
     """``benchmarks/seesaw_probe.py`` (a warp-specialised decode in FlashMLA's seesaw schedule, right but measured
     slower and not wired in) keeps compiling for sm_90 within 227 KB, so the next attempt at the 128-head schedule
