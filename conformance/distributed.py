@@ -25,8 +25,11 @@ over ranks is done in fp32 and rounded once to the case dtype (vLLM reduce-scatt
 Failures. After its decode every rank says whether it succeeded (an all-reduce of one flag), so a rank that raises
 stops the whole group before the combine and every rank answers: the case's ``error`` names each rank that raised
 and its message. A rank that dies (an exit, a segfault) or hangs fails the case (``crash`` / ``timeout``, naming
-the rank and its log's tail), and the whole group is killed and started again on a new port for the next case;
-collectives time out after the case timeout too. On GPUs NVLink multicast stays off (:data:`NO_MULTICAST`).
+the rank and its log's tail), and the whole group is killed and started again on a new port for the next case.
+Collectives time out :data:`_GRACE` seconds after the case timeout, so a hung rank is the case's ``timeout``
+whatever the load: with both at the case timeout, the waiting rank's own collective timeout (its clock started
+before the harness's) could fire first and turn a peer's hang into that rank's ``error`` (seen in CI on 2 busy
+cores). On GPUs NVLink multicast stays off (:data:`NO_MULTICAST`).
 
 Rank ``r``'s output goes to ``<tmp>/mlaspec-dcp-*/rank<r>.log``.
 """
@@ -249,8 +252,9 @@ class RankGroup:
     """The backend ``backend_name`` on ``world_size`` processes in one ``torch.distributed`` group. To the harness it
     is an isolated backend (``name``, ``version``, ``ops``, ``dtypes``, ``not_implemented``, ``unavailable``,
     ``numerics``, ``unsupported``; :meth:`send` / :meth:`collect`) that runs the ``dcp_decode`` and
-    ``dcp_decode_fp8`` cases of ``world_size`` ranks. ``timeout`` bounds each case and each collective; ``init_timeout``
-    the group's start. Raises ``RuntimeError`` (naming the rank and its message) when the group cannot start."""
+    ``dcp_decode_fp8`` cases of ``world_size`` ranks. ``timeout`` bounds each case (its collectives: :data:`_GRACE`
+    seconds longer); ``init_timeout`` the group's start. Raises ``RuntimeError`` (naming the rank and its message)
+    when the group cannot start."""
 
     def __init__(self, backend_name: str, world_size: int, *, timeout: float | None = 120.0, init_timeout=600.0):
         if world_size < 2:
@@ -271,7 +275,7 @@ class RankGroup:
 
     def _start(self) -> dict:
         ctx = mp.get_context("spawn")
-        port, collective_timeout = _free_port(), self.timeout or 600.0
+        port, collective_timeout = _free_port(), (self.timeout or 600.0) + _GRACE  # the case's timeout fires first
         for rank in range(self.world_size):
             parent, child = ctx.Pipe(duplex=True)
             args = (self.backend_name, rank, self.world_size, port, collective_timeout, child, str(self._log(rank)))
