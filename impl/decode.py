@@ -66,6 +66,7 @@ from mlaspec.spec.paged_cache import page_entries
 from . import decode_sm90
 
 __all__ = [
+    "GLUON_TILE",
     "KERNELS",
     "DecodeConfig",
     "DecodeOutput",
@@ -279,6 +280,9 @@ class DecodeConfig(NamedTuple):
     num_stages: int
 
 
+GLUON_TILE = DecodeConfig(decode_sm90.BLOCK_M, decode_sm90.BLOCK_N, decode_sm90.NUM_WARPS, 1)  # its one tile
+
+
 def decode_config(
     rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False, *, gluon_fp8: bool = False
 ) -> DecodeConfig:
@@ -302,7 +306,7 @@ def decode_config(
     -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
     """
     if gluon_fp8:
-        return DecodeConfig(64, 64, 8, 1)
+        return GLUON_TILE
     big = dtype == torch.float32
     block_m = min(32 if big else 64, max(16, triton.next_power_of_2(rows)))
     block_n = min(16 if big else 32 if fp8 and block_m <= 16 else 64, page_size)
@@ -377,7 +381,6 @@ def sm90_why_not(
     dtype: torch.dtype,
     cfg: DecodeConfig,
     *,
-    fp8: bool,
     d_v: int,
     d_rope: int,
     aligned: bool = True,
@@ -385,10 +388,10 @@ def sm90_why_not(
     """Why :mod:`mlaspec.impl.decode_sm90` cannot take this split, or ``None`` where it can.
 
     It needs Gluon in this Triton, a Hopper GPU (``capability``: the CUDA device's compute capability, ``None`` off
-    CUDA or under the interpreter), a bf16 / fp16 query over a cache in its dtype or (``fp8``) vLLM's per-tensor
-    fp8 cache, the ``64 x 64`` tile (a 16-bit cache: more than 32 query rows; pages of at least 64 slots),
-    ``512 + 64`` entries, and (``aligned``) 16-byte-aligned tensors whose strides are multiples of 16 elements (what
-    its ``cp.async`` copies are compiled for).
+    CUDA or under the interpreter), a bf16 / fp16 query over a cache in its dtype or vLLM's per-tensor fp8 cache
+    (its ``split_kernel_fp8``), the ``64 x 64`` tile (a 16-bit cache: more than 32 query rows; pages of at least 64
+    slots), ``512 + 64`` entries, and (``aligned``) 16-byte-aligned tensors whose strides are multiples of 16
+    elements (what its ``cp.async`` copies are compiled for).
     """
     if why := hopper_why_not("decode_sm90", decode_sm90.AVAILABLE, capability):
         return why
@@ -442,8 +445,8 @@ def use_sm90(kernel: str, q: torch.Tensor, kv_cache: torch.Tensor, cfg: DecodeCo
     """Whether the split runs :mod:`mlaspec.impl.decode_sm90` (Gluon) rather than the readable kernel.
 
     ``kernel="triton"``: never. ``"auto"``: where :func:`sm90_why_not` finds no reason against it. ``"sm90"``: the
-    same, but a ``ValueError`` with that reason where it does not apply (benchmarks, tests). ``shape``: ``fp8,
-    d_v, d_rope``.
+    same, but a ``ValueError`` with that reason where it does not apply (benchmarks, tests). ``shape``: ``d_v,
+    d_rope``.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -556,10 +559,9 @@ def mla_decode_paged(
         max_seq_len = int(seq_lens.max()) if B else 0
     # vLLM's fp8 cache on Hopper: the Gluon kernel, whose tile is 64 x 64 at any row count (not where the readable
     # kernel is asked for by name or by a tile override)
-    wide = DecodeConfig(decode_sm90.BLOCK_M, decode_sm90.BLOCK_N, decode_sm90.NUM_WARPS, 1)
-    gluon_fp8 = fp8 and config is None and kernel != "triton" and page_size % wide.block_n == 0
+    gluon_fp8 = fp8 and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
     gluon_fp8 = gluon_fp8 and (kernel == "sm90" or fp8_rows_padded(rows, B, max_seq_len))
-    gluon_fp8 = gluon_fp8 and use_sm90("auto", q, kv_cache, wide, fp8=fp8, d_v=d_v, d_rope=d_rope)
+    gluon_fp8 = gluon_fp8 and use_sm90("auto", q, kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope)
     cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon_fp8=gluon_fp8)
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
@@ -585,7 +587,7 @@ def mla_decode_paged(
         o_part, lse_part = out, lse
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
     # a tile override keeps the readable kernel unless the Gluon one is asked for by name
-    sm90 = (config is None or kernel == "sm90") and use_sm90(kernel, q, kv_cache, cfg, fp8=fp8, d_v=d_v, d_rope=d_rope)
+    sm90 = (config is None or kernel == "sm90") and use_sm90(kernel, q, kv_cache, cfg, d_v=d_v, d_rope=d_rope)
 
     def launch(gluon: bool, stages: int) -> None:
         args = (

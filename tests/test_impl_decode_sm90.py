@@ -14,6 +14,7 @@ import torch
 from mlaspec.conformance.ops.common import unit_roundoff
 from mlaspec.impl import decode_sm90
 from mlaspec.impl.decode import (
+    GLUON_TILE,
     DecodeConfig,
     decode_config,
     fp8_rows_padded,
@@ -28,7 +29,7 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 
 
 def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, d_rope=64, page_size=64, aligned=True):
     cfg = decode_config(rows, page_size, dtype, fp8)
-    return sm90_why_not(capability, dtype, cfg, fp8=fp8, d_v=d_v, d_rope=d_rope, aligned=aligned)
+    return sm90_why_not(capability, dtype, cfg, d_v=d_v, d_rope=d_rope, aligned=aligned)
 
 
 @pytest.mark.skipif(not decode_sm90.AVAILABLE, reason="this Triton has no Gluon")
@@ -69,14 +70,14 @@ def test_where_the_gluon_kernel_applies(kw, why):
 )
 def test_which_fp8_decodes_pad_their_rows(rows, batch, keys, padded):
     assert fp8_rows_padded(rows, batch, keys) is padded
-    assert decode_config(rows, 64, torch.bfloat16, True, gluon_fp8=True) == DecodeConfig(64, 64, 8, 1)
+    assert decode_config(rows, 64, torch.bfloat16, True, gluon_fp8=True) == DecodeConfig(64, 64, 8, 1) == GLUON_TILE
 
 
 def test_the_readable_kernel_when_asked_or_off_hopper():
     q = torch.empty(1, 1, 128, 576, dtype=torch.bfloat16)  # on the CPU
     cache = torch.empty(2, 64, 576, dtype=torch.bfloat16)
     cfg = decode_config(128, 64, torch.bfloat16)
-    shape = dict(fp8=False, d_v=512, d_rope=64)
+    shape = dict(d_v=512, d_rope=64)
     assert not use_sm90("auto", q, cache, cfg, **shape) and not use_sm90("triton", q, cache, cfg, **shape)
     with pytest.raises(ValueError, match="Hopper"):
         use_sm90("sm90", q, cache, cfg, **shape)
@@ -176,7 +177,7 @@ def test_inputs_it_does_not_take_run_the_readable_kernel(monkeypatch):
     with pytest.raises(ValueError, match="16-byte aligned"):
         mla_decode_paged(*args, scale=SCALE, kernel="sm90")
     args[0] = args[0].contiguous()  # now the Gluon kernel applies ...
-    assert use_sm90("auto", args[0], args[1], decode_config(128, 64, q.dtype), fp8=False, d_v=512, d_rope=64)
+    assert use_sm90("auto", args[0], args[1], decode_config(128, 64, q.dtype), d_v=512, d_rope=64)
 
     class Refused:
         def __getitem__(self, grid):
