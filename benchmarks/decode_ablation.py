@@ -3,7 +3,8 @@
 Each ablation is a copy of :mod:`mlaspec.impl.decode_sm90`'s source with named lines replaced (:data:`ABLATIONS`),
 written to a temporary module at run time (no second copy of the kernel in the tree) and launched through
 :func:`mlaspec.impl.decode.mla_decode_paged` in the landed kernel's place, alternated with it in one process
-(CUDA-graph replays, :func:`common.bench`). Its outputs are then wrong; its time says what the part costs, and a
+(CUDA-graph replays, :func:`common.bench`), and beside the decode as called (``as called``: at 128 heads
+``split_kernel_lead``, which is not ablated here). Its outputs are then wrong; its time says what the part costs, and a
 part whose removal saves nothing is hidden behind another. The first table of ``docs/backends.md``, "Where the
 128-head decode's time goes" (2026-11-27, one H100), was measured with the same parts switched off in a hand-made
 copy of the kernel, before this script existed.
@@ -152,12 +153,18 @@ def load(parts, folder: str, kernel: str = "landed"):
 
 
 def _in_place(module, landed):
-    """What ``mlaspec.impl.decode`` sees as ``decode_sm90``: ``module`` itself if it is a copy of the landed kernel's
-    module, else the landed module with ``module``'s split kernel (the seesaw probe)."""
+    """What ``mlaspec.impl.decode`` sees as ``decode_sm90``, always running ``split_kernel`` (the kernel the
+    ablations edit; ``split_kernel_lead``, which 128 heads run, is not ablated here): ``module`` itself if it is a
+    copy of the landed kernel's module, else the landed module with ``module``'s split kernel (the seesaw probe)."""
     if hasattr(module, "cache_descriptors"):
+        module.lead_applies = lambda row_blocks: False
         return module
     names = ("AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "cache_descriptors")
-    return types.SimpleNamespace(**{n: getattr(landed, n) for n in names}, split_kernel=module.split_kernel)
+    return types.SimpleNamespace(
+        **{n: getattr(landed, n) for n in names},
+        split_kernel=module.split_kernel,
+        lead_applies=lambda row_blocks: False,
+    )
 
 
 def run(shapes, kernel: str = "landed") -> list:
@@ -176,10 +183,8 @@ def run(shapes, kernel: str = "landed") -> list:
     if kernel != "landed":
         variants.insert(0, ("landed", ()))
     with tempfile.TemporaryDirectory() as folder:
-        modules = {
-            (k, parts): landed if (k, parts) == ("landed", ()) else _in_place(load(parts, folder, k), landed)
-            for k, parts in variants
-        }
+        modules = {(k, parts): _in_place(load(parts, folder, k), landed) for k, parts in variants}
+        modules[("as called", ())] = landed  # split_kernel_lead where it applies (decode_sm90.lead_applies)
         for heads, batch, keys in shapes:
             cache, bt, sl = make_problem(batch, keys, torch.device("cuda"))
             q = torch.randn(batch, 1, heads, D_QK, device="cuda", dtype=torch.bfloat16)

@@ -624,6 +624,13 @@ def mla_decode_paged(
         if gluon and fp8:
             decode_sm90.split_kernel_fp8[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
             return
+        if gluon and decode_sm90.lead_applies(row_blocks):
+            halves = decode_sm90.cache_descriptors(kv_cache, page_size, 256)
+            if halves is not None:  # each tile read by several programs: the leader warpgroup's kernel
+                maxnreg = decode_sm90.LEAD_REGS.value
+                decode_sm90.split_kernel_lead[grid](*args, *halves, **tile, num_warps=decode_sm90.LEAD_WARPS,
+                                                    maxnreg=maxnreg)  # fmt: skip
+                return
         if gluon:
             descs = decode_sm90.cache_descriptors(kv_cache, page_size)
             tile.update(TMA=descs is not None)

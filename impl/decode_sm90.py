@@ -48,7 +48,7 @@ accumulation, the same online softmax in base 2 (the row sum's fp32 additions in
 harness judges both kernels (``MLASPEC_DECODE_KERNEL``, :func:`mlaspec.impl.decode.mla_decode_paged`).
 """
 
-# no `from __future__ import annotations`: triton 3.6's aggregates (_F8) read their fields' types at run time
+# no `from __future__ import annotations`: triton 3.6's aggregates (_Split) read their fields' types at run time
 
 import functools
 
@@ -75,33 +75,56 @@ try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs ever
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed triton (a later rename)
     gluon = None
 
-__all__ = ["AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "cache_descriptors", "split_kernel", "split_kernel_fp8"]
+__all__ = [
+    "AVAILABLE",
+    "BLOCK_M",
+    "BLOCK_N",
+    "LEAD_WARPS",
+    "NUM_WARPS",
+    "cache_descriptors",
+    "lead_applies",
+    "split_kernel",
+    "split_kernel_fp8",
+    "split_kernel_lead",
+]
 
 AVAILABLE = gluon is not None
 BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 8  # one warpgroup MMA tall; two warpgroups
+LEAD_WARPS = 4  # split_kernel_lead's launch: its leader warpgroup (the helper is the one worker partition)
 D_LATENT = 512  # an entry: 512 latent values, then 64 RoPE values
 
 
-def cache_descriptors(kv_cache, page_size: int):
+def cache_descriptors(kv_cache, page_size: int, value_cols: int = D_LATENT):
     """The tensor-memory-copy descriptors of ``kv_cache [pages, page_size, 576]`` (16-bit) seen as ``[slots, 576]``:
-    one for a tile's ``[64, 512]`` latent part, one for its ``[64, 64]`` RoPE part; ``None`` where the pages are
-    not one stride of slots apart (the copies then go by ``cp.async``)."""
+    one for ``[64, value_cols]`` of a tile's latent part (512: the whole part, :func:`split_kernel`; 256: a half,
+    :func:`split_kernel_lead`), one for its ``[64, 64]`` RoPE part; ``None`` where the pages are not one stride of
+    slots apart (the copies then go by ``cp.async``)."""
     pages, page, width = kv_cache.shape
     if kv_cache.stride(2) != 1 or (pages > 1 and kv_cache.stride(0) != page_size * kv_cache.stride(1)):
         return None
     shape, strides = [pages * page, width], [kv_cache.stride(1), 1]
     return tuple(
         TensorDescriptor(kv_cache, shape, strides, block, layout)
-        for block, layout in _tile_layouts(kv_cache.dtype, width)
+        for block, layout in _tile_layouts(kv_cache.dtype, width, value_cols)
     )
 
 
+def lead_applies(row_blocks: int) -> bool:
+    """Whether a decode of ``row_blocks`` 64-row blocks (over a cache with tensor-memory copies) runs
+    :func:`split_kernel_lead`: where each key tile is read by two or more programs (128 heads, or 64 with MTP), so
+    all but the first read hit L2 and the tile's arithmetic sets the pace. One block streams every tile from
+    memory, and :func:`split_kernel`, whose copies lead by a whole tile step, is 2-7% faster there (H100: 16 heads
+    with 4 MTP tokens, B8-64 8K)."""
+    return row_blocks > 1
+
+
 @functools.cache
-def _tile_layouts(dtype: torch.dtype, width: int) -> tuple:
-    """``(block, shared layout)`` of a tile's latent and RoPE parts, once a dtype: building the layouts took 40 of
-    the 71 us a call spent on its descriptors (a shared 2-core host), on every decode's launch path."""
+def _tile_layouts(dtype: torch.dtype, width: int, value_cols: int) -> tuple:
+    """``(block, shared layout)`` of a tile's latent (``value_cols`` of it) and RoPE parts, once a dtype: building the
+    layouts took 40 of the 71 us a call spent on its descriptors (a shared 2-core host), on every decode's launch
+    path."""
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-    blocks = ([BLOCK_N, D_LATENT], [BLOCK_N, width - D_LATENT])
+    blocks = ([BLOCK_N, value_cols], [BLOCK_N, width - D_LATENT])
     return tuple((block, gl.NVMMASharedLayout.get_default_for(block, gl_dtype)) for block in blocks)
 
 
@@ -358,9 +381,10 @@ if AVAILABLE:
     PRAW_R = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
     READY = gl.constexpr(0)  # [2]: key tile b holds its tile
     FREE = gl.constexpr(2)  # [2]: the consumers are done with key tile b
+    ROWS = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))  # [3, 64] fp32 per-row values (.index: rank 1)
 
     @aggregate
-    class _F8:
+    class _Split:  # what a warp-specialized kernel's partitions share: the split, its outputs, its shared memory
         Q: gl.tensor  # this sequence's q
         KV: gl.tensor
         bt: gl.tensor  # this sequence's block-table row
@@ -396,6 +420,7 @@ if AVAILABLE:
         k_v: gl.shared_memory_descriptor  # [2, 64, 512]
         k_r: gl.shared_memory_descriptor  # [2, 64, 64]
         p_smem: gl.shared_memory_descriptor
+        rows: gl.shared_memory_descriptor  # [3, 64] fp32 (split_kernel_lead): alpha, then the final max and row sums
         bars: gl.shared_memory_descriptor
 
         @gluon.constexpr_function
@@ -490,6 +515,67 @@ if AVAILABLE:
         _consume_fp8(p, False)
 
     @gluon.jit
+    def _split_state(
+        Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks,
+        stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale, S_Q, H_Q,
+        blocks_per_split, num_splits, CAUSAL: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr,
+        PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BARRIERS: gl.constexpr,
+    ):  # fmt: skip
+        """This program's :class:`_Split` (a warp-specialized kernel's arguments, as :func:`split_kernel`'s): its
+        shared memory (q, two 16-bit key tiles, ``P``, three rows of fp32: 225 KB) and ``BARRIERS`` mbarriers."""
+        dtype: gl.constexpr = Q.dtype.element_ty
+        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
+        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+        pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+        seq_len = gl.load(SEQ_LENS + b)
+        blk_lo = split * blocks_per_split
+        blk_hi = gl.maximum(gl.minimum(blk_lo + blocks_per_split, gl.cdiv(seq_len, BLOCK_N)), blk_lo)
+        bars = gl.allocate_shared_memory(gl.int64, [BARRIERS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(BARRIERS):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+        return _Split(
+            Q + b.to(gl.int64) * stride_qb,
+            KV,
+            BLOCK_TABLE + b * stride_btb,
+            seq_len,
+            blk_lo,
+            blk_hi,
+            pid_m,
+            split,
+            b,
+            gl.to_tensor(S_Q),
+            gl.to_tensor(H_Q),
+            gl.to_tensor(stride_qs),
+            gl.to_tensor(stride_qh),
+            gl.to_tensor(stride_kp),
+            gl.to_tensor(stride_ks),
+            gl.to_tensor(PAGE),
+            gl.to_tensor(CAUSAL),
+            gl.to_tensor(qk_scale),
+            gl.to_tensor(k_scale),
+            gl.to_tensor(num_splits),
+            OUT,
+            LSE,
+            O_PART,
+            LSE_PART,
+            gl.to_tensor(stride_ob),
+            gl.to_tensor(stride_os),
+            gl.to_tensor(stride_oh),
+            gl.to_tensor(stride_lb),
+            gl.to_tensor(stride_lh),
+            gl.to_tensor(stride_ls),
+            gl.allocate_shared_memory(dtype, [BLOCK_M, D_V], SH_V),
+            gl.allocate_shared_memory(dtype, [BLOCK_M, D_ROPE], SH_R),
+            gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], SH_V),
+            gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], SH_R),
+            gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], SH_P),
+            gl.allocate_shared_memory(gl.float32, [3, BLOCK_M], ROWS),
+            bars,
+        )
+
+    @gluon.jit
     def split_kernel_fp8(
         Q,
         KV,
@@ -530,57 +616,264 @@ if AVAILABLE:
         registers and convert them, exactly, into the second of two bf16 key tiles while the 8 consumer warps
         multiply the first (q, two key tiles and ``P``: 224 KB); ``k_scale`` sits in ``qk_scale`` and the epilogue,
         as in the readable kernel."""
-        dtype: gl.constexpr = Q.dtype.element_ty
-        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
-        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
-        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-        pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
-        seq_len = gl.load(SEQ_LENS + b)
-        blk_lo = split * blocks_per_split
-        blk_hi = gl.minimum(blk_lo + blocks_per_split, gl.cdiv(seq_len, BLOCK_N))
-        bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(4):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
-        p = _F8(
-            Q + b.to(gl.int64) * stride_qb,
-            KV,
-            BLOCK_TABLE + b * stride_btb,
-            seq_len,
-            blk_lo,
-            blk_hi,
-            pid_m,
-            split,
-            b,
-            gl.to_tensor(S_Q),
-            gl.to_tensor(H_Q),
-            gl.to_tensor(stride_qs),
-            gl.to_tensor(stride_qh),
-            gl.to_tensor(stride_kp),
-            gl.to_tensor(stride_ks),
-            gl.to_tensor(PAGE),
-            gl.to_tensor(CAUSAL),
-            gl.to_tensor(qk_scale),
-            gl.to_tensor(k_scale),
-            gl.to_tensor(num_splits),
-            OUT,
-            LSE,
-            O_PART,
-            LSE_PART,
-            gl.to_tensor(stride_ob),
-            gl.to_tensor(stride_os),
-            gl.to_tensor(stride_oh),
-            gl.to_tensor(stride_lb),
-            gl.to_tensor(stride_lh),
-            gl.to_tensor(stride_ls),
-            gl.allocate_shared_memory(dtype, [BLOCK_M, D_V], SH_V),
-            gl.allocate_shared_memory(dtype, [BLOCK_M, D_ROPE], SH_R),
-            gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], SH_V),
-            gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], SH_R),
-            gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], SH_P),
-            bars,
-        )
+        p = _split_state(
+            Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp,
+            stride_ks, stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale,
+            S_Q, H_Q, blocks_per_split, num_splits, CAUSAL, D_V, D_ROPE, PAGE, BLOCK_M, BLOCK_N, 4,
+        )  # fmt: skip
         if SINGLE:
             gl.warp_specialize([(_consume_fp8_single, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])
         else:
             gl.warp_specialize([(_consume_fp8_split, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])
+
+    # -- the 64-row decode where each tile is read by two or more programs: a leader warpgroup ----------------------
+    LEAD_REGS = gl.constexpr(248)  # registers a thread, both warpgroups (248 x 256 threads: an SM's 64 K)
+    LOAD_V4 = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))  # LOAD_V, LOAD_R over one warpgroup
+    LOAD_R4 = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+    # one warpgroup's MMAs: a whole tile's logits [64, 64], half the output [64, 256]
+    QK1 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+    PV1 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]))
+    # barriers: [2 buffers x 3 parts] a part of a tile landed (value columns 0-255, 256-511, RoPE), P and alpha
+    # published, P read, the final max and row sums published
+    LANDED = gl.constexpr(0)
+    P_READY, P_FREE, SUMS_READY, LEAD_BARRIERS = gl.constexpr(6), gl.constexpr(7), gl.constexpr(8), gl.constexpr(9)
+    LEFT, RIGHT, ROPE = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
+
+    @gluon.jit
+    def _issue_part(p, DESC_H, DESC_R, t, PART: gl.constexpr):
+        """Start the copy of one part of the split's tile ``t`` (``LEFT`` / ``RIGHT``: value columns 0-255 /
+        256-511, ``ROPE``) into buffer ``t % 2``: by tensor-memory copy (``DESC_H``: the cache's ``[64, 256]``
+        blocks), or for a sequence's part-filled last tile by ``cp.async``, zero-filled past its end, the barrier
+        then signalled once it landed."""
+        n: gl.constexpr = p.k_v.shape[1]
+        HALF: gl.constexpr = p.k_v.shape[2] // 2
+        blk = p.blk_lo + t
+        page = gl.load(p.bt + blk // (p.page // n)).to(gl.int64)
+        slot0 = (blk % (p.page // n)) * n
+        bar = p.bars.index(LANDED + (t % 2) * 3 + PART)
+        if PART == ROPE:
+            dst = p.k_r.index(t % 2)
+        else:
+            dst = p.k_v.index(t % 2).slice(PART * HALF, HALF, dim=1)
+        if (blk + 1) * n <= p.seq_len:
+            row = page.to(gl.int32) * p.page + slot0
+            if PART == ROPE:
+                mbarrier.expect(bar, DESC_R.block_type.nbytes)
+                _tma_load(DESC_R, [row, 2 * HALF], bar, dst)
+            else:
+                mbarrier.expect(bar, DESC_H.block_type.nbytes)
+                _tma_load(DESC_H, [row, PART * HALF], bar, dst)
+        else:
+            limit = slot0 + p.seq_len - blk * n
+            base = p.KV + page * p.stride_kp
+            if PART == ROPE:
+                _copy_part(dst, base, slot0, limit, p.page, 0, p.stride_ks, 2 * HALF, LOAD_R4)
+            else:
+                for c in gl.static_range(HALF // 64):  # [64, 64] at a time: few address registers
+                    _copy_part(dst.slice(c * 64, 64, dim=1), base, slot0, limit, p.page, 0, p.stride_ks,
+                               PART * HALF + c * 64, LOAD_R4)  # fmt: skip
+            async_copy.commit_group()
+            async_copy.wait_group(0)
+            fence_async_shared()
+            _barrier()
+            mbarrier.arrive(bar)
+
+    @gluon.jit
+    def _whole_tile_logits(p, t):
+        """Issue the split's tile ``t``'s logits, fp32 ``[64, 64]`` (the latent part, then RoPE: the order of
+        :func:`split_kernel`'s MMAs), each part once it landed: three MMA groups."""
+        M: gl.constexpr = p.q_v.shape[0]
+        N: gl.constexpr = p.k_v.shape[1]
+        HALF: gl.constexpr = p.k_v.shape[2] // 2
+        phase = (t // 2) & 1
+        k_v = p.k_v.index(t % 2)
+        s = gl.zeros([M, N], gl.float32, QK1)  # not read (use_acc=False): the MMA's register shape
+        mbarrier.wait(p.bars.index(LANDED + (t % 2) * 3 + LEFT), phase)
+        s = warpgroup_mma(p.q_v.slice(0, HALF, dim=1), k_v.slice(0, HALF, dim=1).permute((1, 0)), s, use_acc=False,
+                          is_async=True)  # fmt: skip
+        mbarrier.wait(p.bars.index(LANDED + (t % 2) * 3 + RIGHT), phase)
+        s = warpgroup_mma(p.q_v.slice(HALF, HALF, dim=1), k_v.slice(HALF, HALF, dim=1).permute((1, 0)), s,
+                          is_async=True)  # fmt: skip
+        mbarrier.wait(p.bars.index(LANDED + (t % 2) * 3 + ROPE), phase)
+        return warpgroup_mma(p.q_r, p.k_r.index(t % 2).permute((1, 0)), s, is_async=True)
+
+    @gluon.jit
+    def _lead(p, DESC_H, DESC_R, SINGLE: gl.constexpr):
+        """The leader warpgroup: q; each tile's logits and softmax; ``P @ V`` of value columns 0-255."""
+        M: gl.constexpr = p.q_v.shape[0]
+        N: gl.constexpr = p.k_v.shape[1]
+        HALF: gl.constexpr = p.k_v.shape[2] // 2
+        ROW: gl.constexpr = gl.SliceLayout(1, QK1)
+        n = p.blk_hi - p.blk_lo
+        for t in gl.static_range(2):
+            if t < n:
+                _issue_part(p, DESC_H, DESC_R, t, ROPE)
+                _issue_part(p, DESC_H, DESC_R, t, LEFT)
+        R = p.S_Q * p.H_Q
+        _copy_part(p.q_v, p.Q, p.pid_m * M, R, p.H_Q, p.stride_qs, p.stride_qh, 0, LOAD_V4)
+        _copy_part(p.q_r, p.Q, p.pid_m * M, R, p.H_Q, p.stride_qs, p.stride_qh, 2 * HALF, LOAD_R4)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _barrier()
+
+        rows = p.pid_m * M + gl.arange(0, M, layout=ROW)
+        n_keys = gl.zeros([M], gl.int32, ROW) + p.seq_len
+        n_seen = p.seq_len
+        if p.causal:
+            n_keys = p.seq_len - p.S_Q + 1 + rows // p.H_Q
+            n_seen = p.seq_len - p.S_Q + 1
+        m_i = gl.full([M], float("-inf"), gl.float32, ROW)
+        l_i = gl.zeros([M], gl.float32, ROW)
+        acc = gl.zeros([M, HALF], gl.float32, PV1)
+        s = gl.zeros([M, N], gl.float32, QK1)
+        if n > 0:
+            first = _whole_tile_logits(p, 0)
+            s = warpgroup_mma_wait(0, deps=(first,))
+            if n > 2:
+                _issue_part(p, DESC_H, DESC_R, 2, ROPE)
+        for i in range(n):
+            blk = p.blk_lo + i
+            # -- tile i's softmax (base 2); P (rounded to q's dtype) and alpha published for the helper ----------------
+            if (blk + 1) * N > n_seen:
+                keys = blk * N + gl.arange(0, N, layout=gl.SliceLayout(0, QK1))
+                allowed = gl.expand_dims(keys < p.seq_len, 0) & (gl.expand_dims(keys, 0) < gl.expand_dims(n_keys, 1))
+                s = gl.where(allowed, s * p.qk_scale, float("-inf"))
+            else:
+                s = s * p.qk_scale
+            prob, alpha, m_i = _softmax_step(s, m_i)
+            l_i = l_i * alpha + gl.sum(prob, 1)
+            mbarrier.wait(p.bars.index(P_FREE), (i - 1) & 1, pred=i > 0)  # the helper read the last P
+            p.p_smem.store(prob.to(p.p_smem.dtype))
+            p.rows.index(0).store(alpha)
+            fence_async_shared()
+            _barrier()
+            mbarrier.arrive(p.bars.index(P_READY), count=1)
+            # -- P @ V of columns 0-255; right behind it on the tensor cores, the next tile's logits -------------------
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, PV1)), 1)
+            pv = warpgroup_mma(p.p_smem, p.k_v.index(i % 2).slice(0, HALF, dim=1), acc, is_async=True)
+            if i + 1 < n:
+                nxt = _whole_tile_logits(p, i + 1)
+                acc = warpgroup_mma_wait(3, deps=(pv,))
+                if i + 2 < n:  # this buffer's left half is read: the tile after next
+                    _issue_part(p, DESC_H, DESC_R, i + 2, LEFT)
+                s = warpgroup_mma_wait(0, deps=(nxt,))
+                if i + 3 < n:  # the other buffer's RoPE part is read
+                    _issue_part(p, DESC_H, DESC_R, i + 3, ROPE)
+            else:
+                acc = warpgroup_mma_wait(0, deps=(pv,))
+        p.rows.index(1).store(m_i)
+        p.rows.index(2).store(l_i)
+        _barrier()
+        mbarrier.arrive(p.bars.index(SUMS_READY), count=1)
+        m_o, l_o = gl.convert_layout(m_i, gl.SliceLayout(1, PV1)), gl.convert_layout(l_i, gl.SliceLayout(1, PV1))
+        _write_half(p, acc, m_o, l_o, 0, SINGLE)
+
+    @gluon.jit
+    def _help(p, DESC_H, DESC_R, SINGLE: gl.constexpr):
+        """The helper warpgroup: ``P @ V`` of value columns 256-511, with the leader's ``P``."""
+        M: gl.constexpr = p.q_v.shape[0]
+        HALF: gl.constexpr = p.k_v.shape[2] // 2
+        ROW: gl.constexpr = gl.SliceLayout(1, PV1)
+        n = p.blk_hi - p.blk_lo
+        for t in gl.static_range(2):
+            if t < n:
+                _issue_part(p, DESC_H, DESC_R, t, RIGHT)
+        acc = gl.zeros([M, HALF], gl.float32, PV1)
+        for i in range(n):
+            mbarrier.wait(p.bars.index(P_READY), i & 1)
+            mbarrier.wait(p.bars.index(LANDED + (i % 2) * 3 + RIGHT), (i // 2) & 1)
+            acc = acc * gl.expand_dims(p.rows.index(0).load(ROW), 1)
+            pv = warpgroup_mma(p.p_smem, p.k_v.index(i % 2).slice(HALF, HALF, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(pv,))
+            _barrier()
+            mbarrier.arrive(p.bars.index(P_FREE), count=1)
+            if i + 2 < n:  # this buffer's right half is read
+                _issue_part(p, DESC_H, DESC_R, i + 2, RIGHT)
+        mbarrier.wait(p.bars.index(SUMS_READY), 0)
+        _write_half(p, acc, p.rows.index(1).load(ROW), p.rows.index(2).load(ROW), 1, SINGLE)
+
+    @gluon.jit
+    def _write_half(p, acc, m_o, l_o, W: gl.constexpr, SINGLE: gl.constexpr):
+        """:func:`_write` for one warpgroup's ``[64, 256]`` of the output (value columns ``W * 256 ..``; the
+        leader, ``W = 0``, also the LSE)."""
+        M: gl.constexpr = acc.shape[0]
+        HALF: gl.constexpr = acc.shape[1]
+        R = p.S_Q * p.H_Q
+        has_keys = l_o > 0.0
+        l_use = gl.where(has_keys, l_o, 1.0)
+        out = acc * gl.expand_dims(p.k_scale / l_use, 1)
+        lse2 = gl.where(has_keys, m_o + gl.log2(l_use), float("-inf"))
+        rows_o = p.pid_m * M + gl.arange(0, M, layout=gl.SliceLayout(1, PV1))
+        row_ok = rows_o < R
+        cols_o = W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, PV1))
+        if SINGLE:
+            s, h = rows_o // p.H_Q, rows_o % p.H_Q
+            o_row = p.b.to(gl.int64) * p.stride_ob + s * p.stride_os + h * p.stride_oh
+            gl.store(p.OUT + gl.expand_dims(o_row, 1) + gl.expand_dims(cols_o, 0), out.to(p.OUT.dtype.element_ty),
+                     mask=gl.expand_dims(row_ok, 1))  # fmt: skip
+            if W == 0:
+                gl.store(p.LSE + p.b * p.stride_lb + h * p.stride_lh + s * p.stride_ls, lse2 * 0.6931471805599453,
+                         mask=row_ok)  # fmt: skip
+        else:
+            part = (p.b * p.num_splits + p.split).to(gl.int64) * R + rows_o
+            gl.store(p.O_PART + gl.expand_dims(part * (2 * HALF), 1) + gl.expand_dims(cols_o, 0), out,
+                     mask=gl.expand_dims(row_ok, 1))  # fmt: skip
+            if W == 0:
+                gl.store(p.LSE_PART + part, lse2, mask=row_ok)
+
+    # the partitions, one function a SINGLE (as the fp8 kernel's)
+
+    @gluon.jit
+    def _lead_single(p, DESC_H, DESC_R):
+        _lead(p, DESC_H, DESC_R, True)
+
+    @gluon.jit
+    def _lead_split(p, DESC_H, DESC_R):
+        _lead(p, DESC_H, DESC_R, False)
+
+    @gluon.jit
+    def _help_single(p, DESC_H, DESC_R):
+        _help(p, DESC_H, DESC_R, True)
+
+    @gluon.jit
+    def _help_split(p, DESC_H, DESC_R):
+        _help(p, DESC_H, DESC_R, False)
+
+    @gluon.jit
+    def split_kernel_lead(
+        Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks,
+        stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale, S_Q, H_Q,
+        blocks_per_split, num_splits, DESC_H, DESC_R, CAUSAL: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr,
+        PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr,
+    ):  # fmt: skip
+        """:func:`split_kernel` for rows whose key tiles other programs read too (two or more 64-row blocks: the
+        second read of a tile comes from L2, so the tile's arithmetic, not its bytes, sets the pace), with
+        tensor-memory copies (``DESC_H``, ``DESC_R``: :func:`cache_descriptors` with ``value_cols=256``).
+
+        Two warpgroups of different roles (``gl.warp_specialize``). The **leader** (the default partition) computes
+        each whole tile's logits, ``q k^T`` at N = 64 (one MMA reads q once a tile; :func:`split_kernel`'s two
+        warpgroups, 32 keys each, read it twice, twice the MMA instructions), and its softmax, publishes ``P`` and
+        the rescale factor through shared memory, and multiplies ``P @ V`` for value columns 0-255; the
+        **helper** multiplies columns 256-511 with the same ``P``. The leader issues the next tile's ``q k^T``
+        right behind its ``P @ V``, so the tensor cores take both ``P @ V`` halves and the next logits back to
+        back, and the softmax runs beside the helper's half. Copies as three parts a tile (value columns 0-255,
+        256-511, RoPE), each issued by the warpgroup that reads it last as soon as it has: the next-but-one tile's
+        RoPE part after this tile's logits, its value halves after each warpgroup's ``P @ V``.
+
+        Nsight Compute on an H100 (B64, 64K keys, 128 heads; 2026-11-27): :func:`split_kernel` issues 41.9 M
+        warpgroup MMA instructions and reads 343 M shared-memory wavefronts, FlashMLA 23.1 M and 234 M, both read
+        the cache from DRAM once (4.84 GB: the second head block's reads hit L2); tensor pipes active 50% of the
+        time against FlashMLA's 74%. Rounding as :func:`split_kernel`'s, but the row sums are summed a tile at a
+        time (not per key column), so the last bits of the output differ."""
+        p = _split_state(
+            Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp,
+            stride_ks, stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale,
+            S_Q, H_Q, blocks_per_split, num_splits, CAUSAL, D_V, D_ROPE, PAGE, BLOCK_M, BLOCK_N, LEAD_BARRIERS,
+        )  # fmt: skip
+        if SINGLE:
+            gl.warp_specialize([(_lead_single, (p, DESC_H, DESC_R)), (_help_single, (p, DESC_H, DESC_R))], [4],
+                               [LEAD_REGS])  # fmt: skip
+        else:
+            gl.warp_specialize([(_lead_split, (p, DESC_H, DESC_R)), (_help_split, (p, DESC_H, DESC_R))], [4],
+                               [LEAD_REGS])  # fmt: skip

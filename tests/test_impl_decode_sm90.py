@@ -183,11 +183,36 @@ def test_inputs_it_does_not_take_run_the_readable_kernel(monkeypatch):
         def __getitem__(self, grid):
             raise AssertionError("the Gluon kernel ran under a tile override")
 
-    monkeypatch.setattr(decode_sm90, "split_kernel", Refused())  # ... but a tile override keeps the readable one
+    for name in ("split_kernel", "split_kernel_lead"):  # ... but a tile override keeps the readable one
+        monkeypatch.setattr(decode_sm90, name, Refused())
     out, lse = mla_decode_paged(*args, scale=SCALE, config=DecodeConfig(64, 64, 8, 2))
     assert_within("out", out, ref_out, out_bound)
     with pytest.raises(AssertionError, match="Gluon kernel ran"):  # and the stub is what the default would call
         mla_decode_paged(*args, scale=SCALE)
+
+
+@pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize("S_q, H, lead", [(1, 128, True), (2, 64, True), (4, 16, False), (1, 64, False)])
+def test_the_lead_kernel_takes_rows_whose_tiles_other_programs_read(S_q, H, lead, monkeypatch):
+    """Two or more 64-row blocks (128 heads; 64 with 2 MTP tokens) run ``split_kernel_lead``, one block
+    ``split_kernel``; both right against the spec (a part-filled last tile, several splits)."""
+    q, kv, cache, block_table, lens = decode_case(2, S_q, H, [1000, 77], torch.bfloat16, True, seed=H + S_q)
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, [1000, 77], True, unit_roundoff(q.dtype))
+    ran = []
+    for name in ("split_kernel", "split_kernel_lead"):
+        real = getattr(decode_sm90, name)
+
+        class Recorded:
+            def __getitem__(self, grid, name=name, real=real):
+                ran.append(name)
+                return real[grid]
+
+        monkeypatch.setattr(decode_sm90, name, Recorded())
+    out, lse = mla_decode_paged(*(t.cuda() for t in (q, cache, block_table, lens)), scale=SCALE, kernel="sm90")
+    assert ran == ["split_kernel_lead" if lead else "split_kernel"]
+    assert decode_sm90.lead_applies(-(-S_q * H // decode_sm90.BLOCK_M)) == lead
+    assert_within("out", out, ref_out, out_bound)
+    assert_within("lse", lse, ref_lse, lse_bound)
 
 
 FP8_CASES = [
@@ -213,8 +238,10 @@ def test_fp8_equals_the_bf16_kernel_on_the_converted_cache(
     B, S_q, H, seq_lens, causal, page_size, num_splits, monkeypatch
 ):
     """``split_kernel_fp8`` converts each byte to bf16 exactly and keeps ``k_scale`` out of the tile: at ``k_scale
-    = 1`` its outputs are the bf16 kernel's on the cache converted to bf16, bit for bit (same MMAs, same softmax);
+    = 1`` its outputs are the bf16 kernel's on the cache converted to bf16, bit for bit (same MMAs, same softmax: the
+    bf16 ``split_kernel``, which 128 heads leave for ``split_kernel_lead``, whose row sums round differently);
     and ``auto`` takes it where :func:`fp8_rows_padded` says (16 heads: rows padded to the 64-row tile)."""
+    monkeypatch.setattr(decode_sm90, "lead_applies", lambda row_blocks: False)
     case = decode_case(B, S_q, H, seq_lens, torch.bfloat16, causal, seed=H + sum(seq_lens), page_size=page_size)
     q, _, cache, block_table, lens = (t.cuda() for t in case)
     c8 = _fp8(cache, 1.0)

@@ -122,6 +122,24 @@ def test_the_gluon_fp8_decode_converts_in_warps_of_its_own():
         assert 2 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out
 
 
+def test_the_gluon_lead_decode_hands_p_to_a_helper_warpgroup():
+    """The decode where each key tile is read by several programs (``decode_sm90.split_kernel_lead``): two warpgroups
+    (one worker partition: ``mbarrier`` handoffs), a tile as tensor-memory copies of its three parts, the logits as
+    ``[64, 64]`` warpgroup MMAs (N = 64: q read once a tile), within 227 KB."""
+    from mlaspec.impl import decode_sm90
+
+    if not decode_sm90.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    pointers = dict(POINTERS, DESC_H=[64, 256], DESC_R=[64, 64])
+    words = ["cp.async.bulk.tensor.2d", "mbarrier.try_wait", "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"]
+    for single in (True, False):
+        const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=64, BLOCK_N=64, SINGLE=single)
+        out = compiled("mlaspec.impl.decode_sm90:split_kernel_lead", pointers, const, num_warps=decode_sm90.LEAD_WARPS,
+                       num_stages=1, options={"maxnreg": decode_sm90.LEAD_REGS.value}, ptx_words=words)  # fmt: skip
+        assert all(out["ptx_has"].values()), out
+        assert 2 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out
+
+
 def test_the_seesaw_probe_still_compiles_for_hopper():
     """``benchmarks/seesaw_probe.py`` (a warp-specialised decode in FlashMLA's seesaw schedule, right but measured
     slower and not wired in) keeps compiling for sm_90 within 227 KB, so the next attempt at the 128-head schedule
