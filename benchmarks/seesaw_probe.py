@@ -62,6 +62,12 @@ slow as before -- B1 64K 69.1 against 56.1 us, B2 64K 112.7 / 94.8, B64 8K 404.7
 59.8 / 45.1; with its copies off (``decode_ablation.py --kernel seesaw``) B64 8K 309.0 us and B1 128K 89.5, against
 338.0 / 95.0 for the landed kernel with its copies.
 
+What landed for 128 heads instead (the same night): :func:`mlaspec.impl.decode_sm90.split_kernel_lead`, which
+keeps this probe's whole-tile logits (N = 64) but not its alternation: one warpgroup computes every tile's logits
+and softmax, the other multiplies half of ``P @ V``, and the copies keep their lead. Here the landed kernel below
+is ``split_kernel`` (the kernel 128 heads ran before), so the timings compare against the schedule this probe was
+written to beat.
+
     python benchmarks/seesaw_probe.py          # on an H100/H200: outputs against the landed kernel, then timings
 
 Importing this module compiles nothing and needs no GPU.
@@ -561,6 +567,7 @@ def main() -> None:
 
     from mlaspec.impl.decode import mla_decode_paged
 
+    decode_sm90.lead_applies = lambda row_blocks: False  # split_kernel's place, at every head count
     print("shape                      landed us  seesaw us  max |out diff|")
     for heads, batch, keys, s_q in [(128, 1, 65536, 1), (128, 2, 65536, 1), (128, 64, 8192, 1), (16, 8, 8192, 4)]:
         cache, bt, sl = make_problem(batch, keys, torch.device("cuda"))

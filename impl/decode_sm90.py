@@ -1,5 +1,5 @@
-"""The 64-row split kernels of :mod:`mlaspec.impl.decode` for Hopper, in Gluon (a 16-bit cache, and vLLM's
-per-tensor fp8 cache): the next key tile streams in while this one is used.
+"""The 64-row split kernels of :mod:`mlaspec.impl.decode` for Hopper, in Gluon (a 16-bit cache, with one or several
+64-row blocks, and vLLM's per-tensor fp8 cache): the next key tile streams in while this one is used.
 
 Same math and outputs as ``_mla_decode_split_kernel``, and its arguments less ``PRECISION`` and ``FP8`` (read
 that one first: it is the readable version); this one is what 64 query rows a program (128 heads, or 16 heads with
@@ -42,6 +42,20 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    multiplies in fp8 (half the tensor-core work; ``docs/backends.md``). The producer, converting a tile while its
    next tile's loads wait behind it, sets the pace: 3.8 us a tile a program at 128 heads B64 8K, against 2.7 for the
    bf16 kernel.
+
+5. **Rows whose key tiles other programs read too** (``split_kernel_lead``: 128 heads are two 64-row blocks, each
+   tile read by both programs, the second time from L2): there the tile's arithmetic sets the pace, and
+   ``split_kernel``'s two warpgroups, 32 keys each, read all of q twice a tile (N = 32 MMAs, shared-memory bound:
+   Nsight Compute on an H100, B64 64K: 41.9 M warpgroup MMA instructions and 343 M shared-memory wavefronts
+   against FlashMLA's 23.1 M and 234 M, tensor pipes active 50% of the time against 74%; both read the 4.84 GB
+   cache from DRAM once). In ``split_kernel_lead`` a leader warpgroup computes each whole tile's logits (N = 64)
+   and softmax and one helper warpgroup multiplies half of ``P @ V`` with the leader's ``P``; the next tile's
+   logits go to the tensor cores right behind this tile's ``P @ V``. 23.1 M instructions and 255 M wavefronts,
+   tensor pipes 63% active; 128 heads on an H100 (CUDA-graph replays): B64-128 0.76-0.89x -> 0.86-1.02x FlashMLA,
+   B1 64K 1.24x -> 1.33x, B2 128K 0.89x -> 1.04x (``benchmarks/suite.py``). What it leaves: the leader's softmax,
+   during which only the helper's half of ``P @ V`` can run. One 64-row block (16 heads, or 64 without MTP)
+   streams its tiles from memory, and there ``split_kernel``, whose copies lead by a whole tile step, stays 2-7%
+   faster (:func:`lead_applies`).
 
 Rounding is the readable kernel's: fp32 logits from the MMA, ``P`` rounded to q's dtype for ``P @ V``, fp32
 accumulation, the same online softmax in base 2 (the row sum's fp32 additions in another order). The conformance
