@@ -223,20 +223,31 @@ if AVAILABLE:
 
     @gluon.jit
     def _write(acc, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE: gl.constexpr):
-        """The epilogue, as the readable kernel's: ``SINGLE`` (one split) the output in q's dtype and the natural-log
-        LSE, else the split's normalised fp32 partial and base-2 LSE. ``outs``: ``(OUT, LSE, O_PART, LSE_PART,
-        stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls)``."""
-        OUT, LSE, O_PART, LSE_PART, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls = outs
+        """The epilogue of the two warpgroups' ``acc [64, 512]``: :func:`_write_rows` with the row sums kept per key
+        column (``l_i [64, 64]``) summed once."""
         ROW_PV: gl.constexpr = gl.SliceLayout(1, PV)
+        m_o, l_o = gl.convert_layout(m_i, ROW_PV), gl.convert_layout(gl.sum(l_i, 1), ROW_PV)
+        _write_rows(acc, m_o, l_o, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, 0, acc.shape[1], True, SINGLE)
+
+    @gluon.jit
+    def _write_rows(acc, m_o, l_o, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, col0, WIDTH: gl.constexpr,
+                    WITH_LSE: gl.constexpr, SINGLE: gl.constexpr):  # fmt: skip
+        """The epilogue, as the readable kernel's, of value columns ``col0 ..`` (of ``WIDTH``) of rows ``pid_m * 64
+        ..`` (``acc``, in its MMA's layout; ``m_o``, ``l_o``: the rows' final base-2 max and row sums, in its row
+        layout):
+        ``SINGLE`` (one split) the output in q's dtype and (``WITH_LSE``) the natural-log LSE, else the split's
+        normalised fp32 partial and base-2 LSE. ``outs``: ``(OUT, LSE, O_PART, LSE_PART, stride_ob, stride_os,
+        stride_oh, stride_lb, stride_lh, stride_ls)``."""
+        OUT, LSE, O_PART, LSE_PART, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls = outs
+        LAYOUT: gl.constexpr = acc.type.layout
         R = S_Q * H_Q
-        l_o = gl.convert_layout(gl.sum(l_i, 1), ROW_PV)
         has_keys = l_o > 0.0
         l_use = gl.where(has_keys, l_o, 1.0)
         out = acc * gl.expand_dims(k_scale / l_use, 1)
-        lse2 = gl.where(has_keys, gl.convert_layout(m_i, ROW_PV) + gl.log2(l_use), float("-inf"))
-        rows_o = pid_m * acc.shape[0] + gl.arange(0, acc.shape[0], layout=ROW_PV)
+        lse2 = gl.where(has_keys, m_o + gl.log2(l_use), float("-inf"))
+        rows_o = pid_m * acc.shape[0] + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, LAYOUT))
         row_ok = rows_o < R
-        cols_o = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, PV))
+        cols_o = col0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, LAYOUT))
         if SINGLE:
             s, h = rows_o // H_Q, rows_o % H_Q
             o_row = b.to(gl.int64) * stride_ob + s * stride_os + h * stride_oh
@@ -245,15 +256,17 @@ if AVAILABLE:
                 out.to(OUT.dtype.element_ty),
                 mask=gl.expand_dims(row_ok, 1),
             )
-            gl.store(LSE + b * stride_lb + h * stride_lh + s * stride_ls, lse2 * 0.6931471805599453, mask=row_ok)
+            if WITH_LSE:
+                gl.store(LSE + b * stride_lb + h * stride_lh + s * stride_ls, lse2 * 0.6931471805599453, mask=row_ok)
         else:
             part = (b * num_splits + split).to(gl.int64) * R + rows_o
             gl.store(
-                O_PART + gl.expand_dims(part * acc.shape[1], 1) + gl.expand_dims(cols_o, 0),
+                O_PART + gl.expand_dims(part * WIDTH, 1) + gl.expand_dims(cols_o, 0),
                 out,
                 mask=gl.expand_dims(row_ok, 1),
             )
-            gl.store(LSE_PART + part, lse2, mask=row_ok)
+            if WITH_LSE:
+                gl.store(LSE_PART + part, lse2, mask=row_ok)
 
     @gluon.jit
     def _softmax_step(qk, m_i):
@@ -513,9 +526,7 @@ if AVAILABLE:
             acc = _p_times_v(prob, alpha, acc, p.p_smem, k_v)
             _barrier()  # both warpgroups are done with key tile b (and P)
             mbarrier.arrive(p.bars.index(FREE + b), count=1)
-        outs = (p.OUT, p.LSE, p.O_PART, p.LSE_PART, p.stride_ob, p.stride_os, p.stride_oh, p.stride_lb, p.stride_lh,
-                p.stride_ls)  # fmt: skip
-        _write(acc, m_i, l_i, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, outs, SINGLE)
+        _write(acc, m_i, l_i, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), SINGLE)
 
     # the consumers, one function a SINGLE: constexprs do not cross warp_specialize in triton 3.6 (they arrive as
     # runtime values); literals written in a partition's body do
@@ -527,6 +538,12 @@ if AVAILABLE:
     @gluon.jit
     def _consume_fp8_split(p):
         _consume_fp8(p, False)
+
+    @gluon.jit
+    def _outs(p):
+        """A :class:`_Split`'s outputs and their strides, as :func:`_write_rows` takes them."""
+        strides = (p.stride_ob, p.stride_os, p.stride_oh, p.stride_lb, p.stride_lh, p.stride_ls)
+        return (p.OUT, p.LSE, p.O_PART, p.LSE_PART) + strides
 
     @gluon.jit
     def _split_state(
@@ -781,7 +798,8 @@ if AVAILABLE:
         _barrier()
         mbarrier.arrive(p.bars.index(SUMS_READY), count=1)
         m_o, l_o = gl.convert_layout(m_i, gl.SliceLayout(1, PV1)), gl.convert_layout(l_i, gl.SliceLayout(1, PV1))
-        _write_half(p, acc, m_o, l_o, 0, SINGLE)
+        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), 0, 2 * HALF,
+                    True, SINGLE)  # fmt: skip
 
     @gluon.jit
     def _help(p, DESC_H, DESC_R, SINGLE: gl.constexpr):
@@ -805,36 +823,9 @@ if AVAILABLE:
             if i + 2 < n:  # this buffer's right half is read
                 _issue_part(p, DESC_H, DESC_R, i + 2, RIGHT)
         mbarrier.wait(p.bars.index(SUMS_READY), 0)
-        _write_half(p, acc, p.rows.index(1).load(ROW), p.rows.index(2).load(ROW), 1, SINGLE)
-
-    @gluon.jit
-    def _write_half(p, acc, m_o, l_o, W: gl.constexpr, SINGLE: gl.constexpr):
-        """:func:`_write` for one warpgroup's ``[64, 256]`` of the output (value columns ``W * 256 ..``; the
-        leader, ``W = 0``, also the LSE)."""
-        M: gl.constexpr = acc.shape[0]
-        HALF: gl.constexpr = acc.shape[1]
-        R = p.S_Q * p.H_Q
-        has_keys = l_o > 0.0
-        l_use = gl.where(has_keys, l_o, 1.0)
-        out = acc * gl.expand_dims(p.k_scale / l_use, 1)
-        lse2 = gl.where(has_keys, m_o + gl.log2(l_use), float("-inf"))
-        rows_o = p.pid_m * M + gl.arange(0, M, layout=gl.SliceLayout(1, PV1))
-        row_ok = rows_o < R
-        cols_o = W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, PV1))
-        if SINGLE:
-            s, h = rows_o // p.H_Q, rows_o % p.H_Q
-            o_row = p.b.to(gl.int64) * p.stride_ob + s * p.stride_os + h * p.stride_oh
-            gl.store(p.OUT + gl.expand_dims(o_row, 1) + gl.expand_dims(cols_o, 0), out.to(p.OUT.dtype.element_ty),
-                     mask=gl.expand_dims(row_ok, 1))  # fmt: skip
-            if W == 0:
-                gl.store(p.LSE + p.b * p.stride_lb + h * p.stride_lh + s * p.stride_ls, lse2 * 0.6931471805599453,
-                         mask=row_ok)  # fmt: skip
-        else:
-            part = (p.b * p.num_splits + p.split).to(gl.int64) * R + rows_o
-            gl.store(p.O_PART + gl.expand_dims(part * (2 * HALF), 1) + gl.expand_dims(cols_o, 0), out,
-                     mask=gl.expand_dims(row_ok, 1))  # fmt: skip
-            if W == 0:
-                gl.store(p.LSE_PART + part, lse2, mask=row_ok)
+        m_o, l_o = p.rows.index(1).load(ROW), p.rows.index(2).load(ROW)
+        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), HALF,
+                    2 * HALF, False, SINGLE)  # fmt: skip
 
     # the partitions, one function a SINGLE (as the fp8 kernel's)
 
