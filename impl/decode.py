@@ -46,7 +46,9 @@ The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once)
 
 On Hopper, 64 rows a program over a 16-bit cache run the same math as :mod:`mlaspec.impl.decode_sm90` (Gluon):
 there, the next key tile streams in during this one's dots, which Triton's pipeliner cannot fit beside a 64-row
-``q`` in 227 KB, and each logit is computed once (:func:`use_sm90`). Over the fp8 cache its ``split_kernel_fp8``
+``q`` in 227 KB, and each logit is computed once (:func:`use_sm90`); where the rows are two or more 64-row blocks
+(128 heads) its ``split_kernel_lead``, whose leader warpgroup computes whole tiles' logits
+(:func:`mlaspec.impl.decode_sm90.lead_applies`). Over the fp8 cache its ``split_kernel_fp8``
 converts each tile in a producer warpgroup beside the MMAs, rows padded to 64 (:func:`fp8_rows_padded`).
 """
 
