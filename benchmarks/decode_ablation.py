@@ -11,6 +11,7 @@ copy of the kernel, before this script existed.
 
     python benchmarks/decode_ablation.py                                 # 128 heads: B64 8K and B1 128K
     python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
+    python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead (128 heads): softmax, MMAs
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
     python benchmarks/decode_ablation.py --kernel sparse     # the sparse decode (mlaspec.impl.sparse_sm90), top-k 2048
 
@@ -115,10 +116,47 @@ SPARSE_ABLATIONS = {
         )
     ],
 }
+# mlaspec.impl.decode_sm90.split_kernel_lead (128 heads): its leader's softmax and both warpgroups' MMAs (its copy
+# waits stay: with three barriers a buffer, a copy issued before the last one landed would arrive twice)
+LEAD_ABLATIONS = {
+    "softmax": [
+        (
+            "            prob, alpha, m_i = _softmax_step(s, m_i)\n",
+            "            prob, alpha = s, gl.full([M], 1.0, gl.float32, ROW)\n",
+        )
+    ],
+    "q k^T": [
+        (
+            "        s = warpgroup_mma(p.q_v.slice(0, HALF, dim=1), k_v.slice(0, HALF, dim=1).permute((1, 0)), s,"
+            " use_acc=False,\n                          is_async=True)  # fmt: skip\n",
+            "",
+        ),
+        (
+            "        s = warpgroup_mma(p.q_v.slice(HALF, HALF, dim=1), k_v.slice(HALF, HALF, dim=1).permute((1, 0)),"
+            " s,\n                          is_async=True)  # fmt: skip\n",
+            "",
+        ),
+        (
+            "        return warpgroup_mma(p.q_r, p.k_r.index(t % 2).permute((1, 0)), s, is_async=True)\n",
+            "        return s + 1.0\n",
+        ),
+    ],
+    "P @ V": [
+        (
+            "            pv = warpgroup_mma(p.p_smem, p.k_v.index(i % 2).slice(0, HALF, dim=1), acc, is_async=True)\n",
+            "            pv = acc\n",
+        ),
+        (
+            "            pv = warpgroup_mma(p.p_smem, p.k_v.index(i % 2).slice(HALF, HALF, dim=1), acc, is_async=True)\n",
+            "            pv = acc\n",
+        ),
+    ],
+}
 GATHERS = ("byte copies", "scale loads", "RoPE loads")
 # kernel -> (its source file, its ablations, the variants timed by default: as it is, each part alone, ...)
 KERNELS = {
     "landed": ("impl/decode_sm90.py", ABLATIONS, [(), *((n,) for n in ABLATIONS), ("copy waits", "q k^T", "P @ V")]),
+    "lead": ("impl/decode_sm90.py", LEAD_ABLATIONS, [(), *((n,) for n in LEAD_ABLATIONS), ("q k^T", "P @ V")]),
     "seesaw": ("benchmarks/seesaw_probe.py", SEESAW_ABLATIONS, [(), ("copies",)]),
     "sparse": (
         "impl/sparse_sm90.py",
@@ -152,12 +190,14 @@ def load(parts, folder: str, kernel: str = "landed"):
     return module
 
 
-def _in_place(module, landed):
-    """What ``mlaspec.impl.decode`` sees as ``decode_sm90``, always running ``split_kernel`` (the kernel the
-    ablations edit; ``split_kernel_lead``, which 128 heads run, is not ablated here): ``module`` itself if it is a
-    copy of the landed kernel's module, else the landed module with ``module``'s split kernel (the seesaw probe)."""
+def _in_place(module, landed, kernel: str = "landed"):
+    """What ``mlaspec.impl.decode`` sees as ``decode_sm90``: ``module`` itself if it is a copy of the landed kernel's
+    module, running the kernel the ablations edit (``"landed"``: ``split_kernel`` at every row count; ``"lead"``:
+    ``split_kernel_lead`` where it applies), else the landed module with ``module``'s split kernel (the seesaw
+    probe)."""
     if hasattr(module, "cache_descriptors"):
-        module.lead_applies = lambda row_blocks: False
+        if kernel == "landed":
+            module.lead_applies = lambda row_blocks: False
         return module
     names = ("AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "cache_descriptors")
     return types.SimpleNamespace(
@@ -183,7 +223,7 @@ def run(shapes, kernel: str = "landed") -> list:
     if kernel != "landed":
         variants.insert(0, ("landed", ()))
     with tempfile.TemporaryDirectory() as folder:
-        modules = {(k, parts): _in_place(load(parts, folder, k), landed) for k, parts in variants}
+        modules = {(k, parts): _in_place(load(parts, folder, k), landed, k) for k, parts in variants}
         modules[("as called", ())] = landed  # split_kernel_lead where it applies (decode_sm90.lead_applies)
         for heads, batch, keys in shapes:
             cache, bt, sl = make_problem(batch, keys, torch.device("cuda"))

@@ -180,7 +180,11 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
     seesaw = compiled("seesaw_all:seesaw_kernel", dict(POINTERS, DESC_H=[64, 256], DESC_R=[64, 64]), const,
                       num_warps=4, options={"maxnreg": 248}, **spec)  # fmt: skip
     sparse = compiled("sparse_all:sparse_kernel", SPARSE_POINTERS, SPARSE_CONST, num_warps=8, **spec)
-    assert all(k["shared"] <= HOPPER_SHARED for k in (landed, seesaw, sparse)), (landed, seesaw, sparse)
+    lead_const = {k: v for k, v in const.items() if k != "TMA"}
+    lead = compiled("lead_all:split_kernel_lead", dict(POINTERS, DESC_H=[64, 256], DESC_R=[64, 64]), lead_const,
+                    num_warps=4, options={"maxnreg": 248}, **spec)  # fmt: skip
+    kernels = (landed, seesaw, sparse, lead)
+    assert all(k["shared"] <= HOPPER_SHARED for k in kernels), kernels
 
 
 def test_the_gluon_indexer_waits_for_one_token_at_a_time():
