@@ -147,7 +147,8 @@ LEAD_ABLATIONS = {
             "            pv = acc\n",
         ),
         (
-            "            pv = warpgroup_mma(p.p_smem, p.k_v.index(i % 2).slice(HALF, HALF, dim=1), acc, is_async=True)\n",
+            "            pv = warpgroup_mma(p.p_smem, p.k_v.index(i % 2).slice(HALF, HALF, dim=1), acc,"
+            " is_async=True)\n",
             "            pv = acc\n",
         ),
     ],
