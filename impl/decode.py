@@ -324,7 +324,7 @@ def fp8_rows_padded(rows: int, batch: int, max_seq_len: int) -> bool:
     readable kernel's 32-key tiles): B1 1K 9.7 / 7.9 us, B2 1K 9.9 / 8.3, B4 1K 10.2 / 9.3 (16-64 tiles), but B2 4K
     11.3 / 12.2, B1 8K 11.6 / 12.4, B64 1K 40.3 / 46.7, B1 128K 72.2 / 82.6, B64 8K 254 / 296 (128 tiles and more).
     """
-    return rows > 32 or batch * triton.cdiv(max_seq_len, 64) >= 128
+    return rows > 32 or batch * triton.cdiv(max_seq_len, GLUON_TILE.block_n) >= 128
 
 
 def num_splits_heuristic(

@@ -199,11 +199,12 @@ if AVAILABLE:
         async_copy.commit_group()
 
     @gluon.jit
-    def _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M: gl.constexpr):
+    def _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M: gl.constexpr, LOGITS: gl.constexpr):
         """``(n_keys [BLOCK_M], n_seen)``: how many keys each of this program's rows may see (causal: query ``s`` sees
-        keys ``j <= s + seq_len - S_q``), and how many every row sees."""
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, QK))
-        n_keys = gl.zeros([BLOCK_M], gl.int32, gl.SliceLayout(1, QK)) + seq_len
+        keys ``j <= s + seq_len - S_q``; in the rows' layout of logits laid out as ``LOGITS``), and how many every row
+        sees."""
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LOGITS))
+        n_keys = gl.zeros([BLOCK_M], gl.int32, gl.SliceLayout(1, LOGITS)) + seq_len
         n_seen = seq_len
         if CAUSAL:  # a constexpr, or (inside a warp-specialized partition) a runtime flag
             n_keys = seq_len - S_Q + 1 + rows // H_Q
@@ -216,7 +217,7 @@ if AVAILABLE:
         each row's ``n_keys`` (a tile every row sees whole skips the mask)."""
         n: gl.constexpr = qk.shape[1]
         if (blk + 1) * n > n_seen:
-            keys = blk * n + gl.arange(0, n, layout=gl.SliceLayout(0, QK))
+            keys = blk * n + gl.arange(0, n, layout=gl.SliceLayout(0, qk.type.layout))
             allowed = gl.expand_dims(keys < seq_len, 0) & (gl.expand_dims(keys, 0) < gl.expand_dims(n_keys, 1))
             return gl.where(allowed, qk * qk_scale, float("-inf"))
         return qk * qk_scale
@@ -364,7 +365,7 @@ if AVAILABLE:
                         stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
         next_page = gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0).to(gl.int64)
 
-        n_keys, n_seen = _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M)
+        n_keys, n_seen = _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M, QK)
 
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW_QK)
         l_i = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, QK)  # row sums per key column: summed once at the end
@@ -507,7 +508,7 @@ if AVAILABLE:
         async_copy.wait_group(0)
         fence_async_shared()
         _barrier()
-        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M)
+        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M, QK)
         m_i = gl.full([M], float("-inf"), gl.float32, gl.SliceLayout(1, QK))
         l_i = gl.zeros([M, N], gl.float32, QK)
         acc = gl.zeros([M, D], gl.float32, PV)
@@ -740,20 +741,13 @@ if AVAILABLE:
             if t < n:
                 _issue_part(p, DESC_H, DESC_R, t, ROPE)
                 _issue_part(p, DESC_H, DESC_R, t, LEFT)
-        R = p.S_Q * p.H_Q
-        _copy_part(p.q_v, p.Q, p.pid_m * M, R, p.H_Q, p.stride_qs, p.stride_qh, 0, LOAD_V4)
-        _copy_part(p.q_r, p.Q, p.pid_m * M, R, p.H_Q, p.stride_qs, p.stride_qh, 2 * HALF, LOAD_R4)
+        _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * M, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V4, LOAD_R4))
         async_copy.commit_group()
         async_copy.wait_group(0)
         fence_async_shared()
         _barrier()
 
-        rows = p.pid_m * M + gl.arange(0, M, layout=ROW)
-        n_keys = gl.zeros([M], gl.int32, ROW) + p.seq_len
-        n_seen = p.seq_len
-        if p.causal:
-            n_keys = p.seq_len - p.S_Q + 1 + rows // p.H_Q
-            n_seen = p.seq_len - p.S_Q + 1
+        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M, QK1)
         m_i = gl.full([M], float("-inf"), gl.float32, ROW)
         l_i = gl.zeros([M], gl.float32, ROW)
         acc = gl.zeros([M, HALF], gl.float32, PV1)
@@ -764,14 +758,8 @@ if AVAILABLE:
             if n > 2:
                 _issue_part(p, DESC_H, DESC_R, 2, ROPE)
         for i in range(n):
-            blk = p.blk_lo + i
             # -- tile i's softmax (base 2); P (rounded to q's dtype) and alpha published for the helper ----------------
-            if (blk + 1) * N > n_seen:
-                keys = blk * N + gl.arange(0, N, layout=gl.SliceLayout(0, QK1))
-                allowed = gl.expand_dims(keys < p.seq_len, 0) & (gl.expand_dims(keys, 0) < gl.expand_dims(n_keys, 1))
-                s = gl.where(allowed, s * p.qk_scale, float("-inf"))
-            else:
-                s = s * p.qk_scale
+            s = _scale_and_mask(s, p.blk_lo + i, p.qk_scale, p.seq_len, n_keys, n_seen)
             prob, alpha, m_i = _softmax_step(s, m_i)
             l_i = l_i * alpha + gl.sum(prob, 1)
             mbarrier.wait(p.bars.index(P_FREE), (i - 1) & 1, pred=i > 0)  # the helper read the last P
