@@ -181,8 +181,9 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
                       num_warps=4, options={"maxnreg": 248}, **spec)  # fmt: skip
     sparse = compiled("sparse_all:sparse_kernel", SPARSE_POINTERS, SPARSE_CONST, num_warps=8, **spec)
     lead_const = {k: v for k, v in const.items() if k != "TMA"}
+    lead_options = {"maxnreg": decode_sm90.LEAD_REGS.value}
     lead = compiled("lead_all:split_kernel_lead", dict(POINTERS, DESC_H=[64, 256], DESC_R=[64, 64]), lead_const,
-                    num_warps=4, options={"maxnreg": 248}, **spec)  # fmt: skip
+                    num_warps=decode_sm90.LEAD_WARPS, options=lead_options, **spec)  # fmt: skip
     kernels = (landed, seesaw, sparse, lead)
     assert all(k["shared"] <= HOPPER_SHARED for k in kernels), kernels
 
