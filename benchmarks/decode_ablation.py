@@ -11,7 +11,7 @@ copy of the kernel, before this script existed.
 
     python benchmarks/decode_ablation.py                                 # 128 heads: B64 8K and B1 128K
     python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
-    python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead (128 heads): softmax, MMAs
+    python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead (128 heads): softmax, MMAs, partials
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
     python benchmarks/decode_ablation.py --kernel sparse     # the sparse decode (mlaspec.impl.sparse_sm90), top-k 2048
 
@@ -153,6 +153,20 @@ LEAD_ABLATIONS = {
         ),
     ],
 }
+# the epilogue's fp32 partials (_write_rows; split_kernel_lead's _store_partial): their stores predicated off by a
+# condition the compiler cannot see is false (removing them would let it drop every MMA that feeds them)
+LEAD_ABLATIONS["partial stores"] = [
+    (
+        "                out,\n                mask=gl.expand_dims(row_ok, 1),\n            )\n"
+        "            if WITH_LSE:\n                gl.store(LSE_PART",
+        "                out,\n                mask=gl.expand_dims(row_ok & (num_splits < 0), 1),\n            )\n"
+        "            if WITH_LSE:\n                gl.store(LSE_PART",
+    ),
+    (  # split_kernel_lead's, as tensor-memory copies
+        "        _tma_store(DESC_O, [row0, col0], stage)\n",
+        "        if p.num_splits < 0:\n            _tma_store(DESC_O, [row0, col0], stage)\n",
+    ),
+]
 GATHERS = ("byte copies", "scale loads", "RoPE loads")
 # kernel -> (its source file, its ablations, the variants timed by default: as it is, each part alone, ...)
 KERNELS = {

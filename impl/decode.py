@@ -630,7 +630,8 @@ def mla_decode_paged(
             halves = decode_sm90.cache_descriptors(kv_cache, page_size, 256)
             if halves is not None:  # each tile read by several programs: the leader warpgroup's kernel
                 maxnreg = decode_sm90.LEAD_REGS.value
-                decode_sm90.split_kernel_lead[grid](*args, *halves, **tile, num_warps=decode_sm90.LEAD_WARPS,
+                o_desc = decode_sm90.partial_descriptor(o_part) if num_splits > 1 else None
+                decode_sm90.split_kernel_lead[grid](*args, *halves, o_desc, **tile, num_warps=decode_sm90.LEAD_WARPS,
                                                     maxnreg=maxnreg)  # fmt: skip
                 return
         if gluon:

@@ -86,6 +86,8 @@ try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs ever
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # and the tensor-memory copy
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    _REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))  # `_reinterpret` in triton 3.6
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed triton (a later rename)
     gluon = None
 
@@ -121,6 +123,23 @@ def cache_descriptors(kv_cache, page_size: int, value_cols: int = D_LATENT):
         TensorDescriptor(kv_cache, shape, strides, block, layout)
         for block, layout in _tile_layouts(kv_cache.dtype, width, value_cols)
     )
+
+
+def partial_descriptor(o_part):
+    """The tensor-memory-copy descriptor of the split kernel's fp32 partials ``o_part [B, splits, rows, 512]`` seen
+    as ``[B * splits * rows, 512]``, in ``[64, 256]`` blocks (a warpgroup's half of a row block), for
+    :func:`split_kernel_lead`'s epilogue; ``None`` where a row block would run into the next split's rows (``rows``
+    not a multiple of 64) or ``o_part`` is not contiguous (the epilogue then stores from registers)."""
+    B, splits, rows, width = o_part.shape
+    if rows % BLOCK_M or not o_part.is_contiguous():
+        return None
+    flat = o_part.view(B * splits * rows, width)
+    return TensorDescriptor.from_tensor(flat, [BLOCK_M, width // 2], _partial_layout())
+
+
+@functools.cache
+def _partial_layout():
+    return gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_LATENT // 2], gl.float32)
 
 
 def lead_applies(row_blocks: int) -> bool:
@@ -242,10 +261,7 @@ if AVAILABLE:
         OUT, LSE, O_PART, LSE_PART, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls = outs
         LAYOUT: gl.constexpr = acc.type.layout
         R = S_Q * H_Q
-        has_keys = l_o > 0.0
-        l_use = gl.where(has_keys, l_o, 1.0)
-        out = acc * gl.expand_dims(k_scale / l_use, 1)
-        lse2 = gl.where(has_keys, m_o + gl.log2(l_use), float("-inf"))
+        out, lse2 = _normalised(acc, m_o, l_o, k_scale)
         rows_o = pid_m * acc.shape[0] + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, LAYOUT))
         row_ok = rows_o < R
         cols_o = col0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, LAYOUT))
@@ -268,6 +284,40 @@ if AVAILABLE:
             )
             if WITH_LSE:
                 gl.store(LSE_PART + part, lse2, mask=row_ok)
+
+    @gluon.jit
+    def _normalised(acc, m_o, l_o, k_scale):
+        """``acc`` over its row sums ``l_o`` (times the cache's ``k_scale``), and the rows' base-2 LSEs (``m_o``: their
+        maxima); rows that saw no key: zeros and ``-inf``."""
+        has_keys = l_o > 0.0
+        l_use = gl.where(has_keys, l_o, 1.0)
+        return acc * gl.expand_dims(k_scale / l_use, 1), gl.where(has_keys, m_o + gl.log2(l_use), float("-inf"))
+
+    @gluon.jit
+    def _as_fp32(buf, M: gl.constexpr, N: gl.constexpr):
+        """The bytes of shared-memory buffer ``buf`` as an fp32 ``[M, N]`` buffer in the default swizzle (as
+        :func:`partial_descriptor`'s)."""
+        layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M, N], gl.float32)
+        if _REINTERPRET:
+            return buf.reinterpret(gl.float32, [M, N], layout)
+        else:
+            return buf._reinterpret(gl.float32, [M, N], layout)
+
+    @gluon.jit
+    def _store_partial(acc, m_o, l_o, p, DESC_O, stage, col0, WITH_LSE: gl.constexpr):
+        """:func:`_write_rows` of a split's partial, value columns ``col0 ..`` of ``acc [64, 256]``, as one
+        tensor-memory copy through ``DESC_O`` (:func:`partial_descriptor`) from ``stage`` (64 KB of shared memory
+        this warpgroup has done with): whole lines, where a store from the MMA's registers writes a row's 32 bytes at
+        a time."""
+        out, lse2 = _normalised(acc, m_o, l_o, p.k_scale)
+        row0 = (p.b * p.num_splits + p.split) * (p.S_Q * p.H_Q) + p.pid_m * acc.shape[0]
+        if WITH_LSE:
+            gl.store(p.LSE_PART + row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout)), lse2)
+        stage.store(out)
+        fence_async_shared()
+        _barrier()
+        _tma_store(DESC_O, [row0, col0], stage)
+        tma.store_wait(0)
 
     @gluon.jit
     def _softmax_step(qk, m_i):
@@ -730,7 +780,7 @@ if AVAILABLE:
         return warpgroup_mma(p.q_r, p.k_r.index(t % 2).permute((1, 0)), s, is_async=True)
 
     @gluon.jit
-    def _lead(p, DESC_H, DESC_R, SINGLE: gl.constexpr):
+    def _lead(p, DESC_H, DESC_R, DESC_O, SINGLE: gl.constexpr):
         """The leader warpgroup: q; each tile's logits and softmax; ``P @ V`` of value columns 0-255."""
         M: gl.constexpr = p.q_v.shape[0]
         N: gl.constexpr = p.k_v.shape[1]
@@ -786,11 +836,14 @@ if AVAILABLE:
         _barrier()
         mbarrier.arrive(p.bars.index(SUMS_READY), count=1)
         m_o, l_o = gl.convert_layout(m_i, gl.SliceLayout(1, PV1)), gl.convert_layout(l_i, gl.SliceLayout(1, PV1))
-        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), 0, 2 * HALF,
-                    True, SINGLE)  # fmt: skip
+        if DESC_O is None:
+            _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), 0,
+                        2 * HALF, True, SINGLE)  # fmt: skip
+        else:  # q is read: its 64 KB take the partial
+            _store_partial(acc, m_o, l_o, p, DESC_O, _as_fp32(p.q_v, M, HALF), 0, True)
 
     @gluon.jit
-    def _help(p, DESC_H, DESC_R, SINGLE: gl.constexpr):
+    def _help(p, DESC_H, DESC_R, DESC_O, SINGLE: gl.constexpr):
         """The helper warpgroup: ``P @ V`` of value columns 256-511, with the leader's ``P``."""
         M: gl.constexpr = p.q_v.shape[0]
         HALF: gl.constexpr = p.k_v.shape[2] // 2
@@ -812,37 +865,42 @@ if AVAILABLE:
                 _issue_part(p, DESC_H, DESC_R, i + 2, RIGHT)
         mbarrier.wait(p.bars.index(SUMS_READY), 0)
         m_o, l_o = p.rows.index(1).load(ROW), p.rows.index(2).load(ROW)
-        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), HALF,
-                    2 * HALF, False, SINGLE)  # fmt: skip
+        if DESC_O is None:
+            _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), HALF,
+                        2 * HALF, False, SINGLE)  # fmt: skip
+        else:  # the tile buffer this one's tiles left: both warpgroups were done with it before the last P was ready
+            stage = _as_fp32(p.k_v.index(n % 2), M, HALF)
+            _store_partial(acc, m_o, l_o, p, DESC_O, stage, HALF, False)
 
     # the partitions, one function a SINGLE (as the fp8 kernel's)
 
     @gluon.jit
-    def _lead_single(p, DESC_H, DESC_R):
-        _lead(p, DESC_H, DESC_R, True)
+    def _lead_single(p, DESC_H, DESC_R, DESC_O):
+        _lead(p, DESC_H, DESC_R, DESC_O, True)
 
     @gluon.jit
-    def _lead_split(p, DESC_H, DESC_R):
-        _lead(p, DESC_H, DESC_R, False)
+    def _lead_split(p, DESC_H, DESC_R, DESC_O):
+        _lead(p, DESC_H, DESC_R, DESC_O, False)
 
     @gluon.jit
-    def _help_single(p, DESC_H, DESC_R):
-        _help(p, DESC_H, DESC_R, True)
+    def _help_single(p, DESC_H, DESC_R, DESC_O):
+        _help(p, DESC_H, DESC_R, DESC_O, True)
 
     @gluon.jit
-    def _help_split(p, DESC_H, DESC_R):
-        _help(p, DESC_H, DESC_R, False)
+    def _help_split(p, DESC_H, DESC_R, DESC_O):
+        _help(p, DESC_H, DESC_R, DESC_O, False)
 
     @gluon.jit
     def split_kernel_lead(
         Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks,
         stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale, S_Q, H_Q,
-        blocks_per_split, num_splits, DESC_H, DESC_R, CAUSAL: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr,
-        PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr,
+        blocks_per_split, num_splits, DESC_H, DESC_R, DESC_O, CAUSAL: gl.constexpr, D_V: gl.constexpr,
+        D_ROPE: gl.constexpr, PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr,
     ):  # fmt: skip
         """:func:`split_kernel` for rows whose key tiles other programs read too (two or more 64-row blocks: the
         second read of a tile comes from L2, so the tile's arithmetic, not its bytes, sets the pace), with
-        tensor-memory copies (``DESC_H``, ``DESC_R``: :func:`cache_descriptors` with ``value_cols=256``).
+        tensor-memory copies (``DESC_H``, ``DESC_R``: :func:`cache_descriptors` with ``value_cols=256``; ``DESC_O``:
+        :func:`partial_descriptor`, or ``None`` to store a split's partial from registers).
 
         Two warpgroups of different roles (``gl.warp_specialize``). The **leader** (the default partition) computes
         each whole tile's logits, ``q k^T`` at N = 64 (one MMA reads q once a tile; :func:`split_kernel`'s two
@@ -858,15 +916,20 @@ if AVAILABLE:
         warpgroup MMA instructions and reads 343 M shared-memory wavefronts, FlashMLA 23.1 M and 234 M, both read
         the cache from DRAM once (4.84 GB: the second head block's reads hit L2); tensor pipes active 50% of the
         time against FlashMLA's 74%. Rounding as :func:`split_kernel`'s, but the row sums are summed a tile at a
-        time (not per key column), so the last bits of the output differ."""
+        time (not per key column), so the last bits of the output differ.
+
+        A split's fp32 partial (64 KB a warpgroup) goes out as one tensor-memory copy from shared memory it is done
+        with (q's, and the tile buffer the last tile left). All 132 programs write theirs at once, 17 MB at 128 heads,
+        B1-2: from registers that burst took 5.0-5.5 us of a B1 decode (``decode_ablation.py --kernel lead``,
+        ``partial stores``), as copies 3.3-4.2 us; the decode 0.2-1.1 us faster at B1-2 (H100, 2026-11-28)."""
         p = _split_state(
             Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp,
             stride_ks, stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale,
             S_Q, H_Q, blocks_per_split, num_splits, CAUSAL, D_V, D_ROPE, PAGE, BLOCK_M, BLOCK_N, LEAD_BARRIERS,
         )  # fmt: skip
         if SINGLE:
-            gl.warp_specialize([(_lead_single, (p, DESC_H, DESC_R)), (_help_single, (p, DESC_H, DESC_R))], [4],
-                               [LEAD_REGS])  # fmt: skip
+            parts = (p, DESC_H, DESC_R, None)  # one split: its output in q's dtype, from registers
+            gl.warp_specialize([(_lead_single, parts), (_help_single, parts)], [4], [LEAD_REGS])
         else:
-            gl.warp_specialize([(_lead_split, (p, DESC_H, DESC_R)), (_help_split, (p, DESC_H, DESC_R))], [4],
-                               [LEAD_REGS])  # fmt: skip
+            parts = (p, DESC_H, DESC_R, DESC_O)
+            gl.warp_specialize([(_lead_split, parts), (_help_split, parts)], [4], [LEAD_REGS])

@@ -43,10 +43,13 @@ def compile_for(
 
 
 def descriptor(block: list[int], dtype: str = "bf16") -> str:
-    """The argument type of a Gluon TMA descriptor of ``block`` with the default swizzle (``dtype``: ``"bf16"``)."""
+    """The argument type of a Gluon TMA descriptor of ``block`` with the default swizzle (``dtype``: ``"bf16"``,
+    ``"fp16"`` or ``"fp32"``)."""
     from triton.experimental.gluon import language as gl
 
-    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, {"bf16": "bfloat16", "fp16": "float16"}[dtype]))
+    layout = gl.NVMMASharedLayout.get_default_for(
+        block, getattr(gl, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype])
+    )
     return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
 
 
@@ -66,13 +69,21 @@ def copies_before_dots(ttgir: str) -> bool:
     return copy is not None and 0 <= copy.start() < dot
 
 
+def _argument(t):
+    """A pointer's type as given, or a descriptor's: from its block (``[64, 256]``: bf16) or ``{"block": [64, 256],
+    "dtype": "fp32"}``."""
+    if isinstance(t, list):
+        return descriptor(t)
+    return descriptor(t["block"], t["dtype"]) if isinstance(t, dict) else t
+
+
 def main(spec: dict) -> dict:
     sys.path[:0] = spec.get("path", [])  # e.g. benchmarks/, for a script's kernel
     module, name = spec["kernel"].split(":")
     kernel = getattr(importlib.import_module(module), name)
     compiled = compile_for(
         kernel,
-        {n: descriptor(t) if isinstance(t, list) else t for n, t in spec["pointers"].items()},
+        {n: _argument(t) for n, t in spec["pointers"].items()},
         spec["constexprs"],
         num_warps=spec["num_warps"],
         num_stages=spec["num_stages"],

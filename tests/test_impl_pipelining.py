@@ -31,6 +31,8 @@ POINTERS = {
     "OUT": "*bf16",
     "LSE": "*fp32",
 }
+# split_kernel_lead's tensor-memory-copy descriptors: a tile's value halves and RoPE part, the fp32 partials' blocks
+LEAD_DESCRIPTORS = dict(DESC_H=[64, 256], DESC_R=[64, 64], DESC_O={"block": [64, 256], "dtype": "fp32"})
 # the sparse decode's (mlaspec.impl.sparse_sm90.sparse_kernel) pointers and constexprs
 SPARSE_POINTERS = dict(Q="*bf16", KV="*u8", KVF="*fp32", KVB="*bf16", IDX="*i32", LENS="*i32", SINK="*fp32")
 SPARSE_POINTERS.update(OUT="*bf16", LSE="*fp32", MAXL="*fp32", O_PART="*fp32", ML_PART="*fp32")
@@ -130,13 +132,16 @@ def test_the_gluon_lead_decode_hands_p_to_a_helper_warpgroup():
 
     if not decode_sm90.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
-    pointers = dict(POINTERS, DESC_H=[64, 256], DESC_R=[64, 64])
+    pointers = dict(POINTERS, **LEAD_DESCRIPTORS)
     words = ["cp.async.bulk.tensor.2d", "mbarrier.try_wait", "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"]
+    store = "cp.async.bulk.tensor.2d.global.shared"  # a split's partial, as tensor-memory copies
+    words.append(store)
     for single in (True, False):
         const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=64, BLOCK_N=64, SINGLE=single)
         out = compiled("mlaspec.impl.decode_sm90:split_kernel_lead", pointers, const, num_warps=decode_sm90.LEAD_WARPS,
                        num_stages=1, options={"maxnreg": decode_sm90.LEAD_REGS.value}, ptx_words=words)  # fmt: skip
-        assert all(out["ptx_has"].values()), out
+        assert all(out["ptx_has"][w] for w in words if w != store), out
+        assert out["ptx_has"][store] == (not single), out
         assert 2 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out
 
 
@@ -182,7 +187,7 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
     sparse = compiled("sparse_all:sparse_kernel", SPARSE_POINTERS, SPARSE_CONST, num_warps=8, **spec)
     lead_const = {k: v for k, v in const.items() if k != "TMA"}
     lead_options = {"maxnreg": decode_sm90.LEAD_REGS.value}
-    lead = compiled("lead_all:split_kernel_lead", dict(POINTERS, DESC_H=[64, 256], DESC_R=[64, 64]), lead_const,
+    lead = compiled("lead_all:split_kernel_lead", dict(POINTERS, **LEAD_DESCRIPTORS), lead_const,
                     num_warps=decode_sm90.LEAD_WARPS, options=lead_options, **spec)  # fmt: skip
     kernels = (landed, seesaw, sparse, lead)
     assert all(k["shared"] <= HOPPER_SHARED for k in kernels), kernels
