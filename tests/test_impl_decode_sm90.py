@@ -142,6 +142,17 @@ def test_tensor_memory_copies_where_pages_are_one_stride_apart(dtype):
     assert decode_sm90.cache_descriptors(cache[:1], 64) is not None
 
 
+@pytest.mark.skipif(not decode_sm90.AVAILABLE, reason="this Triton has no Gluon")
+def test_split_partials_leave_by_tensor_memory_copies_in_whole_row_blocks():
+    """``o_part [B, splits, rows, 512]`` fp32 as ``[B * splits * rows, 512]`` in a warpgroup's ``[64, 256]`` blocks;
+    none where a 64-row block would run into the next split's rows or the partials are not contiguous (the
+    epilogue then stores from registers, masked)."""
+    desc = decode_sm90.partial_descriptor(torch.zeros(2, 3, 128, 512))
+    assert (list(desc.shape), list(desc.strides), desc.block_shape) == ([768, 512], [512, 1], [64, 256])
+    assert decode_sm90.partial_descriptor(torch.zeros(2, 3, 96, 512)) is None  # 96 heads: a block spans two splits
+    assert decode_sm90.partial_descriptor(torch.zeros(2, 128, 3, 512).transpose(1, 2)) is None
+
+
 @pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
 @pytest.mark.parametrize("gap", [False, True])
 def test_both_copy_paths_match_spec(gap, monkeypatch):
@@ -192,10 +203,11 @@ def test_inputs_it_does_not_take_run_the_readable_kernel(monkeypatch):
 
 
 @pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
-@pytest.mark.parametrize("S_q, H, lead", [(1, 128, True), (2, 64, True), (4, 16, False), (1, 64, False)])
+@pytest.mark.parametrize("S_q, H, lead", [(1, 128, True), (2, 64, True), (1, 96, True), (4, 16, False), (1, 64, False)])
 def test_the_lead_kernel_takes_rows_whose_tiles_other_programs_read(S_q, H, lead, monkeypatch):
     """Two or more 64-row blocks (128 heads; 64 with 2 MTP tokens) run ``split_kernel_lead``, one block
-    ``split_kernel``; both right against the spec (a part-filled last tile, several splits)."""
+    ``split_kernel``; both right against the spec (a part-filled last tile, several splits; 96 heads: a part-filled
+    row block, whose partials leave from registers)."""
     q, kv, cache, block_table, lens = decode_case(2, S_q, H, [1000, 77], torch.bfloat16, True, seed=H + S_q)
     ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, [1000, 77], True, unit_roundoff(q.dtype))
     ran = []
