@@ -308,7 +308,8 @@ if AVAILABLE:
         """:func:`_write_rows` of a split's partial, value columns ``col0 ..`` of ``acc [64, 256]``, as one
         tensor-memory copy through ``DESC_O`` (:func:`partial_descriptor`) from ``stage`` (64 KB of shared memory
         this warpgroup has done with): whole lines, where a store from the MMA's registers writes a row's 32 bytes at
-        a time."""
+        a time. Unmasked: the rows must be a multiple of 64 (as :func:`partial_descriptor` makes sure), else a block
+        would overwrite the next split's first rows."""
         out, lse2 = _normalised(acc, m_o, l_o, p.k_scale)
         row0 = (p.b * p.num_splits + p.split) * (p.S_Q * p.H_Q) + p.pid_m * acc.shape[0]
         if WITH_LSE:
@@ -868,7 +869,8 @@ if AVAILABLE:
         if DESC_O is None:
             _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), HALF,
                         2 * HALF, False, SINGLE)  # fmt: skip
-        else:  # the tile buffer this one's tiles left: both warpgroups were done with it before the last P was ready
+        else:  # the other tile buffer: tile n - 2's (both warpgroups were done with it before the last P was ready), or
+            # never used (n <= 1); no copy comes after the last tile
             stage = _as_fp32(p.k_v.index(n % 2), M, HALF)
             _store_partial(acc, m_o, l_o, p, DESC_O, stage, HALF, False)
 

@@ -206,11 +206,13 @@ def test_inputs_it_does_not_take_run_the_readable_kernel(monkeypatch):
 @pytest.mark.parametrize("S_q, H, lead", [(1, 128, True), (2, 64, True), (1, 96, True), (4, 16, False), (1, 64, False)])
 def test_the_lead_kernel_takes_rows_whose_tiles_other_programs_read(S_q, H, lead, monkeypatch):
     """Two or more 64-row blocks (128 heads; 64 with 2 MTP tokens) run ``split_kernel_lead``, one block
-    ``split_kernel``; both right against the spec (a part-filled last tile, several splits; 96 heads: a part-filled
-    row block, whose partials leave from registers)."""
-    q, kv, cache, block_table, lens = decode_case(2, S_q, H, [1000, 77], torch.bfloat16, True, seed=H + S_q)
-    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, [1000, 77], True, unit_roundoff(q.dtype))
-    ran = []
+    ``split_kernel``; both right against the spec (a part-filled last tile, several splits of several tiles each;
+    96 heads: a part-filled row block, whose partials leave from registers, 128: as tensor-memory copies)."""
+    q, kv, cache, block_table, lens = decode_case(2, S_q, H, [9000, 77], torch.bfloat16, True, seed=H + S_q)
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, [9000, 77], True, unit_roundoff(q.dtype))
+    ran, copied = [], []
+    real_descriptor = decode_sm90.partial_descriptor
+    monkeypatch.setattr(decode_sm90, "partial_descriptor", lambda o: copied.append(real_descriptor(o)) or copied[-1])
     for name in ("split_kernel", "split_kernel_lead"):
         real = getattr(decode_sm90, name)
 
@@ -222,6 +224,7 @@ def test_the_lead_kernel_takes_rows_whose_tiles_other_programs_read(S_q, H, lead
         monkeypatch.setattr(decode_sm90, name, Recorded())
     out, lse = mla_decode_paged(*(t.cuda() for t in (q, cache, block_table, lens)), scale=SCALE, kernel="sm90")
     assert ran == ["split_kernel_lead" if lead else "split_kernel"]
+    assert [c is not None for c in copied] == ([S_q * H % 64 == 0] if lead else [])
     assert decode_sm90.lead_applies(-(-S_q * H // decode_sm90.BLOCK_M)) == lead
     assert_within("out", out, ref_out, out_bound)
     assert_within("lse", lse, ref_lse, lse_bound)
