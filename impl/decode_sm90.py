@@ -837,11 +837,7 @@ if AVAILABLE:
         _barrier()
         mbarrier.arrive(p.bars.index(SUMS_READY), count=1)
         m_o, l_o = gl.convert_layout(m_i, gl.SliceLayout(1, PV1)), gl.convert_layout(l_i, gl.SliceLayout(1, PV1))
-        if DESC_O is None:
-            _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), 0,
-                        2 * HALF, True, SINGLE)  # fmt: skip
-        else:  # q is read: its 64 KB take the partial
-            _store_partial(acc, m_o, l_o, p, DESC_O, _as_fp32(p.q_v, M, HALF), 0, True)
+        _write_half(acc, m_o, l_o, p, DESC_O, _as_fp32(p.q_v, M, HALF), 0, True, SINGLE)  # q is read: its 64 KB
 
     @gluon.jit
     def _help(p, DESC_H, DESC_R, DESC_O, SINGLE: gl.constexpr):
@@ -866,13 +862,20 @@ if AVAILABLE:
                 _issue_part(p, DESC_H, DESC_R, i + 2, RIGHT)
         mbarrier.wait(p.bars.index(SUMS_READY), 0)
         m_o, l_o = p.rows.index(1).load(ROW), p.rows.index(2).load(ROW)
+        # the stage: the other tile buffer, tile n - 2's (both warpgroups were done with it before the last P was
+        # ready) or never used (n <= 1); no copy comes after the last tile
+        _write_half(acc, m_o, l_o, p, DESC_O, _as_fp32(p.k_v.index(n % 2), M, HALF), HALF, False, SINGLE)
+
+    @gluon.jit
+    def _write_half(acc, m_o, l_o, p, DESC_O, stage, col0, WITH_LSE: gl.constexpr, SINGLE: gl.constexpr):
+        """A warpgroup's epilogue in :func:`split_kernel_lead`: its half of the value columns (``col0 ..``), as
+        tensor-memory copies from ``stage`` where ``DESC_O`` is given (:func:`_store_partial`), else from registers
+        (:func:`_write_rows`)."""
         if DESC_O is None:
-            _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), HALF,
-                        2 * HALF, False, SINGLE)  # fmt: skip
-        else:  # the other tile buffer: tile n - 2's (both warpgroups were done with it before the last P was ready), or
-            # never used (n <= 1); no copy comes after the last tile
-            stage = _as_fp32(p.k_v.index(n % 2), M, HALF)
-            _store_partial(acc, m_o, l_o, p, DESC_O, stage, HALF, False)
+            _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), col0,
+                        2 * acc.shape[1], WITH_LSE, SINGLE)  # fmt: skip
+        else:
+            _store_partial(acc, m_o, l_o, p, DESC_O, stage, col0, WITH_LSE)
 
     # the partitions, one function a SINGLE (as the fp8 kernel's)
 
