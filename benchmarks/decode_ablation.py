@@ -11,7 +11,7 @@ copy of the kernel, before this script existed.
 
     python benchmarks/decode_ablation.py                                 # 128 heads: B64 8K and B1 128K
     python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
-    python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead (128 heads): softmax, MMAs, partials
+    python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead: softmax, MMAs, partials, copies
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
     python benchmarks/decode_ablation.py --kernel sparse     # the sparse decode (mlaspec.impl.sparse_sm90), top-k 2048
 
@@ -117,7 +117,8 @@ SPARSE_ABLATIONS = {
     ],
 }
 # mlaspec.impl.decode_sm90.split_kernel_lead (128 heads): its leader's softmax and both warpgroups' MMAs (its copy
-# waits stay: with three barriers a buffer, a copy issued before the last one landed would arrive twice)
+# waits stay: with three barriers a buffer, a copy issued before the last one landed would arrive twice); all three
+# off leave the copies and the handoffs, "copies" off the compute alone
 LEAD_ABLATIONS = {
     "softmax": [
         (
@@ -167,11 +168,24 @@ LEAD_ABLATIONS["partial stores"] = [
         "        if p.num_splits < 0:\n            _tma_store(DESC_O, [row0, col0], stage)\n",
     ),
 ]
+# its copies: none issued, each part's barrier signalled at once (the tiles then stale): what the compute alone takes
+LEAD_ABLATIONS["copies"] = [
+    (
+        "        if (blk + 1) * n <= p.seq_len:\n            row = page.to(gl.int32) * p.page + slot0\n",
+        "        if blk >= 0:  # ablated: no copy\n            mbarrier.arrive(bar)\n"
+        "        elif (blk + 1) * n <= p.seq_len:\n            row = page.to(gl.int32) * p.page + slot0\n",
+    )
+]
+LEAD_COMPUTE = ("softmax", "q k^T", "P @ V")
 GATHERS = ("byte copies", "scale loads", "RoPE loads")
 # kernel -> (its source file, its ablations, the variants timed by default: as it is, each part alone, ...)
 KERNELS = {
     "landed": ("impl/decode_sm90.py", ABLATIONS, [(), *((n,) for n in ABLATIONS), ("copy waits", "q k^T", "P @ V")]),
-    "lead": ("impl/decode_sm90.py", LEAD_ABLATIONS, [(), *((n,) for n in LEAD_ABLATIONS), ("q k^T", "P @ V")]),
+    "lead": (
+        "impl/decode_sm90.py",
+        LEAD_ABLATIONS,
+        [(), *((n,) for n in LEAD_ABLATIONS), ("q k^T", "P @ V"), LEAD_COMPUTE, (*LEAD_COMPUTE, "partial stores")],
+    ),
     "seesaw": ("benchmarks/seesaw_probe.py", SEESAW_ABLATIONS, [(), ("copies",)]),
     "sparse": (
         "impl/sparse_sm90.py",
