@@ -12,7 +12,9 @@ then writes a plot of the achieved bandwidth against the measured copy bandwidth
 Roofline: ``time >= max(bytes / copy bandwidth, flops / bf16 matmul rate)``, both measured here first
 (:func:`common.measure_roofline`). Providers, bf16 cache (kernel ``decode``): ``triton``
 (:func:`mlaspec.impl.decode.mla_decode_paged`), ``flashmla`` (``flash_mla_with_kvcache``), ``torch`` (gather the
-pages, fp32 logits, softmax, bf16 ``P @ V``). With ``--fp8`` (kernel ``decode_fp8``, cache ``[pages, 64, 576]`` e4m3
+pages, fp32 logits, softmax, bf16 ``P @ V``), ``read`` (no decode: a plain streaming read of the same cache's bytes,
+the fastest of :data:`stream.CONFIGS`; what any kernel reading that cache once can reach at this size, the floor
+the bandwidth targets are judged beside). With ``--fp8`` (kernel ``decode_fp8``, cache ``[pages, 64, 576]`` e4m3
 bytes and a per-tensor ``k_scale``): ``triton`` (the same function with ``k_scale``),
 ``flashmla`` (``torch.ops._flashmla_extension_C.fwd_kvcache_mla_fp8``, SM90; q quantized to e4m3 before timing, as
 vLLM's ``_DecodeConcatQuantFP8`` does outside the kernel), ``torch`` (dequantize the cache, then as bf16). FlashMLA
@@ -32,6 +34,7 @@ import argparse
 import itertools
 import math
 
+import stream
 import torch
 from common import (
     Row,
@@ -46,7 +49,7 @@ from common import (
 )
 
 D_QK, D_V, PAGE = 576, 512, 64
-PROVIDERS = ("triton", "flashmla", "torch")
+PROVIDERS = ("triton", "flashmla", "torch", "read")
 FP8 = torch.float8_e4m3fn
 
 
@@ -149,9 +152,11 @@ def run(
             skip(kernel, "*", dict(B=B, S_kv=S_kv), f"cache over {cache_max_gb:g} GB")
             continue
         cache, block_table, seq_lens = make_problem(B, S_kv, device, fp8=fp8)
+        read = None  # the plain read's fastest launch, chosen once a cache
         for H in heads:
             q = torch.randn(B, s_q, H, D_QK, device=device, dtype=torch.bfloat16)
             shape = dict(H=H, B=B, S_kv=S_kv) | ({"S_q": s_q} if s_q != 1 else {})
+            cache_bytes = cache.numel() * cache.element_size()
             nbytes = B * S_kv * D_QK * elt + 2 * B * s_q * H * (D_QK + D_V)
             flops = 2 * B * s_q * H * S_kv * (D_QK + D_V)
             for p in providers:
@@ -159,9 +164,17 @@ def run(
                 if p == "torch" and temp > torch_max_gb * 1e9:
                     skip(kernel, p, shape, f"{temp / 1e9:.0f} GB of temporaries > {torch_max_gb:g}")
                     continue
+                if p == "read":  # the cache's bytes alone, no FLOPs (left off the roofline plot)
+                    try:
+                        read = read or stream.fastest(cache)[1]
+                    except Exception as exc:  # a note, and the other providers go on
+                        skip(kernel, p, shape, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                        continue
+                    measure(rows, kernel, p, shape, read, nbytes=cache_bytes, flops=0, graph=graph)
+                    continue
                 fn = _fn(p, fm, q, cache, block_table, seq_lens, S_kv, scale, k_scale)
                 measure(rows, kernel, p, shape, fn, nbytes=nbytes, flops=flops, graph=graph)
-        cache = block_table = seq_lens = q = fn = None  # free the problem before the next one
+        cache = block_table = seq_lens = q = fn = read = None  # free the problem before the next one
         torch.cuda.empty_cache()
     return rows
 

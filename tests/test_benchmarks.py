@@ -9,7 +9,18 @@ import sys
 import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-SCRIPTS = ("common", "decode", "sparse", "indexer", "suite", "cost_model", "dcp", "harness", "reference_check")
+SCRIPTS = (
+    "common",
+    "decode",
+    "sparse",
+    "indexer",
+    "suite",
+    "cost_model",
+    "dcp",
+    "harness",
+    "reference_check",
+    "stream",
+)
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -163,3 +174,26 @@ def test_reference_check_on_the_cpu(bench):
         "tiny", ("bfloat16",), __import__("torch").device("cpu"), ("merge_attn_states",)
     )
     assert set(worst) == {"merge_attn_states"} and worst["merge_attn_states"][1] == 0.0
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("programs, block", [(1, 64), (3, 16), (7, 32)])
+def test_the_plain_read_reads_every_word_once(bench, programs, block):
+    """The decode's ``read`` floor (``benchmarks/stream.py``) loads each 32-bit word of the cache exactly once: the XOR
+    of its programs' words is the XOR of all of them (a word read twice cancels, a word skipped is missing), over
+    stretches that do not divide evenly; and it takes no tensor it would read wrongly."""
+    import numpy as np
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the kernel through Triton's interpreter")
+    g = torch.Generator().manual_seed(programs)
+    x = torch.randint(-(2**15), 2**15, (5, 3, 74), generator=g, dtype=torch.int16).to(torch.bfloat16)  # 2220 bytes
+    fn, out = bench["stream"].reader(x, programs, block, stages=2, warps=1)
+    fn()
+    words = x.reshape(-1).view(torch.int32).numpy()
+    assert np.bitwise_xor.reduce(out.numpy()) == np.bitwise_xor.reduce(words)
+    with pytest.raises(ValueError, match="contiguous"):
+        bench["stream"].reader(x.transpose(0, 1), programs, block, 2, 1)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        bench["stream"].reader(x[..., :1].contiguous(), programs, block, 2, 1)
