@@ -33,6 +33,8 @@ REFERENCE = {
     "indexer_graph": "deepgemm",
     "topk": "torch",
 }
+# providers that are a floor, not a kernel of the comparison (a plain read of the same bytes): no ratio
+FLOORS = ("read",)
 
 
 def bench(fn: Callable[[], object], *, graph: bool = False) -> float:
@@ -257,7 +259,7 @@ def add_ratios(rows: Iterable[Row], reference: dict[str, str] = REFERENCE) -> li
     ref = {(r.kernel, shape_str(r.shape)): r.seconds for r in rows if r.provider == reference.get(r.kernel)}
     for r in rows:
         t = ref.get((r.kernel, shape_str(r.shape)))
-        r.ratio = t / r.seconds if t is not None and r.seconds > 0 else None
+        r.ratio = t / r.seconds if t is not None and r.seconds > 0 and r.provider not in FLOORS else None
     return rows
 
 
@@ -270,7 +272,7 @@ def markdown_table(rows: Iterable[Row], reference: dict[str, str] = REFERENCE) -
         "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
-        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x {reference[r.kernel]}"
+        ratio = "floor" if r.provider in FLOORS else "-" if r.ratio is None else f"{r.ratio:.2f}x {reference[r.kernel]}"
         tf = f"{r.tflops:.1f}" if r.flops else "-"
         cells = (r.kernel, shape_str(r.shape), r.provider, f"{r.us:.1f}", f"{r.gbps:.0f}", tf, ratio)
         lines.append("| " + " | ".join(cells) + " |")
@@ -278,6 +280,9 @@ def markdown_table(rows: Iterable[Row], reference: dict[str, str] = REFERENCE) -
     refs = ", ".join(f"{k}: {reference[k]}" for k in used if k in reference)
     lines.append("")
     lines.append(f"vs reference: the reference's time over this row's, same run (> 1: faster). References: {refs}.")
+    if any(r.provider in FLOORS for r in rows):
+        lines.append("")
+        lines.append("floor: a plain streaming read of the same cache, no attention (`benchmarks/stream.py`).")
     return "\n".join(lines)
 
 

@@ -42,6 +42,7 @@ def _rows(common):
         Row("decode", "flashmla", {"H": 16, "B": 64, "S_kv": 4096}, 90e-6, 3.0e8, 1.2e11),
         Row("decode", "triton", {"H": 16, "B": 64, "S_kv": 4096}, 180e-6, 3.0e8, 1.2e11),
         Row("decode", "torch", {"H": 16, "B": 64, "S_kv": 4096}, 900e-6, 3.0e8, 1.2e11),
+        Row("decode", "read", {"H": 16, "B": 64, "S_kv": 4096}, 60e-6, 3.0e8, 0),  # a floor: no ratio
         Row("decode", "triton", {"H": 128, "B": 64, "S_kv": 4096}, 400e-6, 3.2e8, 9.6e11),  # no reference: "-"
         Row("sparse_prefill", "flashmla", {"S_q": 4096, "S_kv": 8192, "H": 128, "K": 2048}, 4e-3, 1.1e10, 2.3e12),
         Row("sparse_prefill", "triton", {"S_q": 4096, "S_kv": 8192, "H": 128, "K": 2048}, 8e-3, 1.1e10, 2.3e12),
@@ -81,6 +82,7 @@ def test_table_ratios_come_from_the_same_run_reference(bench):
     assert cells["decode", "H=16 B=64 S_kv=4096", "flashmla"] == "1.00x flashmla"
     assert cells["decode", "H=16 B=64 S_kv=4096", "torch"] == "0.10x flashmla"
     assert cells["decode", "H=128 B=64 S_kv=4096", "triton"] == "-"  # FlashMLA did not run at this shape
+    assert cells["decode", "H=16 B=64 S_kv=4096", "read"] == "floor" and rows[3].ratio is None
     assert cells["sparse_prefill", "S_q=4096 S_kv=8192 H=128 K=2048", "triton"] == "0.50x flashmla"
     assert cells["indexer", "S=8192", "triton"] == "0.25x deepgemm"
     assert cells["topk", "S=8192 K=2048", "triton"] == "1.20x torch"
