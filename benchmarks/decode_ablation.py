@@ -144,7 +144,8 @@ LEAD_ABLATIONS = {
     ],
     "P @ V": [
         (
-            "            pv = warpgroup_mma(p.p_smem, p.k_v.index(i % 2).slice(0, HALF, dim=1), acc, is_async=True)\n",
+            "            pv = warpgroup_mma(gl.convert_layout(p16, P_A), p.k_v.index(i % 2).slice(0, HALF, dim=1),"
+            " acc,\n                               is_async=True)  # fmt: skip\n",
             "            pv = acc\n",
         ),
         (

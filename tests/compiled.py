@@ -96,6 +96,7 @@ def main(spec: dict) -> dict:
         "prefetched": {tile: prefetched(ttgir, tile) for tile in spec.get("tiles", [])},
         "copies_before_dots": copies_before_dots(ttgir),
         "ptx_has": {word: word in ptx for word in spec.get("ptx_words", [])},
+        "ttgir_has": {word: word in ttgir for word in spec.get("ttgir_words", [])},
     }
 
 

@@ -32,6 +32,7 @@ POINTERS = {
     "LSE": "*fp32",
 }
 # split_kernel_lead's tensor-memory-copy descriptors: a tile's value halves and RoPE part, the fp32 partials' blocks
+REGISTER_A = "#ttg.dot_op<{opIdx = 0"  # an MMA's A operand from registers (TTGIR)
 LEAD_DESCRIPTORS = dict(DESC_H=[64, 256], DESC_R=[64, 64], DESC_O={"block": [64, 256], "dtype": "fp32"})
 # the sparse decode's (mlaspec.impl.sparse_sm90.sparse_kernel) pointers and constexprs
 SPARSE_POINTERS = dict(Q="*bf16", KV="*u8", KVF="*fp32", KVB="*bf16", IDX="*i32", LENS="*i32", SINK="*fp32")
@@ -127,7 +128,8 @@ def test_the_gluon_fp8_decode_converts_in_warps_of_its_own():
 def test_the_gluon_lead_decode_hands_p_to_a_helper_warpgroup():
     """The decode where each key tile is read by several programs (``decode_sm90.split_kernel_lead``): two warpgroups
     (one worker partition: ``mbarrier`` handoffs), a tile as tensor-memory copies of its three parts, the logits as
-    ``[64, 64]`` warpgroup MMAs (N = 64: q read once a tile), within 227 KB."""
+    ``[64, 64]`` warpgroup MMAs (N = 64: q read once a tile), the leader's own ``P @ V`` with ``P`` from registers
+    (an MMA operand in a register layout), within 227 KB."""
     from mlaspec.impl import decode_sm90
 
     if not decode_sm90.AVAILABLE:
@@ -139,8 +141,10 @@ def test_the_gluon_lead_decode_hands_p_to_a_helper_warpgroup():
     for single in (True, False):
         const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=64, BLOCK_N=64, SINGLE=single)
         out = compiled("mlaspec.impl.decode_sm90:split_kernel_lead", pointers, const, num_warps=decode_sm90.LEAD_WARPS,
-                       num_stages=1, options={"maxnreg": decode_sm90.LEAD_REGS.value}, ptx_words=words)  # fmt: skip
+                       num_stages=1, options={"maxnreg": decode_sm90.LEAD_REGS.value}, ptx_words=words,
+                       ttgir_words=[REGISTER_A])  # fmt: skip
         assert all(out["ptx_has"][w] for w in words if w != store), out
+        assert out["ttgir_has"][REGISTER_A], out
         assert out["ptx_has"][store] == (not single), out
         assert 2 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out
 
