@@ -166,9 +166,10 @@ def run(
                     continue
                 if p == "read":  # the cache's bytes alone, no FLOPs (left off the roofline plot)
                     try:
-                        read = read or stream.fastest(cache)[1]
-                    except Exception as exc:  # a note, and the other providers go on
+                        read = read or stream.fastest(cache, graph=graph)[1]
+                    except Exception as exc:  # a note, and the other providers go on (and the next H)
                         skip(kernel, p, shape, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                        providers = [x for x in providers if x != "read"]
                         continue
                     measure(rows, kernel, p, shape, read, nbytes=cache_bytes, flops=0, graph=graph)
                     continue

@@ -60,13 +60,14 @@ def reader(
     return fn, out
 
 
-def fastest(x: torch.Tensor, configs=CONFIGS) -> tuple[float, Callable[[], None]]:
-    """The quickest of ``configs`` reading ``x`` on its GPU: ``(median seconds as CUDA-graph replays, fn)``."""
+def fastest(x: torch.Tensor, configs=CONFIGS, *, graph: bool = True) -> tuple[float, Callable[[], None]]:
+    """The quickest of ``configs`` reading ``x`` on its GPU: ``(median seconds, fn)``, timed as the decode rows are
+    (``graph``: CUDA-graph replays, else ``do_bench``)."""
     from common import bench
 
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     timed = []
     for per_sm, block, stages, warps in configs:
         fn, _ = reader(x, per_sm * sms, block, stages, warps)
-        timed.append((bench(fn, graph=True), fn))
+        timed.append((bench(fn, graph=graph), fn))
     return min(timed, key=lambda t: t[0])
