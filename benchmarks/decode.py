@@ -152,11 +152,15 @@ def run(
             skip(kernel, "*", dict(B=B, S_kv=S_kv), f"cache over {cache_max_gb:g} GB")
             continue
         cache, block_table, seq_lens = make_problem(B, S_kv, device, fp8=fp8)
-        read = None  # the plain read's fastest launch, chosen once a cache
+        cache_bytes, read = cache.numel() * cache.element_size(), None
+        if "read" in providers:  # the plain read's fastest launch, chosen once a cache
+            try:
+                read = stream.fastest(cache, graph=graph)[1]
+            except Exception as exc:  # a note, and the other providers go on
+                skip(kernel, "read", dict(B=B, S_kv=S_kv), f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
         for H in heads:
             q = torch.randn(B, s_q, H, D_QK, device=device, dtype=torch.bfloat16)
             shape = dict(H=H, B=B, S_kv=S_kv) | ({"S_q": s_q} if s_q != 1 else {})
-            cache_bytes = cache.numel() * cache.element_size()
             nbytes = B * S_kv * D_QK * elt + 2 * B * s_q * H * (D_QK + D_V)
             flops = 2 * B * s_q * H * S_kv * (D_QK + D_V)
             for p in providers:
@@ -165,13 +169,8 @@ def run(
                     skip(kernel, p, shape, f"{temp / 1e9:.0f} GB of temporaries > {torch_max_gb:g}")
                     continue
                 if p == "read":  # the cache's bytes alone, no FLOPs (left off the roofline plot)
-                    try:
-                        read = read or stream.fastest(cache, graph=graph)[1]
-                    except Exception as exc:  # a note, and the other providers go on (and the next H)
-                        skip(kernel, p, shape, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
-                        providers = [x for x in providers if x != "read"]
-                        continue
-                    measure(rows, kernel, p, shape, read, nbytes=cache_bytes, flops=0, graph=graph)
+                    if read is not None:
+                        measure(rows, kernel, p, shape, read, nbytes=cache_bytes, flops=0, graph=graph)
                     continue
                 fn = _fn(p, fm, q, cache, block_table, seq_lens, S_kv, scale, k_scale)
                 measure(rows, kernel, p, shape, fn, nbytes=nbytes, flops=flops, graph=graph)
