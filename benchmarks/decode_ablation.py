@@ -14,6 +14,7 @@ copy of the kernel, before this script existed.
     python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead: softmax, MMAs, partials, copies
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
     python benchmarks/decode_ablation.py --kernel sparse     # the sparse decode (mlaspec.impl.sparse_sm90), top-k 2048
+    python benchmarks/decode_ablation.py --padded --shapes 16x1x65536   # 16 heads on split_kernel, beside a plain read
 
 If the kernel's source changes so that an ablation's lines are no longer found, building it fails and names them
 (``tests/test_impl_pipelining.py`` checks that every ablation still applies and compiles for sm_90).
@@ -178,6 +179,11 @@ LEAD_ABLATIONS["copies"] = [
     )
 ]
 LEAD_COMPUTE = ("softmax", "q k^T", "P @ V")
+# split_kernel's partials are stored from registers (_write_rows): the first of the lead kernel's two replacements
+ABLATIONS["partial stores"] = LEAD_ABLATIONS["partial stores"][:1]
+# --padded (16 heads on split_kernel, rows padded to its 64-row tile): what its copies, launches and combine take alone
+PADDED_VARIANTS = [(), ("q k^T", "P @ V"), ("softmax", "q k^T", "P @ V"), ("partial stores",)]
+PADDED_VARIANTS.append(("softmax", "q k^T", "P @ V", "partial stores"))
 GATHERS = ("byte copies", "scale loads", "RoPE loads")
 # kernel -> (its source file, its ablations, the variants timed by default: as it is, each part alone, ...)
 KERNELS = {
@@ -237,9 +243,13 @@ def _in_place(module, landed, kernel: str = "landed"):
     )
 
 
-def run(shapes, kernel: str = "landed") -> list:
+def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
     """:class:`common.Row` s, one a variant of ``kernel`` and shape (provider ``kernel`` or ``"<kernel> without
-    <parts>"``), the landed kernel's, and FlashMLA's where it imports."""
+    <parts>"``), the landed kernel's, and FlashMLA's where it imports. ``padded``: ``split_kernel`` at any head
+    count, rows padded to its 64-row tile (``kernel="sm90"``, :data:`mlaspec.impl.decode.GLUON_TILE`; at 16 heads
+    the decode as called runs the readable kernel), the variants :data:`PADDED_VARIANTS`, and the plain read of the
+    same cache (``benchmarks/stream.py``): the floor of any kernel reading it once."""
+    import stream
     import torch
     from common import Row, bench, load_flashmla
     from decode import D_QK, _fn, make_problem
@@ -248,8 +258,10 @@ def run(shapes, kernel: str = "landed") -> list:
 
     if kernel == "sparse":
         return _sparse_rows(shapes)
+    if padded and kernel != "landed":
+        raise ValueError(f"padded runs the landed split_kernel, not {kernel!r}")
     landed, rows, fm = dec.decode_sm90, [], load_flashmla()
-    variants = [(kernel, parts) for parts in KERNELS[kernel][2]]
+    variants = [(kernel, parts) for parts in (PADDED_VARIANTS if padded else KERNELS[kernel][2])]
     if kernel != "landed":
         variants.insert(0, ("landed", ()))
     with tempfile.TemporaryDirectory() as folder:
@@ -263,16 +275,32 @@ def run(shapes, kernel: str = "landed") -> list:
             shape = dict(H=heads, B=batch, S_kv=keys)
             if fm:
                 rows.append(Row("decode", "flashmla", shape, bench(_fn("flashmla", fm, *problem), graph=True), 0, 0))
-            call = _fn("triton", fm, *problem)
+            if padded:
+                rows.append(Row("decode", "read", shape, stream.fastest(cache)[0], 0, 0, timer="graph"))
+            as_called = _fn("triton", fm, *problem)
+            call = _padded(q, cache, bt, sl, keys) if padded else as_called
             for (k, parts), module in modules.items():
                 dec.decode_sm90 = module
                 try:
-                    seconds = bench(call, graph=True)
+                    seconds = bench(as_called if k == "as called" else call, graph=True)
                 finally:
                     dec.decode_sm90 = landed
                 provider = f"{k} without " + " + ".join(parts) if parts else k
                 rows.append(Row("decode", provider, shape, seconds, 0, 0, timer="graph"))
     return rows
+
+
+def _padded(q, cache, block_table, seq_lens, keys: int):
+    """The decode on ``split_kernel`` with its 64-row tile, whatever the head count (:func:`run`'s ``padded``)."""
+    from decode import D_QK, D_V, PAGE
+
+    from mlaspec.impl.decode import GLUON_TILE, mla_decode_paged
+
+    cache3 = cache.view(-1, PAGE, D_QK)
+    return lambda: mla_decode_paged(
+        q, cache3, block_table, seq_lens, d_v=D_V, scale=192**-0.5, causal=True, max_seq_len=keys, kernel="sm90",
+        config=GLUON_TILE,
+    )  # fmt: skip
 
 
 def _sparse_rows(shapes, topk: int = 2048) -> list:
@@ -317,11 +345,16 @@ def main(argv: list[str] | None = None) -> int:
         " 128x64x8192,128x128x8192, top-k 2048)",
     )
     parser.add_argument("--kernel", choices=list(KERNELS), default="landed", help="whose parts to switch off")
+    parser.add_argument(
+        "--padded",
+        action="store_true",
+        help="split_kernel with rows padded to 64 at any head count (16 heads: 16x1x65536 ...), beside a plain read",
+    )
     parser.add_argument("--out", help="also write a bar chart here (.png)")
     args = parser.parse_args(argv)
     default = "128x64x8192,128x128x8192" if args.kernel == "sparse" else "128x64x8192,128x1x131072"
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or default).split(",")]
-    rows = run(shapes, args.kernel)
+    rows = run(shapes, args.kernel, padded=args.padded)
     print_table(rows, {**REFERENCE, "decode": "landed", "sparse_decode": "sparse"})
     if args.out:
         plot_bars(rows, args.out, title="the Gluon decode without one part (µs, lower is faster)")
