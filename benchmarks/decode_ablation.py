@@ -178,6 +178,18 @@ LEAD_ABLATIONS["copies"] = [
         "        elif (blk + 1) * n <= p.seq_len:\n            row = page.to(gl.int32) * p.page + slot0\n",
     )
 ]
+# the second head block's copies (each tile's second reader, from L2): none issued, its barriers signalled at once;
+# with the compute off, what the copies alone take when each tile crosses from L2 to an SM once, not twice
+LEAD_ABLATIONS["second copies"] = [
+    (
+        f"                mbarrier.expect(bar, {d}.block_type.nbytes)\n"
+        f"                _tma_load({d}, [row, {c}], bar, dst)\n",
+        f"                mbarrier.expect(bar, {d}.block_type.nbytes, pred=p.pid_m % 2 == 0)\n"
+        f"                mbarrier.arrive(bar, pred=p.pid_m % 2 == 1)\n"
+        f"                _tma_load({d}, [row, {c}], bar, dst, pred=p.pid_m % 2 == 0)\n",
+    )
+    for d, c in (("DESC_R", "2 * HALF"), ("DESC_H", "PART * HALF"))
+]
 LEAD_COMPUTE = ("softmax", "q k^T", "P @ V")
 # split_kernel's partials are stored from registers (_write_rows): the first of the lead kernel's two replacements
 ABLATIONS["partial stores"] = LEAD_ABLATIONS["partial stores"][:1]
@@ -191,7 +203,15 @@ KERNELS = {
     "lead": (
         "impl/decode_sm90.py",
         LEAD_ABLATIONS,
-        [(), *((n,) for n in LEAD_ABLATIONS), ("q k^T", "P @ V"), LEAD_COMPUTE, (*LEAD_COMPUTE, "partial stores")],
+        [
+            (),
+            *((n,) for n in LEAD_ABLATIONS),
+            ("q k^T", "P @ V"),
+            LEAD_COMPUTE,
+            (*LEAD_COMPUTE, "partial stores"),
+            ("copies", "softmax"),  # the MMAs and handoffs alone
+            (*LEAD_COMPUTE, "second copies"),  # the copies alone, each tile into one SM of the two that read it
+        ],
     ),
     "seesaw": ("benchmarks/seesaw_probe.py", SEESAW_ABLATIONS, [(), ("copies",)]),
     "sparse": (
