@@ -178,10 +178,12 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
         import decode_ablation
     finally:
         sys.path.pop(0)
-    for kernel, (_, ablations, _) in decode_ablation.KERNELS.items():
+    for kernel, (_, ablations, variants) in decode_ablation.KERNELS.items():
+        assert all(part in ablations for parts in variants for part in parts), kernel  # every variant's parts exist
         for part in ablations:
             assert decode_ablation.ablated_source([part], kernel) != decode_ablation.ablated_source([], kernel)
         (tmp_path / f"{kernel}_all.py").write_text(decode_ablation.ablated_source(list(ablations), kernel))
+    assert all(part in decode_ablation.ABLATIONS for parts in decode_ablation.PADDED_VARIANTS for part in parts)
     const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=64, BLOCK_N=64, SINGLE=False, TMA=True)
     spec = dict(num_stages=1, path=[str(tmp_path), str(Path(__file__).parents[1] / "benchmarks")])
     landed = compiled("landed_all:split_kernel", dict(POINTERS, DESC_V=[64, 512], DESC_R=[64, 64]), const,
