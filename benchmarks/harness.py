@@ -14,6 +14,11 @@ the neighbours: the CPU seconds are the steadier figure.
     python benchmarks/harness.py --out-dir docs/bench                 # triton, full on a GPU; else torch, tiny
     python benchmarks/harness.py --backend torch --scale tiny --out-dir /tmp/bench
     python benchmarks/harness.py --warm 0,auto --out-dir docs/bench  # also as by default (--warm auto)
+    python benchmarks/harness.py --against /tmp/old --out-dir /tmp/bench  # this tree and another commit's, one lease
+
+``--against PATH``: a second tree of the package (``git archive REV spec impl conformance | tar -x -C PATH``), timed
+in the same runs, each phase this tree then that one, each from its own fresh caches: what separates a host from a
+change in the code, which two leases cannot (the harness page's times moved 10-25% between leases of one day).
 
 Writes ``harness.md`` (environment, command, table) and ``harness.png`` (wall and CPU seconds, cold and warm) under
 ``--out-dir``. Importing this module runs nothing.
@@ -51,11 +56,12 @@ class Run:
     cpu: float
     status: int
     counts: str
+    code: str = ""  # which tree ran (--against): "" where only this one is timed
 
 
-def time_check(check_args: list[str], env: dict, phase: str, workers: int | str = 0) -> Run:
+def time_check(check_args: list[str], env: dict, phase: str, workers: int | str = 0, code: str = "") -> Run:
     """Run ``mlaspec check check_args`` in a fresh process under ``env``; its wall and CPU (user + system, with its
-    children) seconds."""
+    children) seconds. ``code``: the label of the tree ``env`` imports (:func:`measure`)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(
@@ -70,25 +76,57 @@ def time_check(check_args: list[str], env: dict, phase: str, workers: int | str 
     counts = re.findall(r"^\d+ passed.*$", proc.stdout, re.MULTILINE)
     if proc.returncode not in (0, 1):
         print(proc.stdout[-2000:], proc.stderr[-2000:], sep="\n")
-    return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)")
+    return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)", code)
 
 
-def measure(backend: str, scale: str, dtypes: str, runs: int, warm: tuple[int | str, ...] = (0,)):
+SUBPACKAGES = ("spec", "impl", "conformance")  # mlaspec.<name> = <tree>/<name>
+
+
+def package_path(tree: str, folder: str) -> str:
+    """A folder to put first on ``PYTHONPATH`` so that ``import mlaspec`` imports ``tree`` (a checkout, or its
+    :data:`SUBPACKAGES` unpacked): ``folder/mlaspec/<name>`` links to ``tree/<name>``, as the package's
+    ``package-dir`` maps them (a path entry comes before an editable install's finder)."""
+    missing = [name for name in SUBPACKAGES if not os.path.isdir(os.path.join(tree, name))]
+    if missing:
+        raise ValueError(f"--against {tree!r} is not a tree of mlaspec: it has no {', '.join(missing)}")
+    os.makedirs(os.path.join(folder, "mlaspec"), exist_ok=True)
+    for name in SUBPACKAGES:
+        os.symlink(os.path.abspath(os.path.join(tree, name)), os.path.join(folder, "mlaspec", name))
+    return folder
+
+
+def measure(
+    backend: str,
+    scale: str,
+    dtypes: str,
+    runs: int,
+    warm: tuple[int | str, ...] = (0,),
+    against: str | None = None,
+):
     """``runs`` cold and ``runs`` warm runs of ``mlaspec check --backend backend --scale scale``, for each number
-    of warm-up workers in ``warm``, each pair from fresh caches; yields each :class:`Run` as it ends."""
+    of warm-up workers in ``warm``, each pair from fresh caches; yields each :class:`Run` as it ends. ``against``:
+    a second tree of the package (:func:`package_path`), its runs labelled with its folder's name, each right after
+    this tree's of the same phase (this tree's labelled ``this tree``), from caches of its own."""
     with tempfile.TemporaryDirectory(prefix="mlaspec-harness-") as tmp:
         args = ["--backend", backend, "--scale", scale, "--dtypes", dtypes, "--report", os.path.join(tmp, "report")]
+        trees = [("", os.environ)]
+        if against:
+            path = package_path(against, os.path.join(tmp, "against"))
+            other = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
+            trees = [("this tree", os.environ), (os.path.basename(os.path.abspath(against)), other)]
         for i in range(runs):
             for workers in warm:
-                caches = os.path.join(tmp, f"caches-{i}-{workers}")  # fresh: cold
-                env = os.environ | {
-                    "MLASPEC_CACHE_DIR": os.path.join(caches, "mlaspec"),
-                    "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
-                }
+                envs = []
+                for t, (code, base) in enumerate(trees):
+                    caches = os.path.join(tmp, f"caches-{i}-{workers}-{t}")  # fresh: cold
+                    cache_env = {"MLASPEC_CACHE_DIR": os.path.join(caches, "mlaspec")}
+                    cache_env["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
+                    envs.append((code, base | cache_env))
                 for phase in ("cold", "warm"):
-                    run = time_check(args, env, phase, workers)
-                    print(f"{phase}: {run}", flush=True)
-                    yield run
+                    for code, env in envs:
+                        run = time_check(args, env, phase, workers, code)
+                        print(f"{phase}: {run}", flush=True)
+                        yield run
 
 
 def environment() -> dict:
@@ -127,20 +165,22 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
         "",
         "![wall and CPU seconds](harness.png)",
         "",
-        "| phase | --warm | wall s | CPU s | goal (wall s) | verdicts | exit |",
-        "|---|---:|---:|---:|---:|---|---:|",
     ]
+    coded = any(r.code for r in runs)  # --against: a column for the tree each run imported
+    lines.append("| " + "code | " * coded + "phase | --warm | wall s | CPU s | goal (wall s) | verdicts | exit |")
+    lines.append("|" + "---|" * coded + "---|---:|---:|---:|---:|---|---:|")
     for r in runs:
         target = goal[r.phase]
         mark = "" if target is None else (f"<= {target:g} " + ("met" if r.wall <= target else "missed"))
-        lines.append(f"| {r.phase} | {r.workers} | {r.wall:.1f} | {r.cpu:.1f} | {mark} | {r.counts} | {r.status} |")
+        row = f"| {r.phase} | {r.workers} | {r.wall:.1f} | {r.cpu:.1f} | {mark} | {r.counts} | {r.status} |"
+        lines.append(f"| {r.code} " * coded + row)
     return "\n".join(lines) + "\n"
 
 
 def plot(runs: list[Run], path: str, title: str) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = [f"{r.phase}, --warm {r.workers}" if r.workers else r.phase for r in runs]
+    names = [", ".join(filter(None, [r.code, r.phase, f"--warm {r.workers}" if r.workers else ""])) for r in runs]
     labels = [f"{n} {names[: i + 1].count(n)}" if names.count(n) > 1 else n for i, n in enumerate(names)]
     x = range(len(runs))
     ax.bar([i - 0.2 for i in x], [r.wall for r in runs], 0.4, label="wall s")
@@ -163,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--warm", default="0", help="comma-separated warm-up worker counts or auto, each timed (default: 0)"
     )
+    ap.add_argument("--against", help="a second tree of the package (spec/, impl/, conformance/), timed alongside")
     ap.add_argument("--out-dir", default="bench")
     args = ap.parse_args(argv)
     command = " ".join(["python", *sys.argv]) if argv is None else f"main({argv})"
@@ -176,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dtypes,
         args.runs,
         tuple(n if n == "auto" else int(n) for n in args.warm.split(",")),
+        args.against,
     ):
         runs.append(run)  # the page and the plot after every run: a run cut short still leaves what it measured
         text = markdown(runs, args.backend, args.scale, env, command)

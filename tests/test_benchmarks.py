@@ -171,6 +171,39 @@ def test_harness_table_and_figure(bench, tmp_path):
     assert (tmp_path / "harness.png").read_bytes().startswith(PNG)
 
 
+def test_harness_table_names_the_tree_each_run_imported(bench):
+    """``--against``: a code column, this tree's and the other's runs side by side; without it, no column."""
+    harness = bench["harness"]
+    runs = [harness.Run("warm", "auto", 45.0, 200.0, 0, "308 passed", "this tree")]
+    runs.append(harness.Run("warm", "auto", 71.0, 700.0, 0, "308 passed", "0f559be"))
+    text = harness.markdown(runs, "triton", "full", {"gpu": "H100"}, "python benchmarks/harness.py --against x")
+    assert "| code | phase | --warm |" in text
+    assert "| this tree | warm | auto | 45.0 | 200.0 | <= 60 met | 308 passed | 0 |" in text.splitlines()
+    assert "| 0f559be | warm | auto | 71.0 | 700.0 | <= 60 missed | 308 passed | 0 |" in text.splitlines()
+    assert "| code |" not in harness.markdown([harness.Run("warm", 0, 1.0, 1.0, 0, "x")], "triton", "full", {}, "c")
+
+
+def test_harness_against_imports_the_other_tree(bench, tmp_path):
+    """The folder ``--against`` puts first on ``PYTHONPATH`` makes ``import mlaspec`` (and so the CLI and its
+    workers) load the other tree's sub-packages, ahead of this checkout's install; a folder that is not a tree of
+    the package is refused, naming what it lacks."""
+    import subprocess
+
+    root = os.path.dirname(BENCH)
+    tree = tmp_path / "other"
+    tree.mkdir()
+    for name in ("spec", "impl", "conformance"):
+        (tree / name).symlink_to(os.path.join(root, name))
+    folder = bench["harness"].package_path(str(tree), str(tmp_path / "path"))
+    env = os.environ | {"PYTHONPATH": folder}
+    code = "import mlaspec.conformance.cli as c, mlaspec.spec as s; print(c.__file__); print(list(s.__path__)[0])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert all(line.startswith(folder) for line in out.split()), out
+    (tmp_path / "half" / "spec").mkdir(parents=True)
+    with pytest.raises(ValueError, match="no impl, conformance"):
+        bench["harness"].package_path(str(tmp_path / "half"), str(tmp_path / "p2"))
+
+
 def test_reference_check_on_the_cpu(bench):
     worst = bench["reference_check"].check(
         "tiny", ("bfloat16",), __import__("torch").device("cpu"), ("merge_attn_states",)
