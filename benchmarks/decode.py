@@ -107,15 +107,17 @@ def _flashmla_fp8_fn(ext, q, cache, block_table, seq_lens, scale, k_scale):
     )
 
 
-def _fn(p: str, fm, q, cache, block_table, seq_lens, S_kv: int, scale: float, k_scale: float | None):
-    """Provider ``p``'s call on one problem (``k_scale`` given: the fp8 cache)."""
+def _fn(p: str, fm, q, cache, block_table, seq_lens, S_kv: int, scale: float, k_scale: float | None, **options):
+    """Provider ``p``'s call on one problem (``k_scale`` given: the fp8 cache); ``options``: ``triton``'s further
+    arguments of ``mla_decode_paged`` (``kernel``, ``config``)."""
     from mlaspec.impl.decode import mla_decode_paged
 
     cache3 = cache.view(-1, PAGE, D_QK)
     if p == "triton":
         return lambda: mla_decode_paged(
-            q, cache3, block_table, seq_lens, d_v=D_V, scale=scale, causal=True, k_scale=k_scale, max_seq_len=S_kv
-        )
+            q, cache3, block_table, seq_lens, d_v=D_V, scale=scale, causal=True, k_scale=k_scale, max_seq_len=S_kv,
+            **options,
+        )  # fmt: skip
     if p == "flashmla":
         if k_scale is None:
             return _flashmla_fn(fm, q, cache, block_table, seq_lens, scale)

@@ -11,10 +11,11 @@ copy of the kernel, before this script existed.
 
     python benchmarks/decode_ablation.py                                 # 128 heads: B64 8K and B1 128K
     python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
-    python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead: softmax, MMAs, partials, copies
+    python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead: softmax, MMAs, partials, copies,
+                                                             # the MMAs alone, one copy a tile
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
     python benchmarks/decode_ablation.py --kernel sparse     # the sparse decode (mlaspec.impl.sparse_sm90), top-k 2048
-    python benchmarks/decode_ablation.py --padded --shapes 16x1x65536   # 16 heads on split_kernel, beside a plain read
+    python benchmarks/decode_ablation.py --padded            # 16 heads on split_kernel, beside a plain read
 
 If the kernel's source changes so that an ablation's lines are no longer found, building it fails and names them
 (``tests/test_impl_pipelining.py`` checks that every ablation still applies and compiles for sm_90).
@@ -178,7 +179,8 @@ LEAD_ABLATIONS["copies"] = [
         "        elif (blk + 1) * n <= p.seq_len:\n            row = page.to(gl.int32) * p.page + slot0\n",
     )
 ]
-# the second head block's copies (each tile's second reader, from L2): none issued, its barriers signalled at once;
+# the second head block's tensor-memory copies (each tile's second reader, from L2): none issued, their barriers
+# signalled at once (a sequence's part-filled last tile is still copied);
 # with the compute off, what the copies alone take when each tile crosses from L2 to an SM once, not twice
 LEAD_ABLATIONS["second copies"] = [
     (
@@ -192,10 +194,10 @@ LEAD_ABLATIONS["second copies"] = [
 ]
 LEAD_COMPUTE = ("softmax", "q k^T", "P @ V")
 # split_kernel's partials are stored from registers (_write_rows): the first of the lead kernel's two replacements
+# (so the default --kernel landed run times it too)
 ABLATIONS["partial stores"] = LEAD_ABLATIONS["partial stores"][:1]
 # --padded (16 heads on split_kernel, rows padded to its 64-row tile): what its copies, launches and combine take alone
-PADDED_VARIANTS = [(), ("q k^T", "P @ V"), ("softmax", "q k^T", "P @ V"), ("partial stores",)]
-PADDED_VARIANTS.append(("softmax", "q k^T", "P @ V", "partial stores"))
+PADDED_VARIANTS = [(), ("q k^T", "P @ V"), LEAD_COMPUTE, ("partial stores",), (*LEAD_COMPUTE, "partial stores")]
 GATHERS = ("byte copies", "scale loads", "RoPE loads")
 # kernel -> (its source file, its ablations, the variants timed by default: as it is, each part alone, ...)
 KERNELS = {
@@ -276,10 +278,10 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
 
     import mlaspec.impl.decode as dec
 
-    if kernel == "sparse":
-        return _sparse_rows(shapes)
     if padded and kernel != "landed":
         raise ValueError(f"padded runs the landed split_kernel, not {kernel!r}")
+    if kernel == "sparse":
+        return _sparse_rows(shapes)
     landed, rows, fm = dec.decode_sm90, [], load_flashmla()
     variants = [(kernel, parts) for parts in (PADDED_VARIANTS if padded else KERNELS[kernel][2])]
     if kernel != "landed":
@@ -298,7 +300,7 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
             if padded:
                 rows.append(Row("decode", "read", shape, stream.fastest(cache)[0], 0, 0, timer="graph"))
             as_called = _fn("triton", fm, *problem)
-            call = _padded(q, cache, bt, sl, keys) if padded else as_called
+            call = _fn("triton", fm, *problem, kernel="sm90", config=dec.GLUON_TILE) if padded else as_called
             for (k, parts), module in modules.items():
                 dec.decode_sm90 = module
                 try:
@@ -308,19 +310,6 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
                 provider = f"{k} without " + " + ".join(parts) if parts else k
                 rows.append(Row("decode", provider, shape, seconds, 0, 0, timer="graph"))
     return rows
-
-
-def _padded(q, cache, block_table, seq_lens, keys: int):
-    """The decode on ``split_kernel`` with its 64-row tile, whatever the head count (:func:`run`'s ``padded``)."""
-    from decode import D_QK, D_V, PAGE
-
-    from mlaspec.impl.decode import GLUON_TILE, mla_decode_paged
-
-    cache3 = cache.view(-1, PAGE, D_QK)
-    return lambda: mla_decode_paged(
-        q, cache3, block_table, seq_lens, d_v=D_V, scale=192**-0.5, causal=True, max_seq_len=keys, kernel="sm90",
-        config=GLUON_TILE,
-    )  # fmt: skip
 
 
 def _sparse_rows(shapes, topk: int = 2048) -> list:
@@ -368,11 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--padded",
         action="store_true",
-        help="split_kernel with rows padded to 64 at any head count (16 heads: 16x1x65536 ...), beside a plain read",
+        help="split_kernel, rows padded to 64, at any head count (default: the 16-head targets), beside a plain read",
     )
     parser.add_argument("--out", help="also write a bar chart here (.png)")
     args = parser.parse_args(argv)
     default = "128x64x8192,128x128x8192" if args.kernel == "sparse" else "128x64x8192,128x1x131072"
+    if args.padded:  # the 16-head targets of issue 18
+        default = "16x1x65536,16x1x131072,16x2x65536,16x2x131072,16x1x8192"
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or default).split(",")]
     rows = run(shapes, args.kernel, padded=args.padded)
     print_table(rows, {**REFERENCE, "decode": "landed", "sparse_decode": "sparse"})

@@ -14,11 +14,13 @@ the neighbours: the CPU seconds are the steadier figure.
     python benchmarks/harness.py --out-dir docs/bench                 # triton, full on a GPU; else torch, tiny
     python benchmarks/harness.py --backend torch --scale tiny --out-dir /tmp/bench
     python benchmarks/harness.py --warm 0,auto --out-dir docs/bench  # also as by default (--warm auto)
-    python benchmarks/harness.py --against /tmp/old --out-dir /tmp/bench  # this tree and another commit's, one lease
+    python benchmarks/harness.py --against /tmp/0f559be --runs 2 --out-dir /tmp/bench  # and another commit's tree
 
-``--against PATH``: a second tree of the package (``git archive REV spec impl conformance | tar -x -C PATH``), timed
-in the same runs, each phase this tree then that one, each from its own fresh caches: what separates a host from a
-change in the code, which two leases cannot (the harness page's times moved 10-25% between leases of one day).
+``--against PATH``: a second tree of the package (``mkdir -p PATH && git archive REV spec impl conformance | tar -x
+-C PATH``; its folder's name labels its runs), timed in the same runs, each from fresh caches of its own, the two
+trees' runs of a phase back to back in an order that alternates (this tree first in run 0's cold phase, second in
+its warm phase, and so on), so that with ``--runs 2`` each goes first as often: what separates a host from a change
+in the code, which two leases cannot (the harness page's times moved 10-25% between leases a day apart).
 
 Writes ``harness.md`` (environment, command, table) and ``harness.png`` (wall and CPU seconds, cold and warm) under
 ``--out-dir``. Importing this module runs nothing.
@@ -95,6 +97,11 @@ def package_path(tree: str, folder: str) -> str:
     return folder
 
 
+def _caches(folder: str) -> dict:
+    """The environment of a run whose reference and Triton caches live (fresh: cold) under ``folder``."""
+    return {"MLASPEC_CACHE_DIR": os.path.join(folder, "mlaspec"), "TRITON_CACHE_DIR": os.path.join(folder, "triton")}
+
+
 def measure(
     backend: str,
     scale: str,
@@ -106,7 +113,8 @@ def measure(
     """``runs`` cold and ``runs`` warm runs of ``mlaspec check --backend backend --scale scale``, for each number
     of warm-up workers in ``warm``, each pair from fresh caches; yields each :class:`Run` as it ends. ``against``:
     a second tree of the package (:func:`package_path`), its runs labelled with its folder's name, each right after
-    this tree's of the same phase (this tree's labelled ``this tree``), from caches of its own."""
+    this tree's of the same phase or right before them, alternately (this tree's labelled ``this tree``), from
+    caches of its own."""
     with tempfile.TemporaryDirectory(prefix="mlaspec-harness-") as tmp:
         args = ["--backend", backend, "--scale", scale, "--dtypes", dtypes, "--report", os.path.join(tmp, "report")]
         trees = [("", os.environ)]
@@ -116,14 +124,11 @@ def measure(
             trees = [("this tree", os.environ), (os.path.basename(os.path.abspath(against)), other)]
         for i in range(runs):
             for workers in warm:
-                envs = []
+                envs = []  # each tree's environment over fresh caches: its cold run is cold
                 for t, (code, base) in enumerate(trees):
-                    caches = os.path.join(tmp, f"caches-{i}-{workers}-{t}")  # fresh: cold
-                    cache_env = {"MLASPEC_CACHE_DIR": os.path.join(caches, "mlaspec")}
-                    cache_env["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
-                    envs.append((code, base | cache_env))
-                for phase in ("cold", "warm"):
-                    for code, env in envs:
+                    envs.append((code, base | _caches(os.path.join(tmp, f"caches-{i}-{workers}-{t}"))))
+                for p, phase in enumerate(("cold", "warm")):
+                    for code, env in envs if (i + p) % 2 == 0 else envs[::-1]:  # who goes first alternates
                         run = time_check(args, env, phase, workers, code)
                         print(f"{phase}: {run}", flush=True)
                         yield run
@@ -180,7 +185,7 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
 def plot(runs: list[Run], path: str, title: str) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = [", ".join(filter(None, [r.code, r.phase, f"--warm {r.workers}" if r.workers else ""])) for r in runs]
+    names = ["\n".join(filter(None, [r.code, r.phase, f"--warm {r.workers}" if r.workers else ""])) for r in runs]
     labels = [f"{n} {names[: i + 1].count(n)}" if names.count(n) > 1 else n for i, n in enumerate(names)]
     x = range(len(runs))
     ax.bar([i - 0.2 for i in x], [r.wall for r in runs], 0.4, label="wall s")

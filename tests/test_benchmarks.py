@@ -171,7 +171,7 @@ def test_harness_table_and_figure(bench, tmp_path):
     assert (tmp_path / "harness.png").read_bytes().startswith(PNG)
 
 
-def test_harness_table_names_the_tree_each_run_imported(bench):
+def test_harness_table_names_the_tree_each_run_imported(bench, tmp_path):
     """``--against``: a code column, this tree's and the other's runs side by side; without it, no column."""
     harness = bench["harness"]
     runs = [harness.Run("warm", "auto", 45.0, 200.0, 0, "308 passed", "this tree")]
@@ -181,6 +181,40 @@ def test_harness_table_names_the_tree_each_run_imported(bench):
     assert "| this tree | warm | auto | 45.0 | 200.0 | <= 60 met | 308 passed | 0 |" in text.splitlines()
     assert "| 0f559be | warm | auto | 71.0 | 700.0 | <= 60 missed | 308 passed | 0 |" in text.splitlines()
     assert "| code |" not in harness.markdown([harness.Run("warm", 0, 1.0, 1.0, 0, "x")], "triton", "full", {}, "c")
+    harness.plot(runs, str(tmp_path / "harness.png"), "t")
+    assert (tmp_path / "harness.png").read_bytes().startswith(PNG)
+
+
+def test_harness_against_alternates_the_trees_over_caches_of_their_own(bench, tmp_path, monkeypatch):
+    """``measure(against=...)``: each phase times both trees, the one that goes first alternating (so that over two
+    runs each goes first as often), each tree over fresh caches of its own, the other tree's folder first on a
+    ``PYTHONPATH`` that keeps what was there."""
+    harness = bench["harness"]
+    tree = tmp_path / "0f559be"
+    for name in harness.SUBPACKAGES:
+        (tree / name).mkdir(parents=True)
+    calls = []
+
+    def time_check(args, env, phase, workers=0, code=""):
+        calls.append((phase, code, env.get("PYTHONPATH"), env["TRITON_CACHE_DIR"], env["MLASPEC_CACHE_DIR"]))
+        return harness.Run(phase, workers, 1.0, 1.0, 0, "x", code)
+
+    monkeypatch.setattr(harness, "time_check", time_check)
+    monkeypatch.setenv("PYTHONPATH", "/kept")
+    runs = list(harness.measure("torch", "tiny", "bfloat16", 2, against=str(tree)))
+    order = [(phase, code) for phase, code, *_ in calls]
+    assert order == [
+        ("cold", "this tree"), ("cold", "0f559be"), ("warm", "0f559be"), ("warm", "this tree"),
+        ("cold", "0f559be"), ("cold", "this tree"), ("warm", "this tree"), ("warm", "0f559be"),
+    ]  # fmt: skip
+    assert [r.code for r in runs] == [code for _, code in order]
+    by_cache = {}
+    for phase, code, path, triton_cache, cache in calls:
+        kept = path.split(os.pathsep)[code != "this tree" :]  # the other tree's folder first, then what was there
+        assert kept == ["/kept"], path
+        by_cache.setdefault((triton_cache, cache), []).append((phase, code))
+    # four fresh cache folders (two runs x two trees), each one tree's cold run and then its warm run
+    assert sorted(by_cache.values()) == sorted([[("cold", c), ("warm", c)] for c in ("this tree", "0f559be")] * 2)
 
 
 def test_harness_against_imports_the_other_tree(bench, tmp_path):
