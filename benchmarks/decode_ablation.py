@@ -212,6 +212,7 @@ KERNELS = {
             LEAD_COMPUTE,
             (*LEAD_COMPUTE, "partial stores"),
             ("copies", "softmax"),  # the MMAs and handoffs alone
+            ("copies", "q k^T"),  # the compute alone without q k^T: is its overlap lost to q k^T or to the balance?
             (*LEAD_COMPUTE, "second copies"),  # the copies alone, each tile into one SM of the two that read it
         ],
     ),
