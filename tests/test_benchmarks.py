@@ -223,19 +223,19 @@ def test_harness_against_imports_the_other_tree(bench, tmp_path):
     the package is refused, naming what it lacks."""
     import subprocess
 
-    root = os.path.dirname(BENCH)
+    harness, root = bench["harness"], os.path.dirname(BENCH)
     tree = tmp_path / "other"
     tree.mkdir()
-    for name in ("spec", "impl", "conformance"):
+    for name in harness.SUBPACKAGES:
         (tree / name).symlink_to(os.path.join(root, name))
-    folder = bench["harness"].package_path(str(tree), str(tmp_path / "path"))
+    folder = harness.package_path(str(tree), str(tmp_path / "path"))
     env = os.environ | {"PYTHONPATH": folder}
     code = "import mlaspec.conformance.cli as c, mlaspec.spec as s; print(c.__file__); print(list(s.__path__)[0])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert all(line.startswith(folder) for line in out.split()), out
     (tmp_path / "half" / "spec").mkdir(parents=True)
     with pytest.raises(ValueError, match="no impl, conformance"):
-        bench["harness"].package_path(str(tmp_path / "half"), str(tmp_path / "p2"))
+        harness.package_path(str(tmp_path / "half"), str(tmp_path / "p2"))
 
 
 def test_reference_check_on_the_cpu(bench):

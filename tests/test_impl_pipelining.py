@@ -31,8 +31,8 @@ POINTERS = {
     "OUT": "*bf16",
     "LSE": "*fp32",
 }
-# split_kernel_lead's tensor-memory-copy descriptors: a tile's value halves and RoPE part, the fp32 partials' blocks
 REGISTER_A = "#ttg.dot_op<{opIdx = 0"  # an MMA's A operand from registers (TTGIR)
+# split_kernel_lead's tensor-memory-copy descriptors: a tile's value halves and RoPE part, the fp32 partials' blocks
 LEAD_DESCRIPTORS = dict(DESC_H=[64, 256], DESC_R=[64, 64], DESC_O={"block": [64, 256], "dtype": "fp32"})
 # the sparse decode's (mlaspec.impl.sparse_sm90.sparse_kernel) pointers and constexprs
 SPARSE_POINTERS = dict(Q="*bf16", KV="*u8", KVF="*fp32", KVB="*bf16", IDX="*i32", LENS="*i32", SINK="*fp32")
