@@ -213,6 +213,9 @@ KERNELS = {
             (*LEAD_COMPUTE, "partial stores"),
             ("copies", "softmax"),  # the MMAs and handoffs alone
             ("copies", "q k^T"),  # the compute alone without q k^T: is its overlap lost to q k^T or to the balance?
+            ("copies", "P @ V"),  # the compute alone without P @ V
+            ("softmax", "P @ V"),  # q k^T alone beside the copies: does it lose the overlap when it is short?
+            ("copies", "softmax", "P @ V"),  # q k^T alone
             (*LEAD_COMPUTE, "second copies"),  # the copies alone, each tile into one SM of the two that read it
         ],
     ),

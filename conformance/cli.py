@@ -34,7 +34,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cpus import usable_cpus
+from .cpus import take_parent_share, usable_cpus
 
 __all__ = ["main", "parser"]
 
@@ -125,6 +125,8 @@ def _check(args: argparse.Namespace) -> int:
     from .spawn import spawn
 
     started = spawn(args.backend) if args.isolation == "process" and args.dcp is None else None
+    if started is not None:
+        take_parent_share()  # the worker and any warm-ups take the rest of the CPUs
     try:
         return _check_cases(args, started)
     finally:

@@ -203,9 +203,11 @@ class _State:
         """Start the backend's worker process now (:mod:`~mlaspec.conformance.spawn`), so that its imports run
         beside the rest of pytest's start; :meth:`backend` takes it."""
         if self.isolation == "process" and self.dcp is None and self._backend is None and self._started is None:
+            from .cpus import take_parent_share
             from .spawn import spawn
 
             self._started = spawn(self.backend_name)
+            take_parent_share()  # the worker takes the rest of the CPUs
 
     def backend(self):
         """The backend object, loaded once; a backend that cannot load fails every test with the same reason."""

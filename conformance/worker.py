@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from .cases import Case
-from .cpus import usable_cpus
+from .cpus import worker_threads
 from .spawn import Spawned, spawn
 
 __all__ = ["Outcome", "WorkerBackend", "contract_breaches", "error_message", "invoke"]
@@ -411,8 +411,7 @@ def _case_dict(case: Case) -> dict:
 
 def _main() -> None:  # pragma: no cover - the worker process
     faulthandler.enable()  # a fatal signal writes the Python stack to the log the parent shows
-    # the parent's float64 reference is the CPU work of a run; the worker only builds inputs and checks them
-    torch.set_num_threads(max(1, min(4, usable_cpus() // 4)))
+    torch.set_num_threads(worker_threads())  # the parent's float64 references are the run's CPU work
     device = os.environ.get("MLASPEC_DEVICE", "")
     if device.startswith("cuda:"):  # a sharded run's GPU (pytest --mla-device cuda): the current device too
         torch.cuda.set_device(torch.device(device))
