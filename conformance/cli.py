@@ -34,7 +34,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cpus import take_parent_share, usable_cpus
+from .cpus import parent_share, usable_cpus
 
 __all__ = ["main", "parser"]
 
@@ -125,10 +125,11 @@ def _check(args: argparse.Namespace) -> int:
     from .spawn import spawn
 
     started = spawn(args.backend) if args.isolation == "process" and args.dcp is None else None
-    if started is not None:
-        take_parent_share()  # the worker and any warm-ups take the rest of the CPUs
     try:
-        return _check_cases(args, started)
+        if started is None:
+            return _check_cases(args, started)
+        with parent_share():  # the worker and any warm-ups take the rest of the CPUs
+            return _check_cases(args, started)
     finally:
         if started is not None:  # stopped by the run that took it; else (a usage error first) stopped here
             started.kill()

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["parent_threads", "take_parent_share", "usable_cpus", "worker_threads"]
+__all__ = ["USER_THREADS", "parent_share", "parent_threads", "usable_cpus", "worker_threads"]
 
 
 def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
@@ -37,28 +39,35 @@ def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     return max(1, cpus)
 
 
-def parent_threads(cpus: int | None = None) -> int:
+def parent_threads(cpus: int | None = None, runs: int = 1) -> int:
     """The torch threads of the run's own process while a judged worker runs beside it: half of ``cpus`` (default
-    :func:`usable_cpus`), at least 1. Against torch's default (every CPU), alternated on one host
-    (``benchmarks/harness.py --against``): the default CPU run on 2 cores 14.7-15.6 s cold and 11.2-13.0 s warm,
-    against 18.7-18.8 and 13.9-14.2; the full-scale triton run on an H100 host of 16 CPUs (8 warm-ups) 102.5 s cold
-    and 42.8 s warm against 135.2 and 69.6, 963 and 208 CPU seconds against 1661 and 752 (``docs/backends.md``)."""
+    :func:`usable_cpus`) over the ``runs`` that share them (pytest-xdist's workers), at least 1. Measured against
+    torch's default of every CPU in ``docs/conformance.md`` (the run's processes)."""
     n = usable_cpus() if cpus is None else cpus
-    return max(1, n // 2)
+    return max(1, n // (2 * runs))
 
 
 def worker_threads(cpus: int | None = None) -> int:
-    """The judged worker's torch threads: it builds the inputs and checks the call's input contract, the float64
-    references are the parent's: a quarter of ``cpus`` (default :func:`usable_cpus`), 1 to 4."""
+    """The judged worker's torch threads, a quarter of ``cpus`` (default :func:`usable_cpus`), 1 to 4: it builds the
+    inputs and checks the input contract, while the float64 references are the parent's."""
     n = usable_cpus() if cpus is None else cpus
     return max(1, min(4, n // 4))
 
 
-def take_parent_share() -> int:
-    """Set this process's torch threads to :func:`parent_threads`, unless ``OMP_NUM_THREADS`` chose them (a user's
-    setting is kept); the threads it has now."""
+#: what a user sets to choose the threads; where either is set, the run keeps torch's threads as they are
+USER_THREADS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@contextmanager
+def parent_share(runs: int = 1) -> Iterator[int]:
+    """This process's torch threads set to :func:`parent_threads` (``runs``: its argument) for the ``with`` block,
+    then back to what they were; kept as they are where the user set :data:`USER_THREADS`. Yields the threads."""
     import torch
 
-    if not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(parent_threads())
-    return torch.get_num_threads()
+    before = torch.get_num_threads()
+    if not any(os.environ.get(v) for v in USER_THREADS):
+        torch.set_num_threads(parent_threads(runs=runs))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)

@@ -26,6 +26,7 @@ usage error that says how to name one (as array-api-tests does with ``ARRAY_API_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -160,6 +161,7 @@ class _State:
     _backend: Any = None
     _load_error: str | None = None
     _started: Any = None  # the worker process start() began, until backend() takes it
+    _share: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)  # the parent's threads
     _sink: Any = field(default=None, repr=False)
 
     @classmethod
@@ -203,11 +205,13 @@ class _State:
         """Start the backend's worker process now (:mod:`~mlaspec.conformance.spawn`), so that its imports run
         beside the rest of pytest's start; :meth:`backend` takes it."""
         if self.isolation == "process" and self.dcp is None and self._backend is None and self._started is None:
-            from .cpus import take_parent_share
+            from .cpus import parent_share
             from .spawn import spawn
 
             self._started = spawn(self.backend_name)
-            take_parent_share()  # the worker takes the rest of the CPUs
+            # the worker takes the rest of the CPUs; under pytest-xdist each of its workers is such a parent
+            runs = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+            self._share.enter_context(parent_share(runs=runs))
 
     def backend(self):
         """The backend object, loaded once; a backend that cannot load fails every test with the same reason."""
@@ -260,6 +264,7 @@ class _State:
         if self._started is not None:  # started, never needed (no test of this session asked for the backend)
             self._started.kill()
             self._started = None
+        self._share.close()  # this process's threads as they were
 
 
 _KEY = pytest.StashKey[_State]()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlaspec.conformance.cpus import parent_threads, usable_cpus, worker_threads
+from mlaspec.conformance.cpus import USER_THREADS, parent_threads, usable_cpus, worker_threads
 
 AFFINITY = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -58,37 +58,41 @@ def test_the_parent_takes_half_the_cpus_and_the_worker_a_quarter_up_to_four(cpus
     assert (parent_threads(cpus), worker_threads(cpus)) == (parent, worker)
 
 
-_THREADS_AFTER_A_RUN = """
+_THREADS_IN_A_RUN = """
 import sys, torch
-from mlaspec.conformance.cli import main
-status = main(["check", "--case", "merge_attn_states[tp8-float16]", "--report", sys.argv[1], *sys.argv[2:]])
-print(status, torch.get_num_threads())
+from mlaspec.conformance import cli, runner
+start, report, *extra = sys.argv[1:]
+if int(start):
+    torch.set_num_threads(int(start))
+seen, run_cases = [], runner.run_cases
+runner.run_cases = lambda *a, **k: seen.append(torch.get_num_threads()) or run_cases(*a, **k)
+status = cli.main(["check", "--case", "merge_attn_states[tp8-float16]", "--report", report, *extra])
+print(status, seen[0], torch.get_num_threads())
 """
 
 
-def _threads_after_a_run(tmp_path, *extra: str, omp: str | None = None) -> tuple[int, int]:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | ({"OMP_NUM_THREADS": omp} if omp else {})
+def _threads_in_a_run(tmp_path, start: int, *extra: str, user: dict | None = None) -> tuple[int, int, int]:
+    """``mlaspec check`` of one case in a fresh process whose torch threads were ``start`` (0: torch's default) and
+    whose environment adds ``user``: its exit status, its threads while the cases ran, and after."""
+    env = {k: v for k, v in os.environ.items() if k not in USER_THREADS} | (user or {})
     env["MLASPEC_CACHE_DIR"] = str(tmp_path / "cache")
-    argv = [sys.executable, "-c", _THREADS_AFTER_A_RUN, str(tmp_path / "report"), *extra]
+    argv = [sys.executable, "-c", _THREADS_IN_A_RUN, str(start), str(tmp_path / "report"), *extra]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.split()
-    return int(out[-2]), int(out[-1])
+    return int(out[-3]), int(out[-2]), int(out[-1])
 
 
 def test_a_run_with_a_worker_leaves_it_the_cpus_the_parent_does_not_take(tmp_path):
-    """torch's default gives every process every CPU: the parent of an isolated run takes its share instead, a run
-    without a worker keeps the default, and a user's ``OMP_NUM_THREADS`` is kept."""
-    default = int(
-        subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-            env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
-    if default == parent_threads():
-        pytest.skip(f"torch's default here ({default} threads) is already the parent's share")
-    assert _threads_after_a_run(tmp_path / "isolated") == (0, parent_threads())
-    assert _threads_after_a_run(tmp_path / "alone", "--isolation", "none") == (0, default)
+    """torch's default gives every process every CPU: the parent of an isolated run takes its share while the cases
+    run and gives it back after; a run without a worker keeps what it had, and so does a user's ``OMP_NUM_THREADS`` or
+    ``MKL_NUM_THREADS``."""
+    start = parent_threads() + 1
+    assert _threads_in_a_run(tmp_path / "isolated", start) == (0, parent_threads(), start)
+    assert _threads_in_a_run(tmp_path / "alone", start, "--isolation", "none") == (0, start, start)
     user = 1 if parent_threads() > 1 else 2  # not the share, and no more than the CPUs (torch caps it there)
-    assert _threads_after_a_run(tmp_path / "user", omp=str(user)) == (0, user)
+    for name in USER_THREADS:
+        got = _threads_in_a_run(tmp_path / name, 0, user={name: str(user)})
+        assert got[:2] == (0, user), name
+
+
+def test_parallel_runs_divide_the_parents_share():
+    assert [parent_threads(16, runs=r) for r in (1, 2, 4, 8, 16)] == [8, 4, 2, 1, 1]

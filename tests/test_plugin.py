@@ -158,6 +158,33 @@ def test_the_worker_starts_at_configure_and_is_the_one_the_cases_use(suite, spaw
     assert len(spawned) == 1 and spawned[0].proc.poll() is not None
 
 
+@pytest.mark.parametrize("xdist_workers", [None, "4"])
+def test_the_plugins_parent_takes_its_share_of_the_cpus_and_gives_it_back(spawned, monkeypatch, xdist_workers):
+    """Beside its worker the plugin's process takes :func:`~mlaspec.conformance.cpus.parent_threads` (divided among
+    pytest-xdist's workers, each such a parent) and has its threads back when the session ends."""
+    import torch
+
+    from mlaspec.conformance.cpus import USER_THREADS, parent_threads
+    from mlaspec.conformance.plugin import _State
+
+    for name in USER_THREADS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    if xdist_workers:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", xdist_workers)
+    share = parent_threads(runs=int(xdist_workers or 1))
+    before = torch.get_num_threads()
+    torch.set_num_threads(share + 1)
+    try:
+        state = _State("torch", "tiny", ("float32",), None, 60.0, 0, 0, None)
+        state.start()
+        during = torch.get_num_threads()
+        state.close()
+        assert (during, torch.get_num_threads()) == (share, share + 1)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_inert_in_other_test_runs(pytester, monkeypatch):
     """Loaded into a run that does not collect the suite, the plugin imports nothing heavy and changes nothing."""
     monkeypatch.delenv("MLASPEC_BACKEND", raising=False)
