@@ -13,7 +13,7 @@ the neighbours: the CPU seconds are the steadier figure.
 
     python benchmarks/harness.py --out-dir docs/bench                 # triton, full on a GPU; else torch, tiny
     python benchmarks/harness.py --backend torch --scale tiny --out-dir /tmp/bench
-    python benchmarks/harness.py --warm 0,auto --out-dir docs/bench  # also as by default (--warm auto)
+    python benchmarks/harness.py --warm 0,auto --out-dir docs/bench  # also without warm-ups (default: auto)
     python benchmarks/harness.py --against /tmp/0f559be --runs 2 --out-dir /tmp/bench  # and another commit's tree
 
 ``--against PATH``: a second tree of the package (``mkdir -p PATH && git archive REV spec impl conformance | tar -x
@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--runs", type=int, default=1, help="cold + warm pairs, each pair from fresh caches")
     ap.add_argument(
-        "--warm", default="0", help="comma-separated warm-up worker counts or auto, each timed (default: 0)"
+        "--warm",
+        default="auto",
+        help="comma-separated warm-up worker counts or auto, each timed (default: auto, as mlaspec check runs)",
     )
     ap.add_argument("--against", help="a second tree of the package (spec/, impl/, conformance/), timed alongside")
     ap.add_argument("--out-dir", default="bench")
