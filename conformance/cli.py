@@ -30,6 +30,7 @@ run stops there (every later launch would fail), says how many cases were not ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -125,10 +126,8 @@ def _check(args: argparse.Namespace) -> int:
     from .spawn import spawn
 
     started = spawn(args.backend) if args.isolation == "process" and args.dcp is None else None
-    try:
-        if started is None:
-            return _check_cases(args, started)
-        with parent_share():  # the worker and any warm-ups take the rest of the CPUs
+    try:  # beside a worker (and any warm-ups) this process takes its share of the CPUs
+        with parent_share() if started is not None else contextlib.nullcontext():
             return _check_cases(args, started)
     finally:
         if started is not None:  # stopped by the run that took it; else (a usage error first) stopped here
