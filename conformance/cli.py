@@ -126,8 +126,9 @@ def _check(args: argparse.Namespace) -> int:
     from .spawn import spawn
 
     started = spawn(args.backend) if args.isolation == "process" and args.dcp is None else None
-    try:  # beside a worker (and any warm-ups) this process takes its share of the CPUs
-        with parent_share() if started is not None else contextlib.nullcontext():
+    beside = started is not None or args.dcp is not None  # a worker (and any warm-ups), or a DCP group's ranks
+    try:  # then this process takes its share of the CPUs
+        with parent_share() if beside else contextlib.nullcontext():
             return _check_cases(args, started)
     finally:
         if started is not None:  # stopped by the run that took it; else (a usage error first) stopped here

@@ -8,8 +8,8 @@ often are) gets fewer, and thread pools and warm-up processes sized from the hos
 The processes of one ``mlaspec check`` divide those CPUs between them rather than each taking all: torch's pool of
 intra-op threads defaults to every CPU in every process, and OpenMP threads that outnumber the cores spin at each
 parallel region's barrier on cores another process needs. The parent (references, budgets, the judge) takes
-:func:`parent_threads`, the judged worker :func:`worker_threads`, each warm-up process one
-(:mod:`~mlaspec.conformance.warmup`; at most half the CPUs, while kernels compile).
+:func:`parent_threads`, the judged worker (or a DCP group's ranks together) :func:`worker_threads`, each warm-up
+process one (:mod:`~mlaspec.conformance.warmup`; at most half the CPUs, while kernels compile).
 """
 
 from __future__ import annotations
@@ -40,18 +40,19 @@ def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
 
 
 def parent_threads(cpus: int | None = None, runs: int = 1) -> int:
-    """The torch threads of the run's own process while a judged worker runs beside it: half of ``cpus`` (default
-    :func:`usable_cpus`) over the ``runs`` that share them (pytest-xdist's workers), at least 1. Measured against
-    torch's default of every CPU in ``docs/conformance.md`` (the run's processes)."""
+    """The torch threads of the run's own process while a judged worker or a DCP group's ranks run beside it: half
+    of ``cpus`` (default :func:`usable_cpus`) over the ``runs`` that share them (pytest-xdist's workers), at least 1.
+    Measured against torch's default of every CPU in ``docs/conformance.md`` (the run's processes)."""
     n = usable_cpus() if cpus is None else cpus
     return max(1, n // (2 * runs))
 
 
-def worker_threads(cpus: int | None = None) -> int:
-    """The judged worker's torch threads, a quarter of ``cpus`` (default :func:`usable_cpus`), 1 to 4: it builds the
-    inputs and checks the input contract, while the float64 references are the parent's."""
+def worker_threads(cpus: int | None = None, workers: int = 1) -> int:
+    """The torch threads of each of ``workers`` processes that run the backend (the judged worker, or a DCP group's
+    ranks): together a quarter of ``cpus`` (default :func:`usable_cpus`), each 1 to 4. They build the inputs and
+    check the input contract, while the float64 references are the parent's."""
     n = usable_cpus() if cpus is None else cpus
-    return max(1, min(4, n // 4))
+    return max(1, min(4, n // (4 * workers)))
 
 
 #: what a user sets to choose the threads; where either is set, the run keeps torch's threads as they are

@@ -205,13 +205,17 @@ class _State:
         """Start the backend's worker process now (:mod:`~mlaspec.conformance.spawn`), so that its imports run
         beside the rest of pytest's start; :meth:`backend` takes it."""
         if self.isolation == "process" and self.dcp is None and self._backend is None and self._started is None:
-            from .cpus import parent_share
             from .spawn import spawn
 
             self._started = spawn(self.backend_name)
-            # the worker takes the rest of the CPUs; under pytest-xdist each of its workers is such a parent
-            runs = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-            self._share.enter_context(parent_share(runs=runs))
+            self._share_cpus()
+
+    def _share_cpus(self) -> None:
+        """Take this process's share of the CPUs (:func:`~mlaspec.conformance.cpus.parent_share`) until :meth:`close`:
+        the worker or the DCP group's ranks take the rest; under pytest-xdist each of its workers is such a parent."""
+        from .cpus import parent_share
+
+        self._share.enter_context(parent_share(runs=int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)))
 
     def backend(self):
         """The backend object, loaded once; a backend that cannot load fails every test with the same reason."""
@@ -228,6 +232,7 @@ class _State:
                     if self.dcp < 2 or self.isolation != "process":
                         raise ValueError("--mla-dcp needs N >= 2 and --mla-isolation process")
                     self._backend = RankGroup(self.backend_name, self.dcp, timeout=self.timeout)
+                    self._share_cpus()
                 elif self.isolation == "process":
                     self._backend = WorkerBackend(self.backend_name, timeout=self.timeout, started=started)
                 else:

@@ -163,6 +163,22 @@ class RankLosesItsDevice(_MisbehavingRank):
         lost()
 
 
+class ThreadsAsShared(TorchBackend):
+    """Honest, but its decode refuses to run on other torch threads than the harness gives the process that runs the
+    backend: the judged worker's, or each DCP rank's share (:func:`mlaspec.conformance.cpus.worker_threads`)."""
+
+    def mla_decode(self, q, kv, **kw):
+        import torch
+        import torch.distributed as dist
+
+        from mlaspec.conformance.cpus import worker_threads
+
+        expected = worker_threads(workers=dist.get_world_size() if dist.is_initialized() else 1)
+        if torch.get_num_threads() != expected:
+            raise RuntimeError(f"{torch.get_num_threads()} torch threads, not the {expected} of this process's share")
+        return super().mla_decode(q, kv, **kw)
+
+
 class WithCombine(TorchBackend):
     """Honest, with a ``dcp_combine`` of its own: the group combines by all-to-all and this (the spec's combine)."""
 

@@ -58,35 +58,44 @@ def test_the_parent_takes_half_the_cpus_and_the_worker_a_quarter_up_to_four(cpus
     assert (parent_threads(cpus), worker_threads(cpus)) == (parent, worker)
 
 
+@pytest.mark.parametrize("cpus, ranks, each", [(2, 2, 1), (16, 2, 2), (16, 8, 1), (64, 2, 4), (64, 4, 4), (64, 8, 2)])
+def test_a_dcp_groups_ranks_share_a_quarter_of_the_cpus(cpus, ranks, each):
+    assert worker_threads(cpus, workers=ranks) == each
+
+
 _THREADS_IN_A_RUN = """
 import sys, torch
 from mlaspec.conformance import cli, runner
-start, report, *extra = sys.argv[1:]
+start, report, case, *extra = sys.argv[1:]
 if int(start):
     torch.set_num_threads(int(start))
 seen, run_cases = [], runner.run_cases
 runner.run_cases = lambda *a, **k: seen.append(torch.get_num_threads()) or run_cases(*a, **k)
-status = cli.main(["check", "--case", "merge_attn_states[tp8-float16]", "--report", report, *extra])
+status = cli.main(["check", "--case", case, "--report", report, *extra])
 print(status, seen[0], torch.get_num_threads())
 """
 
 
-def _threads_in_a_run(tmp_path, start: int, *extra: str, user: dict | None = None) -> tuple[int, int, int]:
-    """``mlaspec check`` of one case in a fresh process whose torch threads were ``start`` (0: torch's default) and
+def _threads_in_a_run(
+    tmp_path, start: int, *extra: str, user: dict | None = None, case: str = "merge_attn_states[tp8-float16]"
+) -> tuple[int, int, int]:
+    """``mlaspec check`` of ``case`` in a fresh process whose torch threads were ``start`` (0: torch's default) and
     whose environment adds ``user``: its exit status, its threads while the cases ran, and after."""
     env = {k: v for k, v in os.environ.items() if k not in USER_THREADS} | (user or {})
     env["MLASPEC_CACHE_DIR"] = str(tmp_path / "cache")
-    argv = [sys.executable, "-c", _THREADS_IN_A_RUN, str(start), str(tmp_path / "report"), *extra]
+    argv = [sys.executable, "-c", _THREADS_IN_A_RUN, str(start), str(tmp_path / "report"), case, *extra]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.split()
     return int(out[-3]), int(out[-2]), int(out[-1])
 
 
 def test_a_run_with_a_worker_leaves_it_the_cpus_the_parent_does_not_take(tmp_path):
-    """torch's default gives every process every CPU: the parent of an isolated run takes its share while the cases
-    run and gives it back after; a run without a worker keeps what it had, and so does a user's ``OMP_NUM_THREADS`` or
-    ``MKL_NUM_THREADS``."""
+    """torch's default gives every process every CPU: the parent of an isolated run or of a DCP group takes its share
+    while the cases run and gives it back after; a run without a worker keeps what it had, and so does a user's
+    ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS``."""
     start = parent_threads() + 1
     assert _threads_in_a_run(tmp_path / "isolated", start) == (0, parent_threads(), start)
+    dcp = "dcp_decode[length-1-dcp2-bfloat16]"
+    assert _threads_in_a_run(tmp_path / "dcp", start, "--dcp", "2", case=dcp) == (0, parent_threads(), start)
     assert _threads_in_a_run(tmp_path / "alone", start, "--isolation", "none") == (0, start, start)
     user = 1 if parent_threads() > 1 else 2  # not the share, and no more than the CPUs (torch caps it there)
     for name in USER_THREADS:

@@ -44,6 +44,15 @@ def test_two_processes_give_the_simulated_ranks_verdicts(tmp_path, misbehaving, 
     assert "2 ranks over gloo" in (tmp_path / "dcp" / "environment.json").read_text()
 
 
+def test_the_ranks_and_the_judged_worker_run_on_their_share_of_the_cpus(tmp_path, misbehaving):
+    """Each rank takes its share of the CPUs (:func:`~mlaspec.conformance.cpus.worker_threads` of the group), as the
+    judged worker does of a run without ``--dcp``: the backend's decode refuses any other thread count."""
+    status, by_case = _check(tmp_path / "dcp", "misbehaving:ThreadsAsShared", "--dcp", "2", cases=DCP2[:1])
+    assert status == EXIT_OK and by_case[DCP2[0]]["verdict"] == "pass", by_case
+    status, by_case = _check(tmp_path / "one", "misbehaving:ThreadsAsShared", cases=DCP2[:1])
+    assert status == EXIT_OK and by_case[DCP2[0]]["verdict"] == "pass", by_case
+
+
 @pytest.mark.parametrize(
     "adapter, verdict, reason, timeout",
     [

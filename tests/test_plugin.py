@@ -158,10 +158,10 @@ def test_the_worker_starts_at_configure_and_is_the_one_the_cases_use(suite, spaw
     assert len(spawned) == 1 and spawned[0].proc.poll() is not None
 
 
-@pytest.mark.parametrize("xdist_workers", [None, "4"])
-def test_the_plugins_parent_takes_its_share_of_the_cpus_and_gives_it_back(spawned, monkeypatch, xdist_workers):
-    """Beside its worker the plugin's process takes :func:`~mlaspec.conformance.cpus.parent_threads` (divided among
-    pytest-xdist's workers, each such a parent) and has its threads back when the session ends."""
+@pytest.mark.parametrize("xdist_workers, dcp", [(None, None), ("4", None), (None, 2)])
+def test_the_plugins_parent_takes_its_share_of_the_cpus_and_gives_it_back(spawned, monkeypatch, xdist_workers, dcp):
+    """Beside its worker or its DCP group the plugin's process takes :func:`~mlaspec.conformance.cpus.parent_threads`
+    (divided among pytest-xdist's workers, each such a parent) and has its threads back when the session ends."""
     import torch
 
     from mlaspec.conformance.cpus import USER_THREADS, parent_threads
@@ -176,8 +176,10 @@ def test_the_plugins_parent_takes_its_share_of_the_cpus_and_gives_it_back(spawne
     before = torch.get_num_threads()
     torch.set_num_threads(share + 1)
     try:
-        state = _State("torch", "tiny", ("float32",), None, 60.0, 0, 0, None)
+        state = _State("torch", "tiny", ("float32",), None, 60.0, 0, 0, None, dcp=dcp)
         state.start()
+        if dcp:
+            state.backend()  # the group starts when a test first asks for the backend
         during = torch.get_num_threads()
         state.close()
         assert (during, torch.get_num_threads()) == (share, share + 1)
