@@ -9,7 +9,8 @@ The processes of one ``mlaspec check`` divide those CPUs between them rather tha
 intra-op threads defaults to every CPU in every process, and OpenMP threads that outnumber the cores spin at each
 parallel region's barrier on cores another process needs. The parent (references, budgets, the judge) takes
 :func:`parent_threads`, the judged worker (or a DCP group's ranks together) :func:`worker_threads`, each warm-up
-process one (:mod:`~mlaspec.conformance.warmup`; at most half the CPUs, while kernels compile).
+process :data:`WARM_UP_THREADS` (:mod:`~mlaspec.conformance.warmup`; at most half the CPUs, while kernels
+compile).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["USER_THREADS", "parent_share", "parent_threads", "usable_cpus", "worker_threads"]
+__all__ = ["USER_THREADS", "WARM_UP_THREADS", "parent_share", "parent_threads", "usable_cpus", "worker_threads"]
 
 
 def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
@@ -55,7 +56,10 @@ def worker_threads(cpus: int | None = None, workers: int = 1) -> int:
     return max(1, min(4, n // (4 * workers)))
 
 
-#: what a user sets to choose the threads; where either is set, the run keeps torch's threads as they are
+#: a warm-up process's torch threads: it only compiles ahead, the parent's references and the judged worker come first
+WARM_UP_THREADS = 1
+
+#: what a user sets to choose the threads; where either is set, the parent keeps torch's threads as they are
 USER_THREADS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 

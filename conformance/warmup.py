@@ -40,6 +40,7 @@ import traceback
 from pathlib import Path
 
 from .cases import Case
+from .cpus import WARM_UP_THREADS
 from .worker import _case_dict
 
 __all__ = ["COMPILING", "MAX_RESTARTS", "WarmUp", "compile_cache_empty"]
@@ -276,7 +277,7 @@ def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RU
     faulthandler.enable()
     run, backend_name, folder, k, workers, start, device = argv[:7]
     run, folder, k, workers, start = int(run), Path(folder), int(k), int(workers), int(start)
-    torch.set_num_threads(1)  # the parent's references and the judged worker need the cores more
+    torch.set_num_threads(WARM_UP_THREADS)
     if device.startswith("cuda") or (not device and torch.cuda.is_available()):
         _cuda_setup(device, workers)
     try:
