@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 from .cpus import parent_share, usable_cpus
+from .heap import keep_freed_memory
 
 __all__ = ["main", "parser"]
 
@@ -543,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``mlaspec``; returns the exit status (0 all passed, 1 a failure or a case without a verdict, 2 a usage
     error, 3 nothing checked)."""
     args = parser().parse_args(argv)
+    keep_freed_memory()  # the command's float64 work on the CPU reuses the memory it frees
     try:
         return args.func(args)
     except UsageError as exc:

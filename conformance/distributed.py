@@ -55,6 +55,7 @@ from mlaspec.spec.dcp import dcp_correction
 from .backends.common import dcp_rank_decode, dcp_rank_decode_fp8
 from .cases import Case
 from .cpus import worker_threads
+from .heap import keep_freed_memory
 from .worker import Outcome, _case_dict, _pack, _status, _tail, _to_cpu, error_message, invoke
 
 __all__ = ["NO_MULTICAST", "RankGroup", "combine_over_group", "gather_heads", "process_group_backend"]
@@ -193,6 +194,7 @@ def _serve_rank(  # pragma: no cover - runs in the rank's process
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     faulthandler.enable()  # a fatal signal writes the Python stack to the log the parent shows
+    keep_freed_memory()
     torch.set_num_threads(worker_threads(workers=world_size))  # the ranks share the CPUs with each other and the parent
     os.environ.update(NO_MULTICAST)
     kind = process_group_backend(world_size)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from .cases import Case
 from .cpus import WARM_UP_THREADS
+from .heap import keep_freed_memory
 from .worker import _case_dict
 
 __all__ = ["COMPILING", "MAX_RESTARTS", "WarmUp", "compile_cache_empty"]
@@ -275,6 +276,7 @@ def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RU
     from .worker import _cuda_broken, invoke
 
     faulthandler.enable()
+    keep_freed_memory()
     run, backend_name, folder, k, workers, start, device = argv[:7]
     run, folder, k, workers, start = int(run), Path(folder), int(k), int(workers), int(start)
     torch.set_num_threads(WARM_UP_THREADS)

@@ -44,6 +44,7 @@ import torch
 
 from .cases import Case
 from .cpus import worker_threads
+from .heap import keep_freed_memory
 from .spawn import Spawned, spawn
 
 __all__ = ["Outcome", "WorkerBackend", "contract_breaches", "error_message", "invoke"]
@@ -411,6 +412,7 @@ def _case_dict(case: Case) -> dict:
 
 def _main() -> None:  # pragma: no cover - the worker process
     faulthandler.enable()  # a fatal signal writes the Python stack to the log the parent shows
+    keep_freed_memory()  # the inputs it draws each case reuse the last case's memory
     torch.set_num_threads(worker_threads())  # the parent's float64 references are the run's CPU work
     device = os.environ.get("MLASPEC_DEVICE", "")
     if device.startswith("cuda:"):  # a sharded run's GPU (pytest --mla-device cuda): the current device too

@@ -177,14 +177,12 @@ def round_to_format(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     if not isinstance(fmt, FloatFormat):
         raise TypeError(f"fmt must be a FloatFormat (E4M3, E5M2, BF16, FP16, FP32), got {type(fmt).__name__}")
     x = x.to(torch.float64)
-    _, e = torch.frexp(x.abs())  # |x| = m * 2^e, m in [0.5, 1): leading bit is 2^(e - 1)
-    exponent = torch.clamp(e.to(torch.float64) - 1, min=fmt.e_min)
-    quantum = torch.exp2(exponent - fmt.mantissa_bits)
-    y = torch.round(x / quantum) * quantum  # torch.round rounds half to even; the divisions are exact
-    over = y.abs() > fmt.max_finite
+    _, e = torch.frexp(x)  # |x| = m * 2^e, m in [0.5, 1): the leading bit is 2^(e - 1)
+    quantum = torch.exp2((torch.clamp(e - 1, min=fmt.e_min) - fmt.mantissa_bits).to(torch.float64))
+    y = torch.round(x / quantum) * quantum  # torch.round rounds half to even; the division is exact
     if fmt.saturates:
-        return torch.where(over, torch.sign(y) * fmt.max_finite, y)
-    return torch.where(over, torch.sign(y) * math.inf, y)
+        return torch.clamp(y, -fmt.max_finite, fmt.max_finite)  # ±inf too; NaN stays NaN
+    return torch.where(y.abs() > fmt.max_finite, torch.copysign(torch.full_like(y, math.inf), y), y)
 
 
 def decode_e8m0(raw: torch.Tensor) -> torch.Tensor:

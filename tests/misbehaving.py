@@ -179,6 +179,30 @@ class ThreadsAsShared(TorchBackend):
         return super().mla_decode(q, kv, **kw)
 
 
+def heap_kept() -> bool:
+    """Whether this process keeps the memory it frees for reuse (:mod:`mlaspec.conformance.heap`): 64 MiB allocated,
+    touched and freed leave its resident set (Linux's ``/proc/self/statm``) as large as they made it."""
+
+    def resident() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    block = torch.ones(1 << 23, dtype=torch.float64)
+    peak = resident()
+    del block
+    return peak - resident() < 32 << 20
+
+
+class HeapKept(TorchBackend):
+    """Honest, but its decode refuses to run in a process that gives the memory it frees back to the kernel: the
+    run's own (``--isolation none``), the judged worker and each DCP rank keep it (:mod:`mlaspec.conformance.heap`)."""
+
+    def mla_decode(self, q, kv, **kw):
+        if not heap_kept():
+            raise RuntimeError(f"process {os.getpid()} ({sys.argv[0]}) gives freed memory back to the kernel")
+        return super().mla_decode(q, kv, **kw)
+
+
 class WithCombine(TorchBackend):
     """Honest, with a ``dcp_combine`` of its own: the group combines by all-to-all and this (the spec's combine)."""
 
@@ -231,6 +255,18 @@ class FakeJit(TorchBackend):
 
     def misbehave(self, cache):
         pass
+
+
+class FakeJitHeapKept(FakeJit):
+    """:class:`FakeJit` that leaves, for each process it runs a case in (the judged worker, the warm-up processes),
+    a file ``heap-<pid>`` in the cache folder: its script and whether it keeps freed memory (:func:`heap_kept`)."""
+
+    def attention(self, q, k, v, **kw):
+        from pathlib import Path
+
+        record = Path(os.environ["MLASPEC_TEST_JIT_CACHE"]) / f"heap-{os.getpid()}"
+        record.write_text(f"{sys.argv[0]} {heap_kept()}")
+        return super().attention(q, k, v, **kw)
 
 
 class FakeJitDies(FakeJit):
