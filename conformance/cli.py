@@ -544,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``mlaspec``; returns the exit status (0 all passed, 1 a failure or a case without a verdict, 2 a usage
     error, 3 nothing checked)."""
     args = parser().parse_args(argv)
-    keep_freed_memory()  # the command's float64 work on the CPU reuses the memory it frees
+    keep_freed_memory()  # the run's float64 work on the CPU reuses the memory it frees (mlaspec.conformance.heap)
     try:
         return args.func(args)
     except UsageError as exc:

@@ -194,7 +194,7 @@ def _serve_rank(  # pragma: no cover - runs in the rank's process
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     faulthandler.enable()  # a fatal signal writes the Python stack to the log the parent shows
-    keep_freed_memory()
+    keep_freed_memory()  # each case's inputs reuse the memory of the last (mlaspec.conformance.heap)
     torch.set_num_threads(worker_threads(workers=world_size))  # the ranks share the CPUs with each other and the parent
     os.environ.update(NO_MULTICAST)
     kind = process_group_backend(world_size)

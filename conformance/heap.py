@@ -9,12 +9,16 @@ for that again for the next one: in a virtual machine or a sandbox (Firecracker,
 measures on) often more than the arithmetic. Measured on a 2-core host (2026-11-29): the inputs of 40 full-scale
 decode cases, 12.6 -> 4.5 s; ``round_to_format`` over 4 M values, 0.26 -> 0.06 s.
 
-:func:`keep_freed_memory` turns both off in the process that calls it (``mallopt``: no block gets a mapping of its
-own, and the heap's free top is kept up to :data:`TRIM_THRESHOLD`), so a freed tensor's pages serve the next one.
+:func:`keep_freed_memory` turns both off in the process that calls it (``mallopt``: no block of the main thread's
+heap gets a mapping of its own, and the heap's free top is kept up to :data:`TRIM_THRESHOLD`), so a freed tensor's
+pages serve the next one. (Another thread's heap holds at most 64 MiB: a larger block it asks for is still mapped on
+its own. The harness allocates its large tensors on the main thread.) The cost: a process's resident memory stays
+near its peak, and more where freed blocks sit below live ones, until it ends.
+
 The processes of ``mlaspec check`` call it first: the command itself, the judged worker, each warm-up process and
 each rank of a DCP group. The pytest plugin's own process (a user's test session) is left as it is; its worker and
-ranks call it. A process whose environment already sets glibc's malloc parameters (:data:`USER_SETTINGS`) keeps
-them. Not glibc (macOS, musl): nothing changes.
+ranks call it. Where :func:`applies` is false nothing changes: not glibc (macOS, musl), or a user who set glibc's
+malloc parameters (:data:`USER_SETTINGS`) keeps them.
 """
 
 from __future__ import annotations
@@ -23,24 +27,34 @@ import ctypes
 import os
 import platform
 
-__all__ = ["TRIM_THRESHOLD", "USER_SETTINGS", "keep_freed_memory"]
+__all__ = ["TRIM_THRESHOLD", "USER_SETTINGS", "applies", "keep_freed_memory"]
 
 TRIM_THRESHOLD = 1 << 30
 """Bytes of free memory at the heap's top a process keeps before it gives any back to the kernel."""
 
-USER_SETTINGS = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
-"""glibc's environment variables for its malloc parameters (``GLIBC_TUNABLES``'s ``glibc.malloc.*`` too): where a
-user set one, :func:`keep_freed_memory` leaves the allocator as the user configured it."""
+USER_SETTINGS = {
+    "MALLOC_MMAP_MAX_": "glibc.malloc.mmap_max",
+    "MALLOC_MMAP_THRESHOLD_": "glibc.malloc.mmap_threshold",
+    "MALLOC_TRIM_THRESHOLD_": "glibc.malloc.trim_threshold",
+    "MALLOC_TOP_PAD_": "glibc.malloc.top_pad",
+}
+"""The parameters :func:`keep_freed_memory` would set or that decide the same thing: glibc's environment variable
+for each -> its tunable (``GLIBC_TUNABLES=name=value:...``). Where a user set one, the allocator stays as configured."""
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's <malloc.h>
 
 
-def keep_freed_memory() -> bool:
-    """Keep this process's freed memory for reuse (module docstring); whether it did: False where the allocator is
-    not glibc's or the user set its parameters (:data:`USER_SETTINGS`)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+def applies() -> bool:
+    """Whether :func:`keep_freed_memory` changes this process: glibc's allocator, none of :data:`USER_SETTINGS` set."""
+    if platform.libc_ver()[0] != "glibc":
         return False
-    if any(os.environ.get(v) for v in USER_SETTINGS) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return not any(os.environ.get(var) or f"{tunable}=" in tunables for var, tunable in USER_SETTINGS.items())
+
+
+def keep_freed_memory() -> bool:
+    """Keep this process's freed memory for reuse (module docstring), where :func:`applies`; whether it did."""
+    if not applies():
         return False
     mallopt = ctypes.CDLL(None).mallopt
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))

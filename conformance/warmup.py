@@ -276,7 +276,7 @@ def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RU
     from .worker import _cuda_broken, invoke
 
     faulthandler.enable()
-    keep_freed_memory()
+    keep_freed_memory()  # each case's inputs reuse the memory of the last (mlaspec.conformance.heap)
     run, backend_name, folder, k, workers, start, device = argv[:7]
     run, folder, k, workers, start = int(run), Path(folder), int(k), int(workers), int(start)
     torch.set_num_threads(WARM_UP_THREADS)

@@ -412,7 +412,7 @@ def _case_dict(case: Case) -> dict:
 
 def _main() -> None:  # pragma: no cover - the worker process
     faulthandler.enable()  # a fatal signal writes the Python stack to the log the parent shows
-    keep_freed_memory()  # the inputs it draws each case reuse the last case's memory
+    keep_freed_memory()  # each case's inputs reuse the memory of the last (mlaspec.conformance.heap)
     torch.set_num_threads(worker_threads())  # the parent's float64 references are the run's CPU work
     device = os.environ.get("MLASPEC_DEVICE", "")
     if device.startswith("cuda:"):  # a sharded run's GPU (pytest --mla-device cuda): the current device too

@@ -168,7 +168,7 @@ def round_to_format(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """Round float64 ``x`` to the nearest value of ``fmt`` (ties to even), exactly, in float64.
 
     ``quantum = 2^(max(floor(log2|x|), e_min) - mantissa_bits)``; ``x_hat = round_half_even(x / quantum) * quantum``.
-    Overflow saturates to ``±max_finite`` for fp8 (``__NV_SATFINITE``) and becomes ``±inf`` for bf16 / fp32.
+    Overflow saturates to ``±max_finite`` for fp8 (``__NV_SATFINITE``) and becomes ``±inf`` for bf16 / fp16 / fp32.
     NaN stays NaN. ``x``: a float tensor of any shape.
     """
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
@@ -178,11 +178,11 @@ def round_to_format(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
         raise TypeError(f"fmt must be a FloatFormat (E4M3, E5M2, BF16, FP16, FP32), got {type(fmt).__name__}")
     x = x.to(torch.float64)
     _, e = torch.frexp(x)  # |x| = m * 2^e, m in [0.5, 1): the leading bit is 2^(e - 1)
-    quantum = torch.exp2((torch.clamp(e - 1, min=fmt.e_min) - fmt.mantissa_bits).to(torch.float64))
+    quantum = torch.exp2((torch.clamp(e, min=fmt.e_min + 1) - 1 - fmt.mantissa_bits).to(torch.float64))
     y = torch.round(x / quantum) * quantum  # torch.round rounds half to even; the division is exact
     if fmt.saturates:
         return torch.clamp(y, -fmt.max_finite, fmt.max_finite)  # ±inf too; NaN stays NaN
-    return torch.where(y.abs() > fmt.max_finite, torch.copysign(torch.full_like(y, math.inf), y), y)
+    return torch.where(y.abs() > fmt.max_finite, y * math.inf, y)
 
 
 def decode_e8m0(raw: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ import os
 import sys
 
 import torch
+from heap_probe import heap_kept
 
 from mlaspec.conformance.backends.torch_eager import TorchBackend
 
@@ -179,20 +180,6 @@ class ThreadsAsShared(TorchBackend):
         return super().mla_decode(q, kv, **kw)
 
 
-def heap_kept() -> bool:
-    """Whether this process keeps the memory it frees for reuse (:mod:`mlaspec.conformance.heap`): 64 MiB allocated,
-    touched and freed leave its resident set (Linux's ``/proc/self/statm``) as large as they made it."""
-
-    def resident() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    block = torch.ones(1 << 23, dtype=torch.float64)
-    peak = resident()
-    del block
-    return peak - resident() < 32 << 20
-
-
 class HeapKept(TorchBackend):
     """Honest, but its decode refuses to run in a process that gives the memory it frees back to the kernel: the
     run's own (``--isolation none``), the judged worker and each DCP rank keep it (:mod:`mlaspec.conformance.heap`)."""
@@ -259,13 +246,13 @@ class FakeJit(TorchBackend):
 
 class FakeJitHeapKept(FakeJit):
     """:class:`FakeJit` that leaves, for each process it runs a case in (the judged worker, the warm-up processes),
-    a file ``heap-<pid>`` in the cache folder: its script and whether it keeps freed memory (:func:`heap_kept`)."""
+    a file ``heap-<pid>`` in the cache folder: whether it keeps freed memory (:func:`heap_kept`), then its script."""
 
     def attention(self, q, k, v, **kw):
         from pathlib import Path
 
         record = Path(os.environ["MLASPEC_TEST_JIT_CACHE"]) / f"heap-{os.getpid()}"
-        record.write_text(f"{sys.argv[0]} {heap_kept()}")
+        record.write_text(f"{heap_kept()}\n{sys.argv[0]}")
         return super().attention(q, k, v, **kw)
 
 

@@ -270,6 +270,29 @@ def test_round_to_format_ties_to_even_and_saturates():
     assert cl.round_to_format(torch.tensor([1e39], dtype=F64), cl.BF16).item() == math.inf
 
 
+def test_round_to_format_keeps_nan_signed_zeros_and_the_sign_of_what_overflows():
+    x = torch.tensor([math.nan, -0.0, 0.0, -5e-324, math.inf, -math.inf, -1e39], dtype=F64)
+    for fmt, top in ((cl.E4M3, 448.0), (cl.E5M2, 57344.0), (cl.BF16, math.inf), (cl.FP16, math.inf)):
+        y = cl.round_to_format(x, fmt)
+        assert math.isnan(y[0]), fmt.name
+        assert y[1:].tolist() == [0.0, 0.0, 0.0, top, -top, -top], fmt.name
+        assert torch.signbit(y[1:4]).tolist() == [True, False, True], fmt.name  # -0.0 and an underflow stay negative
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_round_to_format_is_torchs_own_cast_where_that_rounds_once(seed):
+    """float32 values cast by torch to bf16 / fp16 (round to nearest even, once) are the spec's rounding, and so is
+    e4m3 within its range (torch saturates nothing there); every float32 bit pattern can be drawn."""
+    bits = torch.randint(-(2**31), 2**31, (4096,), generator=torch.Generator().manual_seed(seed), dtype=torch.int64)
+    x = bits.to(torch.int32).view(torch.float32)
+    x = x[torch.isfinite(x)]
+    for fmt, dtype in ((cl.BF16, torch.bfloat16), (cl.FP16, torch.float16)):
+        assert torch.equal(cl.round_to_format(x.double(), fmt), x.to(dtype).double()), fmt.name
+    small = x[x.abs() <= 448]
+    assert torch.equal(cl.round_to_format(small.double(), cl.E4M3), small.to(torch.float8_e4m3fn).double())
+
+
 # ------------------------------------------------------------------------------------------ pages
 
 
