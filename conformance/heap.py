@@ -13,7 +13,8 @@ decode cases, 12.6 -> 4.5 s; ``round_to_format`` over 4 M values, 0.26 -> 0.06 s
 heap gets a mapping of its own, and the heap's free top is kept up to :data:`TRIM_THRESHOLD`), so a freed tensor's
 pages serve the next one. (Another thread's heap holds at most 64 MiB: a larger block it asks for is still mapped on
 its own. The harness allocates its large tensors on the main thread.) The cost: a process's resident memory stays
-near its peak, and more where freed blocks sit below live ones, until it ends.
+near its peak, and more where freed blocks sit below live ones, until it ends (every full-scale bf16 case's inputs
+built in one process: a peak of 861 MB held to the end, against 674 MB falling to 244 MB; 9 s against 17 s).
 
 The processes of ``mlaspec check`` call it first: the command itself, the judged worker, each warm-up process and
 each rank of a DCP group. The pytest plugin's own process (a user's test session) is left as it is; its worker and
