@@ -43,6 +43,7 @@ import torch
 from common import _pyplot, _save
 
 from mlaspec.conformance.cpus import usable_cpus
+from mlaspec.conformance.report import read_jsonl
 
 #: (backend, scale) -> (cold, warm) wall-second goals of issue 18
 GOALS = {("triton", "full"): (90.0, 60.0), ("torch", "tiny"): (15.0, 15.0)}
@@ -58,16 +59,30 @@ class Run:
     cpu: float
     status: int
     counts: str
+    calls: float  # seconds of the backend's calls in the judged worker, summed over cases: its compiles, cold
     code: str = ""  # which tree ran (--against): "" where only this one is timed
 
 
-def time_check(check_args: list[str], env: dict, phase: str, workers: int | str = 0, code: str = "") -> Run:
-    """Run ``mlaspec check check_args`` in a fresh process under ``env``; its wall and CPU (user + system, with its
-    children) seconds. ``code``: the label of the tree ``env`` imports (:func:`measure`)."""
+def time_check(
+    check_args: list[str], report: str, env: dict, phase: str, workers: int | str = 0, code: str = ""
+) -> Run:
+    """Run ``mlaspec check check_args --report report`` in a fresh process under ``env``; its wall and CPU (user +
+    system, with its children) seconds, and its cases' backend seconds from ``report/results.jsonl``. ``code``: the
+    label of the tree ``env`` imports (:func:`measure`)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "mlaspec.conformance.cli", "check", *check_args, "--warm", str(workers)],
+        [
+            sys.executable,
+            "-m",
+            "mlaspec.conformance.cli",
+            "check",
+            *check_args,
+            "--report",
+            report,
+            "--warm",
+            str(workers),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -78,7 +93,11 @@ def time_check(check_args: list[str], env: dict, phase: str, workers: int | str 
     counts = re.findall(r"^\d+ passed.*$", proc.stdout, re.MULTILINE)
     if proc.returncode not in (0, 1):
         print(proc.stdout[-2000:], proc.stderr[-2000:], sep="\n")
-    return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)", code)
+    try:
+        calls = sum(r.get("seconds", 0.0) for r in read_jsonl(os.path.join(report, "results.jsonl"))[1])
+    except OSError:
+        calls = float("nan")
+    return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)", calls, code)
 
 
 SUBPACKAGES = ("spec", "impl", "conformance")  # mlaspec.<name> = <tree>/<name>
@@ -116,7 +135,7 @@ def measure(
     this tree's of the same phase or right before them, alternately (this tree's labelled ``this tree``), from
     caches of its own."""
     with tempfile.TemporaryDirectory(prefix="mlaspec-harness-") as tmp:
-        args = ["--backend", backend, "--scale", scale, "--dtypes", dtypes, "--report", os.path.join(tmp, "report")]
+        args, report = ["--backend", backend, "--scale", scale, "--dtypes", dtypes], os.path.join(tmp, "report")
         trees = [("", os.environ)]
         if against:
             path = package_path(against, os.path.join(tmp, "against"))
@@ -129,7 +148,7 @@ def measure(
                     envs.append((code, base | _caches(os.path.join(tmp, f"caches-{i}-{workers}-{t}"))))
                 for p, phase in enumerate(("cold", "warm")):
                     for code, env in envs if (i + p) % 2 == 0 else envs[::-1]:  # who goes first alternates
-                        run = time_check(args, env, phase, workers, code)
+                        run = time_check(args, report, env, phase, workers, code)
                         print(f"{phase}: {run}", flush=True)
                         yield run
 
@@ -166,18 +185,22 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
         "system of the run and its worker processes; `--warm` is the number of warm-up workers "
         "(`mlaspec check --warm N`: processes that run the cases ahead of the judged one, so that kernels compile "
         "in parallel; `auto`, the default: 8 on a GPU, started at once over an empty Triton cache, else at the first "
-        "judged call that compiles).",
+        "judged call that compiles). Backend s: the judged worker's calls of the backend, summed over the cases "
+        "(their first calls compile, where no warm-up process got there first).",
         "",
         "![wall and CPU seconds](harness.png)",
         "",
     ]
     coded = any(r.code for r in runs)  # --against: a column for the tree each run imported
-    lines.append("| " + "code | " * coded + "phase | --warm | wall s | CPU s | goal (wall s) | verdicts | exit |")
-    lines.append("|" + "---|" * coded + "---|---:|---:|---:|---:|---|---:|")
+    lines.append(
+        "| " + "code | " * coded + "phase | --warm | wall s | CPU s | backend s | goal (wall s) | verdicts | exit |"
+    )
+    lines.append("|" + "---|" * coded + "---|---:|---:|---:|---:|---:|---|---:|")
     for r in runs:
         target = goal[r.phase]
         mark = "" if target is None else (f"<= {target:g} " + ("met" if r.wall <= target else "missed"))
-        row = f"| {r.phase} | {r.workers} | {r.wall:.1f} | {r.cpu:.1f} | {mark} | {r.counts} | {r.status} |"
+        row = f"| {r.phase} | {r.workers} | {r.wall:.1f} | {r.cpu:.1f} | {r.calls:.1f} | {mark} | {r.counts} "
+        row += f"| {r.status} |"
         lines.append(f"| {r.code} " * coded + row)
     return "\n".join(lines) + "\n"
 

@@ -3,15 +3,11 @@
 A Triton backend (FlashInfer too) compiles each kernel variant the first time a case needs it, in the process that
 runs the case: on a cold full-scale run that is most of the run, one kernel after another (issue 18 measured 174 s
 of a 232 s run on the H200). With ``mlaspec check --warm N``, once the judged worker has loaded the backend, N more
-processes run the same cases ahead of it, each its own contiguous block of them (:func:`blocks`: the cases after
-the judged worker's in N runs as equal as can be; the judged worker walks the first too), through the same
-:func:`~mlaspec.conformance.worker.invoke`, and throw the outputs away (``--warm auto``: at once over an empty
-Triton cache, else from the first judged call that compiled on, :data:`COMPILING`): what they compile lands in
-the backend's on-disk cache (Triton's ``~/.triton/cache``, written to a temporary name and renamed, so two processes
-compiling one kernel is safe), where the judged worker finds it.
-Blocks rather than cases dealt round-robin: the cases of one op and variant sit together in the list, so dealt
-round-robin every process met each kernel variant at about the same point and all compiled it at once; in blocks
-each compiles its own variants, and the judged worker comes to a block its warm-up process has been through.
+processes run the same cases ahead of it, each its own share (process ``k`` takes cases ``1+k, 1+k+N, ...``; the
+judged worker starts with case 0), through the same :func:`~mlaspec.conformance.worker.invoke`, and throw the outputs
+away (``--warm auto``: at once over an empty Triton cache, else from the first judged call that compiled on,
+:data:`COMPILING`): what they compile lands in the backend's on-disk cache (Triton's ``~/.triton/cache``, written to
+a temporary name and renamed, so two processes compiling one kernel is safe), where the judged worker finds it.
 
 What keeps them out of the verdicts:
 
@@ -48,7 +44,7 @@ from .cpus import WARM_UP_THREADS
 from .heap import keep_freed_memory
 from .worker import _case_dict
 
-__all__ = ["COMPILING", "MAX_RESTARTS", "WarmUp", "blocks", "compile_cache_empty"]
+__all__ = ["COMPILING", "MAX_RESTARTS", "WarmUp", "compile_cache_empty"]
 
 MAX_RESTARTS = 8
 """A warm-up process that dies this often is left dead: the judged worker compiles for itself."""
@@ -65,16 +61,6 @@ def compile_cache_empty() -> bool:
     warm 61.5 s started at once, 51.5 s lazily)."""
     folder = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     return not folder.is_dir() or next(folder.iterdir(), None) is None
-
-
-def blocks(first: int, total: int, workers: int) -> list[range]:
-    """Cases ``first ..< total`` in ``workers`` contiguous blocks whose sizes differ by at most one (the first ones
-    the larger; empty ones when there are fewer cases than workers): warm-up process ``k`` takes block ``k``."""
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    size, extra = divmod(max(total - first, 0), workers)
-    ends = [first + k * size + min(k, extra) for k in range(workers + 1)]
-    return [range(lo, hi) for lo, hi in zip(ends, ends[1:])]
 
 
 def _write(path: Path, text: str) -> None:
@@ -125,9 +111,8 @@ class WarmUp:
 
     def _start_keepers(self) -> None:
         self._stopped, self._ended_at = False, None  # _ended_at: when the last of them ended (time.monotonic)
-        first = (_read_int(self._reached) or 0) + 1  # the cases after the judged worker's
-        shares = [(k, block) for k, block in enumerate(blocks(first, self.total, self.workers)) if block]
-        self._threads = [threading.Thread(target=self._keep, args=share, daemon=True) for share in shares]
+        shares = [k for k in range(self.workers) if 1 + k < self.total]
+        self._threads = [threading.Thread(target=self._keep, args=(k,), daemon=True) for k in shares]
         self._running = len(self._threads)
         if not self._threads:
             self._ended_at = time.monotonic()
@@ -139,26 +124,25 @@ class WarmUp:
         """Whether every warm-up process has finished its share (or was stopped)."""
         return not any(t.is_alive() for t in self._threads)
 
-    def _spawn(self, k: int, start: int, stop: int) -> subprocess.Popen | None:
+    def _spawn(self, k: int, start: int) -> subprocess.Popen | None:
         with self._lock:
             if self._stopped:
                 return None
             (self.dir / f"warm-{k}.at").unlink(missing_ok=True)
             with open(self.dir / f"warm-{k}.log", "ab") as log:
                 argv = [sys.executable, "-c", _BOOT, str(os.getpid()), self.backend_name, str(self.dir)]
-                argv += [str(k), str(self.workers), str(start), str(stop), self.device or ""]
+                argv += [str(k), str(self.workers), str(start), self.device or ""]
                 self._procs[k] = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
             return self._procs[k]
 
-    def _keep(self, k: int, block: range) -> None:
-        """Process ``k``'s keeper: start it on ``block``; start it again after the case it died on or was overtaken
-        on."""
+    def _keep(self, k: int) -> None:
+        """Process ``k``'s keeper: start it; start it again after the case it died on or was overtaken on."""
         try:
-            start, deaths = block.start, 0
-            while start < block.stop and deaths <= MAX_RESTARTS:
-                proc = self._spawn(k, start, block.stop)
+            start, deaths = 1 + k, 0
+            while start < self.total and deaths <= MAX_RESTARTS:
+                proc = self._spawn(k, start)
                 if proc is None:
                     return
                 overtaken = False
@@ -175,8 +159,8 @@ class WarmUp:
                     with self._lock:
                         self.unstarted += 1
                     return
-                start, deaths = at + 1, deaths + (not overtaken)
-                if not overtaken and start < block.stop and deaths <= MAX_RESTARTS:
+                start, deaths = at + self.workers, deaths + (not overtaken)
+                if not overtaken and start < self.total and deaths <= MAX_RESTARTS:
                     with self._lock:
                         self.restarts += 1
         finally:
@@ -280,9 +264,9 @@ def _cuda_setup(device: str, workers: int) -> None:  # pragma: no cover - in the
     torch.cuda.set_per_process_memory_fraction(1 / (2 * workers))
 
 
-def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RUN_PID BACKEND DIR K N START STOP DEVICE
-    """Warm-up process ``K`` of ``N`` of the run ``RUN_PID``: cases ``START ..< STOP``, outputs thrown away; then
-    out without the interpreter's teardown (as the judged worker leaves)."""
+def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RUN_PID BACKEND DIR K N START DEVICE
+    """Warm-up process ``K`` of ``N`` of the run ``RUN_PID``: its share of the cases from ``START``, outputs thrown
+    away; then out without the interpreter's teardown (as the judged worker leaves)."""
     import faulthandler
 
     import torch
@@ -293,8 +277,8 @@ def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RU
 
     faulthandler.enable()
     keep_freed_memory()  # each case's inputs reuse the memory of the last (mlaspec.conformance.heap)
-    run, backend_name, folder, k, workers, start, stop, device = argv[:8]
-    run, folder, k, workers, start, stop = int(run), Path(folder), int(k), int(workers), int(start), int(stop)
+    run, backend_name, folder, k, workers, start, device = argv[:7]
+    run, folder, k, workers, start = int(run), Path(folder), int(k), int(workers), int(start)
     torch.set_num_threads(WARM_UP_THREADS)
     if device.startswith("cuda") or (not device and torch.cuda.is_available()):
         _cuda_setup(device, workers)
@@ -305,7 +289,7 @@ def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RU
         sys.stdout.flush()
         os._exit(2)
     cases = [Case(**c) for c in pickle.loads((folder / "cases.pkl").read_bytes())]
-    for i in range(start, stop):
+    for i in range(start, len(cases), workers):
         if os.getppid() != run:
             break  # the run is gone
         if i <= (_read_int(folder / "reached") or 0):

@@ -161,12 +161,15 @@ def test_a_row_of_no_traffic_and_no_time_goes_in_the_table(bench):
 
 def test_harness_table_and_figure(bench, tmp_path):
     harness = bench["harness"]
-    runs = [harness.Run("cold", 0, 95.0, 400.0, 0, "158 passed"), harness.Run("warm", 0, 50.0, 120.0, 0, "158 passed")]
-    runs.append(harness.Run("cold", 8, 70.0, 500.0, 0, "158 passed"))
+    runs = [harness.Run("cold", 0, 95.0, 400.0, 0, "158 passed", 60.0)]
+    runs += [
+        harness.Run("warm", 0, 50.0, 120.0, 0, "158 passed", 8.0),
+        harness.Run("cold", 8, 70.0, 500.0, 0, "158 passed", 9.5),
+    ]
     text = harness.markdown(runs, "triton", "full", {"gpu": "H200"}, "python benchmarks/harness.py")
-    assert "| cold | 0 | 95.0 | 400.0 | <= 90 missed | 158 passed | 0 |" in text
-    assert "| warm | 0 | 50.0 | 120.0 | <= 60 met | 158 passed | 0 |" in text
-    assert "| cold | 8 | 70.0 | 500.0 | <= 90 met | 158 passed | 0 |" in text
+    assert "| cold | 0 | 95.0 | 400.0 | 60.0 | <= 90 missed | 158 passed | 0 |" in text
+    assert "| warm | 0 | 50.0 | 120.0 | 8.0 | <= 60 met | 158 passed | 0 |" in text
+    assert "| cold | 8 | 70.0 | 500.0 | 9.5 | <= 90 met | 158 passed | 0 |" in text
     harness.plot(runs, str(tmp_path / "harness.png"), "t")
     assert (tmp_path / "harness.png").read_bytes().startswith(PNG)
 
@@ -174,15 +177,27 @@ def test_harness_table_and_figure(bench, tmp_path):
 def test_harness_table_names_the_tree_each_run_imported(bench, tmp_path):
     """``--against``: a code column, this tree's and the other's runs side by side; without it, no column."""
     harness = bench["harness"]
-    runs = [harness.Run("warm", "auto", 45.0, 200.0, 0, "308 passed", "this tree")]
-    runs.append(harness.Run("warm", "auto", 71.0, 700.0, 0, "308 passed", "0f559be"))
+    runs = [harness.Run("warm", "auto", 45.0, 200.0, 0, "308 passed", 7.7, "this tree")]
+    runs.append(harness.Run("warm", "auto", 71.0, 700.0, 0, "308 passed", 7.9, "0f559be"))
     text = harness.markdown(runs, "triton", "full", {"gpu": "H100"}, "python benchmarks/harness.py --against x")
     assert "| code | phase | --warm |" in text
-    assert "| this tree | warm | auto | 45.0 | 200.0 | <= 60 met | 308 passed | 0 |" in text.splitlines()
-    assert "| 0f559be | warm | auto | 71.0 | 700.0 | <= 60 missed | 308 passed | 0 |" in text.splitlines()
-    assert "| code |" not in harness.markdown([harness.Run("warm", 0, 1.0, 1.0, 0, "x")], "triton", "full", {}, "c")
+    assert "| this tree | warm | auto | 45.0 | 200.0 | 7.7 | <= 60 met | 308 passed | 0 |" in text.splitlines()
+    assert "| 0f559be | warm | auto | 71.0 | 700.0 | 7.9 | <= 60 missed | 308 passed | 0 |" in text.splitlines()
+    only = [harness.Run("warm", 0, 1.0, 1.0, 0, "x", 0.5)]
+    assert "| code |" not in harness.markdown(only, "triton", "full", {}, "c")
     harness.plot(runs, str(tmp_path / "harness.png"), "t")
     assert (tmp_path / "harness.png").read_bytes().startswith(PNG)
+
+
+def test_harness_sums_the_judged_workers_backend_seconds(bench, tmp_path):
+    """A timed run's ``calls``: the seconds of the backend's calls its results record, summed over the cases."""
+    from mlaspec.conformance.report import read_jsonl
+
+    harness, report = bench["harness"], str(tmp_path / "report")
+    run = harness.time_check(["--backend", "torch", "--ops", "merge_attn_states"], report, os.environ, "cold")
+    assert run.status == 0 and "passed" in run.counts
+    records = read_jsonl(tmp_path / "report" / "results.jsonl")[1]
+    assert records and run.calls == sum(r["seconds"] for r in records) > 0
 
 
 def test_harness_against_alternates_the_trees_over_caches_of_their_own(bench, tmp_path, monkeypatch):
@@ -195,9 +210,9 @@ def test_harness_against_alternates_the_trees_over_caches_of_their_own(bench, tm
         (tree / name).mkdir(parents=True)
     calls = []
 
-    def time_check(args, env, phase, workers=0, code=""):
+    def time_check(args, report, env, phase, workers=0, code=""):
         calls.append((phase, code, env.get("PYTHONPATH"), env["TRITON_CACHE_DIR"], env["MLASPEC_CACHE_DIR"]))
-        return harness.Run(phase, workers, 1.0, 1.0, 0, "x", code)
+        return harness.Run(phase, workers, 1.0, 1.0, 0, "x", 1.0, code)
 
     monkeypatch.setattr(harness, "time_check", time_check)
     monkeypatch.setenv("PYTHONPATH", "/kept")

@@ -13,8 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from mlaspec.conformance.cases import curated_cases
 from mlaspec.conformance.cli import EXIT_EMPTY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
@@ -374,45 +372,6 @@ def test_a_warm_up_process_the_judged_worker_overtook_goes_on_after_the_case(jit
         procs, folder = list(warm._procs.values()), warm.dir
     assert len(list(jit.glob("kernel-*"))) == len(CASES) - 2  # neither case 0 nor case 3, which the judged worker took
     assert all(p.poll() is not None for p in procs) and not folder.exists()  # nothing left behind
-
-
-def test_blocks_worked_example():
-    from mlaspec.conformance.warmup import blocks
-
-    assert blocks(1, 10, 4) == [range(1, 4), range(4, 6), range(6, 8), range(8, 10)]
-    assert blocks(5, 6, 3) == [range(5, 6), range(6, 6), range(6, 6)]  # fewer cases than processes
-    with pytest.raises(ValueError, match="workers"):
-        blocks(1, 10, 0)
-
-
-@given(first=st.integers(0, 50), count=st.integers(-5, 400), workers=st.integers(1, 20))
-def test_blocks_cover_the_cases_in_order_and_near_equal(first, count, workers):
-    from mlaspec.conformance.warmup import blocks
-
-    parts = blocks(first, first + count, workers)
-    assert len(parts) == workers
-    assert [i for part in parts for i in part] == list(range(first, first + count))  # each case once, in order
-    sizes = [len(part) for part in parts]
-    assert sizes == sorted(sizes, reverse=True) and sizes[0] - sizes[-1] <= 1
-
-
-def test_warm_up_processes_take_contiguous_blocks_of_cases(jit):
-    """Each warm-up process runs its own run of consecutive cases, where an op's kernel variants sit together (dealt
-    round-robin, each met every variant at once): with two and no judged worker, one builds the kernels of cases 1-3
-    and the other those of cases 4-5."""
-    from mlaspec.conformance.ops import OPS
-    from mlaspec.conformance.warmup import WarmUp
-
-    cases = curated_cases(ops=("attention",), dtypes=("float32",))
-    with WarmUp("misbehaving:FakeJit", cases, 2) as warm:
-        assert _wait_until(lambda: warm.done) and warm.restarts == 0
-    builder = {}
-    for i, case in enumerate(cases):
-        q = OPS["attention"].make_inputs(case)["q"]
-        kernel = jit / f"kernel-{q.dtype}-{'x'.join(map(str, q.shape))}"
-        builder[i] = kernel.read_text() if kernel.exists() else None
-    assert builder[0] is None  # the judged worker's
-    assert builder[1] == builder[2] == builder[3] != builder[4] == builder[5], builder
 
 
 def test_warm_up_processes_die_with_the_run(jit, tmp_path):
