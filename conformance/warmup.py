@@ -8,6 +8,9 @@ judged worker starts with case 0), through the same :func:`~mlaspec.conformance.
 away (``--warm auto``: at once over an empty Triton cache, else from the first judged call that compiled on,
 :data:`COMPILING`): what they compile lands in the backend's on-disk cache (Triton's ``~/.triton/cache``, written to
 a temporary name and renamed, so two processes compiling one kernel is safe), where the judged worker finds it.
+Round-robin rather than in contiguous blocks: taking every N-th case a process moves up to N times as fast through
+the list as the judged worker and stays ahead of it; in blocks the judged worker caught up with the process of each
+block, and a cold full-scale triton run on an H200 took 86.0 s against 69.9 (2026-11-29).
 
 What keeps them out of the verdicts:
 
