@@ -33,6 +33,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,7 +60,7 @@ class Run:
     cpu: float
     status: int
     counts: str
-    calls: float  # seconds of the backend's calls in the judged worker, summed over cases: its compiles, cold
+    backend: float  # seconds of the judged worker's backend calls, summed over cases (cold: what it compiled)
     code: str = ""  # which tree ran (--against): "" where only this one is timed
 
 
@@ -69,6 +70,7 @@ def time_check(
     """Run ``mlaspec check check_args --report report`` in a fresh process under ``env``; its wall and CPU (user +
     system, with its children) seconds, and its cases' backend seconds from ``report/results.jsonl``. ``code``: the
     label of the tree ``env`` imports (:func:`measure`)."""
+    shutil.rmtree(report, ignore_errors=True)  # a run that writes no results must not report another's
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(
@@ -94,10 +96,10 @@ def time_check(
     if proc.returncode not in (0, 1):
         print(proc.stdout[-2000:], proc.stderr[-2000:], sep="\n")
     try:
-        calls = sum(r.get("seconds", 0.0) for r in read_jsonl(os.path.join(report, "results.jsonl"))[1])
+        backend = sum(r.get("seconds", 0.0) for r in read_jsonl(os.path.join(report, "results.jsonl"))[1])
     except OSError:
-        calls = float("nan")
-    return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)", calls, code)
+        backend = float("nan")
+    return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)", backend, code)
 
 
 SUBPACKAGES = ("spec", "impl", "conformance")  # mlaspec.<name> = <tree>/<name>
@@ -199,7 +201,7 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
     for r in runs:
         target = goal[r.phase]
         mark = "" if target is None else (f"<= {target:g} " + ("met" if r.wall <= target else "missed"))
-        row = f"| {r.phase} | {r.workers} | {r.wall:.1f} | {r.cpu:.1f} | {r.calls:.1f} | {mark} | {r.counts} "
+        row = f"| {r.phase} | {r.workers} | {r.wall:.1f} | {r.cpu:.1f} | {r.backend:.1f} | {mark} | {r.counts} "
         row += f"| {r.status} |"
         lines.append(f"| {r.code} " * coded + row)
     return "\n".join(lines) + "\n"

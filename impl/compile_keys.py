@@ -12,16 +12,17 @@ each), since each process had met the kernels in another order.
 
 :func:`settle` hashes every JIT function of the package's kernel modules in one fixed order (:data:`MODULES`, then
 by name) before any is launched; ``mlaspec.impl`` calls it on import, so every process that imports any of the
-package's kernels has the same keys, whatever it launches first. It costs the modules' import (~0.3 s on a 2-core
-host) and ~0.1 s of hashing (83 functions; under Triton's interpreter only Gluon's 51, the rest being interpreted
-functions, which have no key).
+package's kernels has the same keys, whatever it launches first. It costs the modules' import and the hashing (83
+functions; under Triton's interpreter only Gluon's 51, the rest being interpreted functions, which have no key):
+~0.22 s on a 2-core host, of which ~0.06 s is hashing and ~0.16 s importing modules a process often imports anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
-from triton.runtime.jit import JITFunction
+from triton.runtime.jit import JITFunction, KernelInterface
 
 __all__ = ["MODULES", "settle"]
 
@@ -42,16 +43,26 @@ MODULES = (
 """The modules of ``mlaspec.impl`` that define Triton or Gluon JIT functions, in the order they are hashed."""
 
 
+def _jit_function(obj: object) -> JITFunction | None:
+    """``obj`` if it is a JIT function, the one an autotuner or heuristics wrapper holds, else None (an interpreted
+    function: no key)."""
+    while isinstance(obj, KernelInterface) and not isinstance(obj, JITFunction):
+        obj = getattr(obj, "fn", None)
+    return obj if isinstance(obj, JITFunction) else None
+
+
 def settle() -> int:
-    """Hash every JIT function defined in :data:`MODULES` (importing them), module by module in that order and by
-    name within one; how many were hashed. Idempotent: a key, once computed, is kept by
-    its function."""
-    hashed = 0
+    """Compute the key of every JIT function defined in :data:`MODULES` (importing them), module by module in that
+    order and by name within one; how many JIT functions they define. A key, once computed, is kept by its function,
+    so a second call changes nothing. A key that cannot be computed is left to the launch, as without this."""
+    found = 0
     for name in MODULES:
         module = importlib.import_module(f"{__package__}.{name}")
         for attr in sorted(vars(module)):
-            fn = getattr(module, attr)
-            if isinstance(fn, JITFunction) and fn.__module__ == module.__name__:  # not one imported from elsewhere
+            fn = _jit_function(getattr(module, attr))
+            if fn is None or fn.__module__ != module.__name__:  # not one imported from elsewhere
+                continue
+            found += 1
+            with contextlib.suppress(Exception):  # a speed-up only: the launch computes it (and raises) as before
                 fn.cache_key  # noqa: B018 - computed and kept by the function
-                hashed += 1
-    return hashed
+    return found

@@ -3,6 +3,7 @@ synthetic rows (no kernel runs here; the timings themselves need the GPU)."""
 
 import importlib
 import json
+import math
 import os
 import sys
 
@@ -190,14 +191,17 @@ def test_harness_table_names_the_tree_each_run_imported(bench, tmp_path):
 
 
 def test_harness_sums_the_judged_workers_backend_seconds(bench, tmp_path):
-    """A timed run's ``calls``: the seconds of the backend's calls its results record, summed over the cases."""
+    """A timed run's ``backend``: the seconds of the backend's calls its results record, summed over the cases;
+    nan for a run that wrote no results (not the last run's)."""
     from mlaspec.conformance.report import read_jsonl
 
     harness, report = bench["harness"], str(tmp_path / "report")
     run = harness.time_check(["--backend", "torch", "--ops", "merge_attn_states"], report, os.environ, "cold")
     assert run.status == 0 and "passed" in run.counts
     records = read_jsonl(tmp_path / "report" / "results.jsonl")[1]
-    assert records and run.calls == sum(r["seconds"] for r in records) > 0
+    assert records and run.backend == sum(r["seconds"] for r in records) > 0
+    dead = harness.time_check(["--backend", "no-such-backend"], report, os.environ, "cold")  # dies before any case
+    assert dead.status not in (0, 1) and math.isnan(dead.backend)
 
 
 def test_harness_against_alternates_the_trees_over_caches_of_their_own(bench, tmp_path, monkeypatch):
