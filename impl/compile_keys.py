@@ -10,8 +10,8 @@ in one process was then compiled again in the next: in a cold ``mlaspec check --
 judged worker compiled again what the warm-up processes had compiled for it (cases 148-149 and 224-225, 2-3 s
 each), since each process had met the kernels in another order.
 
-:func:`settle` hashes every JIT function of the package's kernel modules in one fixed order (:data:`MODULES`, then
-by name) before any is launched; ``mlaspec.impl`` calls it on import, so every process that imports any of the
+:func:`settle` hashes every JIT function of the package's modules in one fixed order (by module name, then by
+function name) before any is launched; ``mlaspec.impl`` calls it on import, so every process that imports any of the
 package's kernels has the same keys, whatever it launches first. It costs the modules' import and the hashing (83
 functions; under Triton's interpreter only Gluon's 51, the rest being interpreted functions, which have no key):
 ~0.22 s on a 2-core host, of which ~0.06 s is hashing and ~0.16 s importing modules a process often imports anyway.
@@ -21,26 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import pkgutil
+from pathlib import Path
 
 from triton.runtime.jit import JITFunction, KernelInterface
 
-__all__ = ["MODULES", "settle"]
+__all__ = ["modules", "settle"]
 
-MODULES = (
-    "cache",
-    "dcp",
-    "decode",
-    "decode_sm90",
-    "indexer",
-    "indexer_sm90",
-    "merge",
-    "prefill",
-    "slot_mapping",
-    "sparse",
-    "sparse_sm90",
-    "sparse_sm90_producer",
-)
-"""The modules of ``mlaspec.impl`` that define Triton or Gluon JIT functions, in the order they are hashed."""
+
+def modules() -> list[str]:
+    """The names of ``mlaspec.impl``'s modules, in the order :func:`settle` hashes them."""
+    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]))
 
 
 def _jit_function(obj: object) -> JITFunction | None:
@@ -52,11 +43,12 @@ def _jit_function(obj: object) -> JITFunction | None:
 
 
 def settle() -> int:
-    """Compute the key of every JIT function defined in :data:`MODULES` (importing them), module by module in that
-    order and by name within one; how many JIT functions they define. A key, once computed, is kept by its function,
-    so a second call changes nothing. A key that cannot be computed is left to the launch, as without this."""
+    """Compute the key of every JIT function defined in the package's :func:`modules` (importing them), module by
+    module in that order and by name within one; how many JIT functions they define. A key, once computed, is kept
+    by its function, so a second call changes nothing. A key that cannot be computed is left to the launch, as
+    without this."""
     found = 0
-    for name in MODULES:
+    for name in modules():
         module = importlib.import_module(f"{__package__}.{name}")
         for attr in sorted(vars(module)):
             fn = _jit_function(getattr(module, attr))

@@ -22,10 +22,8 @@ import importlib, json, pathlib, sys
 from mlaspec.impl import compile_keys  # importing the package computes the keys (settle)
 from mlaspec.impl.decode_sm90 import AVAILABLE
 folder = pathlib.Path(compile_keys.__file__).parent
-every = [importlib.import_module(f"mlaspec.impl.{p.stem}") for p in folder.glob("*.py") if p.stem != "__init__"]
-defining = sorted(m.__name__.rsplit(".", 1)[1] for m in every if any(
-    getattr(compile_keys._jit_function(f), "__module__", None) == m.__name__ for f in vars(m).values()))
-modules = [importlib.import_module(f"mlaspec.impl.{m}") for m in compile_keys.MODULES]
+files = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+modules = [importlib.import_module(f"mlaspec.impl.{m}") for m in files]
 held = {}
 for m in modules:
     for a, f in sorted(vars(m).items()):
@@ -37,25 +35,27 @@ for first in sys.argv[1:]:  # what this process "launches" first
     getattr(importlib.import_module(f"mlaspec.impl.{module}"), name).cache_key
 keys = {k: compile_keys._jit_function(getattr(importlib.import_module(k.rsplit(".", 1)[0]), k.rsplit(".", 1)[1]))
         .cache_key for k in held}
-print(json.dumps({"modules": compile_keys.MODULES, "defining": defining, "gluon": AVAILABLE, "held": held,
-                  "keys": keys}))
+defining = sorted({k.split(".")[2] for k in held})
+print(json.dumps({"files": files, "modules": compile_keys.modules(), "defining": defining, "gluon": AVAILABLE,
+                  "held": held, "keys": keys}))
 """
 
 
 def _process(*first: str) -> dict:
-    """What a fresh process that hashes ``first`` (``module.name``) before the rest reports: the kernel modules
-    listed, those of ``impl/`` that define a JIT function, whether Gluon is there, which JIT functions held their key
-    on import, and every key."""
+    """What a fresh process that hashes ``first`` (``module.name``) before the rest reports: the modules of ``impl/``
+    by file and as :func:`~mlaspec.impl.compile_keys.modules` finds them, those that define a JIT function, whether
+    Gluon is there, which JIT functions held their key on import, and every key."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", KEYS, *first], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
 def test_every_module_that_defines_a_kernel_is_settled():
-    """A kernel module left out of :data:`~mlaspec.impl.compile_keys.MODULES` would be hashed in launch order: every
-    module of ``impl/`` whose globals hold a JIT function of its own is listed, and ``impl/`` has such decorators."""
+    """A kernel module :func:`~mlaspec.impl.compile_keys.modules` missed would be hashed in launch order: it finds
+    every module file of ``impl/``, and the JIT functions found in them are those of every file with such
+    decorators."""
     found = _process()
-    assert found["defining"] == sorted(found["modules"])
+    assert found["modules"] == found["files"]
     jit = re.compile(r"^\s*@(triton|gluon)\.jit\b", re.MULTILINE)
     assert {p.stem for p in IMPL.glob("*.py") if jit.search(p.read_text())} == set(found["defining"])
 
