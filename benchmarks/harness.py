@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from common import _pyplot, _save
 
+from mlaspec.conformance.cli import WARM_AUTO
 from mlaspec.conformance.cpus import usable_cpus
 from mlaspec.conformance.report import read_jsonl
 
@@ -186,8 +187,9 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
         "Cold: empty reference and Triton caches; warm: the same command again over both. CPU seconds are user + "
         "system of the run and its worker processes; `--warm` is the number of warm-up workers "
         "(`mlaspec check --warm N`: processes that run the cases ahead of the judged one, so that kernels compile "
-        "in parallel; `auto`, the default: 8 on a GPU, started at once over an empty Triton cache, else at the first "
-        "judged call that compiles). Backend s: the judged worker's calls of the backend, summed over the cases "
+        f"in parallel; `auto`, the default: on a GPU all the CPUs but one, at most {WARM_AUTO}, started at once over "
+        "an empty Triton cache, else at the first judged call that compiles). Backend s: the judged worker's calls "
+        "of the backend, summed over the cases "
         "(their first calls compile, where no warm-up process got there first).",
         "",
         "![wall and CPU seconds](harness.png)",

@@ -82,7 +82,7 @@ def _names(text: str | None, known, what: str) -> tuple[str, ...] | None:
     return names
 
 
-WARM_AUTO = 8  # --warm auto on a CUDA backend: warm-up processes, at most half the CPUs
+WARM_AUTO = 15  # --warm auto on a CUDA backend: warm-up processes, at most all the CPUs but one
 
 
 def _warm_arg(text: str) -> int | str:
@@ -106,19 +106,21 @@ def _check_warm(args: argparse.Namespace) -> None:
 
 
 def warm_count(warm: int | str, device: str | None, *, jit: bool, isolated: bool, dcp: int | None) -> int:
-    """The warm-up processes to start: ``warm`` itself, or for ``auto`` :data:`WARM_AUTO` (at most half the CPUs
-    this process may use) when the judged worker's backend compiles kernels on first use (``jit``) and runs on a
+    """The warm-up processes to start: ``warm`` itself, or for ``auto`` :data:`WARM_AUTO` (at most all the CPUs
+    this process may use but one) when the judged worker's backend compiles kernels on first use (``jit``) and runs on a
     CUDA device, with process isolation and no ``--dcp``, else none. ``auto``'s start at once over an empty Triton
     cache (:func:`~mlaspec.conformance.warmup.compile_cache_empty`), else when a judged call first compiles
     (:class:`~mlaspec.conformance.warmup.WarmUp` ``lazy``): with nothing to compile they only contend (a warm triton
     run on the H200, 54.3-55.0 s with 8 started at once, 48.4 s without).
     A JIT backend compiles each kernel variant in the process that first needs it: the full-scale triton run on an
     H200 took 77 s cold with 8 warm-ups, 212 s without; on the CPU there is nothing to compile (8.8 s against
-    7.5 s on the float32 tiny run, 2 cores)."""
+    7.5 s on the float32 tiny run, 2 cores). A cold run's compiling is most of its CPU time and spread over the
+    warm-ups, so more go faster while there are CPUs for them: on one H200 lease of 16 CPUs (2026-11-29, cold
+    full-scale triton runs) 73.7 / 69.8 s with 8, 66.9 with 12, 63.9 / 60.2 with 15, where half the CPUs gave 8."""
     if warm != "auto":
         return int(warm)
     on_cuda = str(device or "").startswith("cuda")
-    return min(WARM_AUTO, usable_cpus() // 2) if jit and on_cuda and isolated and dcp is None else 0
+    return min(WARM_AUTO, usable_cpus() - 1) if jit and on_cuda and isolated and dcp is None else 0
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -492,8 +494,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="N more processes run the cases ahead of the judged worker, outputs thrown away, so that a JIT "
         "backend (Triton, FlashInfer) compiles its kernels in parallel into its disk cache (default: auto, "
-        f"{WARM_AUTO} beside a JIT backend (Triton, FlashInfer) on a CUDA device, at most half the CPUs, started "
-        "at once over an empty Triton cache, else when a judged call first compiles; else none; "
+        f"{WARM_AUTO} beside a JIT backend (Triton, FlashInfer) on a CUDA device, at most all the CPUs but one, "
+        "started at once over an empty Triton cache, else when a judged call first compiles; else none; "
         "mlaspec.conformance.warmup)",
     )
     check.add_argument(

@@ -16,8 +16,8 @@ What keeps them out of the verdicts:
 
 * Each is a process of its own (its own session, so ``stop`` takes its compiler children too; it dies with the
   run on Linux). One that dies is started again after the case it died on (at most :data:`MAX_RESTARTS` times);
-  one the judged worker has overtaken (it is still on a case the judged worker finished: a long compile, a hang) is
-  killed and started again after that case. A case they skip or die on is the judged worker's to judge as ever.
+  one the judged worker has overtaken and that stays on that case for :data:`OVERTAKEN_GRACE` seconds (a hang) is
+  killed and started again after it. A case they skip or die on is the judged worker's to judge as ever.
 * On a CUDA backend each holds at most ``1 / (2 N)`` of its device's memory through torch's caching allocator (their
   CUDA contexts and anything allocated outside torch are not limited).
 * A judged case that errs, crashes or times out while any of them ran (:meth:`WarmUp.contended`, the judged
@@ -47,7 +47,7 @@ from .cpus import WARM_UP_THREADS
 from .heap import keep_freed_memory
 from .worker import _case_dict
 
-__all__ = ["COMPILING", "MAX_RESTARTS", "WarmUp", "compile_cache_empty"]
+__all__ = ["COMPILING", "MAX_RESTARTS", "OVERTAKEN_GRACE", "WarmUp", "compile_cache_empty"]
 
 MAX_RESTARTS = 8
 """A warm-up process that dies this often is left dead: the judged worker compiles for itself."""
@@ -55,6 +55,11 @@ COMPILING = 1.0
 """Seconds of a judged call that mean it compiled (a Triton kernel takes 1-5 s to compile on the H200's host, a
 compiled full-scale call milliseconds): ``--warm auto`` starts its warm-up processes at the first such call."""
 _POLL = 0.2  # seconds between a keeper's looks at its process
+OVERTAKEN_GRACE = 60.0
+"""Seconds a warm-up process may stay on a case the judged worker has passed before it is killed and started again
+after that case: longer than any case's compiles. Killed at once (before 2026-11-29), the processes the judged worker
+passed while they were still on their first case (loading the backend, then compiling what it also compiled) lost
+4-5 s each to start again, and came late to their next cases, which the judged worker then compiled itself."""
 
 
 def compile_cache_empty() -> bool:
@@ -103,6 +108,7 @@ class WarmUp:
         self._reached = self.dir / "reached"
         _write(self._reached, "0")
         self.restarts = self.unstarted = self.paused = 0
+        self.grace = OVERTAKEN_GRACE
         self._lock = threading.Lock()
         self._procs: dict[int, subprocess.Popen] = {}
         self._threads: list[threading.Thread] = []
@@ -150,8 +156,7 @@ class WarmUp:
                     return
                 overtaken = False
                 while proc.poll() is None:
-                    at, reached = _read_int(self.dir / f"warm-{k}.at"), _read_int(self._reached)
-                    if at is not None and reached is not None and reached > at:  # the judged worker is past it
+                    if self._stuck(k):
                         _kill(proc)
                         overtaken = True
                     time.sleep(_POLL)
@@ -171,6 +176,17 @@ class WarmUp:
                 self._running -= 1
                 if not self._running:
                     self._ended_at = time.monotonic()
+
+    def _stuck(self, k: int) -> bool:
+        """Whether process ``k`` is on a case the judged worker has passed, and has been for :attr:`grace` seconds
+        (a hang; before that it is a compile that finishes late, cheaper than a new process's start)."""
+        at_file = self.dir / f"warm-{k}.at"
+        at, reached = _read_int(at_file), _read_int(self._reached)
+        if at is None or reached is None or reached <= at:
+            return False
+        with contextlib.suppress(OSError):
+            return time.time() - at_file.stat().st_mtime >= self.grace
+        return False
 
     def judged(self, seconds: float) -> None:
         """A judged call took ``seconds``: a lazy warm-up starts its processes at the first that compiled."""
