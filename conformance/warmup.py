@@ -47,7 +47,7 @@ from .cpus import WARM_UP_THREADS
 from .heap import keep_freed_memory
 from .worker import _case_dict
 
-__all__ = ["COMPILING", "MAX_RESTARTS", "OVERTAKEN_GRACE", "WarmUp", "compile_cache_empty"]
+__all__ = ["COMPILING", "MAX_RESTARTS", "OVERTAKEN_GRACE", "TRACE", "WarmUp", "compile_cache_empty", "trace"]
 
 MAX_RESTARTS = 8
 """A warm-up process that dies this often is left dead: the judged worker compiles for itself."""
@@ -69,6 +69,27 @@ def compile_cache_empty() -> bool:
     warm 61.5 s started at once, 51.5 s lazily)."""
     folder = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     return not folder.is_dir() or next(folder.iterdir(), None) is None
+
+
+TRACE = "MLASPEC_WARM_TRACE"
+"""The environment variable naming a file to which the run and its warm-up processes append what they do, a line
+an event, ``<unix seconds> <event> <fields>``: ``start`` (the warm-up set is made: the judged worker has loaded the
+backend), ``spawn K START`` and ``kill K`` (a keeper starts process ``K`` from case ``START``, kills it), ``reached
+I`` (the judged worker takes case ``I``), ``up K`` (process ``K`` has loaded the backend), ``begin K I`` and ``end K
+I`` (it runs case ``I``). ``benchmarks/warm_timeline.py`` draws them."""
+
+
+def trace(event: str, *fields: object) -> None:
+    """Append ``event`` and its ``fields`` to the file :data:`TRACE` names, if it names one (one ``write`` of one
+    line, appended: the processes' lines do not mix)."""
+    path = os.environ.get(TRACE)
+    if path:
+        line = " ".join([f"{time.time():.3f}", event, *map(str, fields)]) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
 def _write(path: Path, text: str) -> None:
@@ -113,6 +134,7 @@ class WarmUp:
         self._procs: dict[int, subprocess.Popen] = {}
         self._threads: list[threading.Thread] = []
         self.started = not lazy
+        trace("start")
         if lazy:  # none runs: none can contend with a judged case
             self._stopped, self._ended_at = False, time.monotonic()
         else:
@@ -154,10 +176,12 @@ class WarmUp:
                 proc = self._spawn(k, start)
                 if proc is None:
                     return
+                trace("spawn", k, start)
                 overtaken = False
                 while proc.poll() is None:
                     if self._stuck(k):
                         _kill(proc)
+                        trace("kill", k)
                         overtaken = True
                     time.sleep(_POLL)
                 at = _read_int(self.dir / f"warm-{k}.at")
@@ -196,6 +220,7 @@ class WarmUp:
 
     def reached(self, i: int) -> None:
         """The judged worker takes case ``i``: the warm-up processes skip it and those before it."""
+        trace("reached", i)
         if not self._stopped:
             _write(self._reached, str(i))
 
@@ -308,6 +333,7 @@ def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RU
         sys.stdout.flush()
         os._exit(2)
     cases = [Case(**c) for c in pickle.loads((folder / "cases.pkl").read_bytes())]
+    trace("up", k)
     for i in range(start, len(cases), workers):
         if os.getppid() != run:
             break  # the run is gone
@@ -318,7 +344,9 @@ def main(argv: list[str]) -> None:  # pragma: no cover - the warm-up process: RU
         try:
             if skip_reason(backend, case):
                 continue
+            trace("begin", k, i)
             invoke(backend, case.op, OPS[case.op].make_inputs(case), OPS[case.op].writes)  # as the judged worker calls
+            trace("end", k, i)
         except Exception:  # not a verdict: the judged worker runs the case and says what it does
             print(f"warm-up: {case.id}", flush=True)
             traceback.print_exc()

@@ -21,6 +21,7 @@ SCRIPTS = (
     "harness",
     "reference_check",
     "stream",
+    "warm_timeline",
 )
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -285,3 +286,44 @@ def test_the_plain_read_reads_every_word_once(bench, programs, block):
         bench["stream"].reader(x.transpose(0, 1), programs, block, 2, 1)
     with pytest.raises(ValueError, match="multiple of 4"):
         bench["stream"].reader(x[..., :1].contiguous(), programs, block, 2, 1)
+
+
+def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
+    """A cold run's trace (:data:`mlaspec.conformance.warmup.TRACE`) read back: the judged worker's case starts, each
+    warm-up's case spans (one killed on its case: no end), the kills, and the cases the judged worker compiled with
+    what ran beside them."""
+    tl_mod, t0 = bench["warm_timeline"], 1000.0
+    events = [
+        (1.0, "start"),
+        (1.0, "spawn 0 1"),
+        (1.0, "spawn 1 2"),
+        (1.1, "reached 0"),
+        (3.0, "up 0"),
+        (3.2, "up 1"),
+        (3.3, "begin 0 1"),
+        (3.4, "begin 1 2"),
+        (3.6, "reached 1"),
+        (4.0, "end 0 1"),
+        (4.1, "begin 0 3"),
+        (5.0, "reached 2"),
+        (5.5, "end 0 3"),
+        (6.0, "reached 3"),
+        (70.0, "kill 1"),
+        (70.1, "spawn 1 4"),
+    ]
+    trace = tmp_path / "trace.txt"
+    trace.write_text("".join(f"{t0 + t:.3f} {e}\n" for t, e in events))
+    results = [dict(case_id=f"c{i}", seconds=s) for i, s in enumerate([2.5, 0.1, 1.2, 0.01])]
+    tl = tl_mod.read(str(trace), results, t0)
+    assert tl.reached == pytest.approx({0: 1.1, 1: 3.6, 2: 5.0, 3: 6.0})
+    assert tl.compiled() == [0, 2]  # the judged calls of 0.5 s or more
+    assert tl.beside(1) == [(0, pytest.approx(3.3), pytest.approx(4.0))]
+    [(k, b, e)] = tl.beside(2)  # killed on it: no end
+    assert (k, b) == (1, pytest.approx(3.4)) and math.isnan(e)
+    assert tl.kills == [(pytest.approx(70.0), 1)] and len(tl.spawns) == 3 and len(tl.ups) == 2
+    text = "\n".join(tl_mod.summary(tl))
+    assert "2 processes, 3 starts, 1 kills; up 3.0-3.2 s; their last case ended at 5.5 s" in text
+    assert "case 0 c0: 2.50 s at 1.1 s; no warm-up" in text
+    assert "case 2 c2: 1.20 s at 5.0 s; warm-up 1 3.4-nan s" in text
+    tl_mod.plot(tl, str(tmp_path / "t.png"), "title")
+    assert (tmp_path / "t.png").read_bytes().startswith(PNG)

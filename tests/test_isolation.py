@@ -332,6 +332,30 @@ def test_a_case_that_errs_beside_warm_up_processes_runs_again_alone_and_says_so(
     assert status == EXIT_FAILED and alone[BAD]["verdict"] == "error" and not alone[BAD]["retried"]
 
 
+def test_a_traced_run_records_what_the_warm_ups_and_the_judged_worker_did(jit, tmp_path, monkeypatch):
+    """With :data:`~mlaspec.conformance.warmup.TRACE` set, the run and its warm-up processes append their events
+    to one file, which ``benchmarks/warm_timeline.py`` reads back: every case the judged worker took, each warm-up's
+    start, load and cases, and the case it compiled itself (case 0: the warm-ups start after it)."""
+    from mlaspec.conformance.warmup import TRACE
+
+    monkeypatch.setenv(TRACE, str(tmp_path / "trace.txt"))
+    monkeypatch.setenv("MLASPEC_TEST_JIT_WAIT", "1")  # the judged worker's first call waits for a warm-up's kernel
+    t0 = time.time()
+    status, by_case = _check("FakeJit", tmp_path / "warm", *WARM)
+    assert status == EXIT_OK
+    monkeypatch.syspath_prepend(str(TESTS.parent / "benchmarks"))
+    import warm_timeline
+
+    records = [by_case[c] for c in CASES]
+    tl = warm_timeline.read(str(tmp_path / "trace.txt"), records, t0)
+    assert sorted(tl.reached) == list(range(len(CASES)))
+    assert sorted(k for _, k in tl.spawns) == sorted(k for _, k in tl.ups) == [0, 1] and not tl.kills
+    built = {p.name for p in jit.glob("kernel-*") if p.read_text().split()[1] == "-c"}  # by a warm-up process
+    ran = {c for spans in tl.spans.values() for c, _, e in spans if e == e}
+    assert built and len(ran) >= len(built) and 0 not in ran  # each kernel a warm-up built, in a case it ran
+    assert 0 in tl.compiled()  # case 0: the judged worker's own compile (1.5 s)
+
+
 def _warm_up(backend: str, jit: Path):
     from mlaspec.conformance.warmup import WarmUp
 

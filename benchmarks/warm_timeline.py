@@ -1,0 +1,187 @@
+"""Where the warm-up processes were when the judged worker compiled: a cold run's timeline, drawn from its trace.
+
+``mlaspec check --warm`` (:mod:`mlaspec.conformance.warmup`) runs the cases ahead of the judged worker so that a JIT
+backend's kernels compile in parallel; the cold run is fast when they stay ahead. This script runs one cold
+``mlaspec check`` (fresh reference and Triton caches) with :data:`~mlaspec.conformance.warmup.TRACE` set, then
+draws each warm-up's cases (a bar from its ``begin`` to its ``end``, one colour a process), the judged worker's
+position (the case it takes, against time), the cases whose judged call took :data:`COMPILED` seconds or more (it
+compiled them itself, or waited for a kernel) and the keepers' kills, and prints the same in numbers. From an existing
+trace (``--trace``, with the run's ``results.jsonl`` and its start), it only draws.
+
+    python benchmarks/warm_timeline.py --out-dir /tmp/tl                  # triton, full, on a GPU
+    python benchmarks/warm_timeline.py --trace trace.txt --results results.jsonl --t0 1795929629.97 --out-dir /tmp/tl
+
+Writes ``warm_timeline.png`` and ``warm_timeline.md`` under ``--out-dir``. Importing this module runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from common import _pyplot, _save
+
+COMPILED = 0.5  # seconds of a judged call that mean it compiled (a compiled full-scale call takes milliseconds)
+
+
+@dataclass
+class Timeline:
+    """A traced run, in seconds from its start: the judged worker's case starts, each warm-up's case spans, the
+    keepers' spawns and kills, when each process was up, and the judged calls' seconds by case."""
+
+    reached: dict[int, float]  # case -> when the judged worker took it
+    spans: dict[int, list[tuple[int, float, float]]]  # process -> (case, begin, end)
+    spawns: list[tuple[float, int]]  # (when, process)
+    kills: list[tuple[float, int]]
+    ups: list[tuple[float, int]]
+    seconds: list[float]  # the judged call's seconds, by case
+    ids: list[str]
+
+    def compiled(self) -> list[int]:
+        """The cases whose judged call took :data:`COMPILED` seconds or more."""
+        return [i for i, s in enumerate(self.seconds) if s >= COMPILED]
+
+    def beside(self, case: int) -> list[tuple[int, float, float]]:
+        """The warm-up processes that ran ``case``: ``(process, begin, end)`` (``end`` nan: it never ended)."""
+        return [(k, b, e) for k, spans in self.spans.items() for c, b, e in spans if c == case]
+
+
+def read(trace: str, results: list[dict], t0: float) -> Timeline:
+    """The :class:`Timeline` of a run that started at ``t0`` (unix seconds) from its trace file and its results'
+    records (``results.jsonl`` after its header, in case order)."""
+    reached, spawns, kills, ups = {}, [], [], []
+    begun: dict[tuple[int, int], float] = {}
+    spans: dict[int, list] = defaultdict(list)
+    with open(trace) as f:
+        for line in f:
+            t, event, *fields = line.split()
+            t, fields = float(t) - t0, [int(x) for x in fields]
+            if event == "reached":
+                reached.setdefault(fields[0], t)
+            elif event == "spawn":
+                spawns.append((t, fields[0]))
+            elif event == "kill":
+                kills.append((t, fields[0]))
+            elif event == "up":
+                ups.append((t, fields[0]))
+            elif event == "begin":
+                begun[tuple(fields)] = t
+            elif event == "end":
+                spans[fields[0]].append((fields[1], begun.pop(tuple(fields), t), t))
+    for (k, case), t in begun.items():  # killed, or the run ended, on it
+        spans[k].append((case, t, float("nan")))
+    seconds = [r.get("seconds", 0.0) for r in results]
+    return Timeline(reached, dict(spans), spawns, kills, ups, seconds, [r["case_id"] for r in results])
+
+
+def summary(tl: Timeline) -> list[str]:
+    """The timeline in lines of text: when the judged worker started and ended, when the warm-ups were up and done,
+    the kills, and every case the judged worker compiled with what the warm-ups did on it."""
+    nan = float("nan")
+    ends = [e for spans in tl.spans.values() for _, _, e in spans if e == e]
+    ups = [t for t, _ in tl.ups]
+    lines = [
+        f"judged worker: first case at {min(tl.reached.values(), default=nan):.1f} s, last at "
+        f"{max(tl.reached.values(), default=nan):.1f} s; its calls {sum(tl.seconds):.1f} s in all",
+        f"warm-ups: {len({k for _, k in tl.spawns})} processes, {len(tl.spawns)} starts, {len(tl.kills)} kills; up "
+        f"{min(ups, default=nan):.1f}-{max(ups, default=nan):.1f} s; their last case ended at "
+        f"{max(ends, default=nan):.1f} s",
+    ]
+    compiled = tl.compiled()
+    lines.append(
+        f"cases whose judged call took >= {COMPILED} s: {len(compiled)}, {sum(tl.seconds[i] for i in compiled):.1f} s"
+    )
+    for i in compiled:
+        beside = ", ".join(f"warm-up {k} {b:.1f}-{e:.1f} s" for k, b, e in tl.beside(i)) or "no warm-up"
+        lines.append(f"  case {i} {tl.ids[i]}: {tl.seconds[i]:.2f} s at {tl.reached.get(i, nan):.1f} s; {beside}")
+    return lines
+
+
+def plot(tl: Timeline, path: str, title: str) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    cmap = plt.get_cmap("tab20")
+    for k, spans in sorted(tl.spans.items()):
+        for case, b, e in spans:
+            ax.plot([b, e if e == e else b + 0.5], [case, case], color=cmap(k % 20), lw=3, solid_capstyle="butt")
+    steps = sorted((t, i) for i, t in tl.reached.items())
+    ax.step([t for t, _ in steps], [i for _, i in steps], where="post", color="black", lw=1, label="judged worker")
+    compiled = [i for i in tl.compiled() if i in tl.reached]
+    ax.scatter(
+        [tl.reached[i] for i in compiled],
+        [i for i in compiled],
+        marker="o",
+        facecolors="none",
+        edgecolors="red",
+        label=f"judged call >= {COMPILED} s",
+        zorder=3,
+    )
+    for t, k in tl.kills:
+        ax.axvline(t, color=cmap(k % 20), ls=":", lw=1)
+    ax.plot([], [], color=cmap(0), lw=3, label="a warm-up's case (colour: process)")
+    ax.set_xlabel("seconds from the run's start")
+    ax.set_ylabel("case")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    _save(fig, path, plt)
+
+
+def run_traced(check_args: list[str], folder: str) -> tuple[str, str, float, float]:
+    """One cold ``mlaspec check check_args`` with fresh caches under ``folder`` and the trace on: ``(trace path,
+    results path, start, wall seconds)``."""
+    from mlaspec.conformance.warmup import TRACE
+
+    trace, report = os.path.join(folder, "trace.txt"), os.path.join(folder, "report")
+    env = os.environ | {
+        TRACE: trace,
+        "MLASPEC_CACHE_DIR": os.path.join(folder, "mlaspec"),
+        "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
+    }
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "mlaspec.conformance.cli", "check", *check_args, "--report", report]
+    subprocess.run(cmd, env=env, check=False, capture_output=True)
+    return trace, os.path.join(report, "results.jsonl"), t0, time.time() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mlaspec.conformance.report import read_jsonl
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--scale", default="full", choices=["tiny", "full"])
+    ap.add_argument("--dtypes", default="bfloat16,float16")
+    ap.add_argument("--warm", default="auto", help="mlaspec check --warm")
+    ap.add_argument("--trace", help="draw this trace (of a run already made) instead of running one")
+    ap.add_argument("--results", help="with --trace: that run's results.jsonl")
+    ap.add_argument("--t0", type=float, help="with --trace: that run's start, unix seconds")
+    ap.add_argument("--out-dir", default="bench")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="mlaspec-timeline-") as tmp:
+        if args.trace:
+            if args.results is None or args.t0 is None:
+                ap.error("--trace needs --results and --t0")
+            trace, results, t0, wall = args.trace, args.results, args.t0, float("nan")
+        else:
+            check = ["--backend", args.backend, "--scale", args.scale, "--dtypes", args.dtypes, "--warm", args.warm]
+            trace, results, t0, wall = run_traced(check, tmp)
+        tl = read(trace, read_jsonl(results)[1], t0)
+    lines = summary(tl)
+    title = f"a cold mlaspec check --backend {args.backend} --scale {args.scale}: warm-ups and the judged worker"
+    plot(tl, os.path.join(args.out_dir, "warm_timeline.png"), title)
+    text = [f"# {title}", "", f"`{' '.join(['python', *sys.argv])}`" + (f"; {wall:.1f} s wall" if wall == wall else "")]
+    text += ["", "![timeline](warm_timeline.png)", "", "```", *lines, "```", ""]
+    with open(os.path.join(args.out_dir, "warm_timeline.md"), "w") as f:
+        f.write("\n".join(text))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
