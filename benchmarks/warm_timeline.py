@@ -82,7 +82,8 @@ def read(trace: str, results: list[dict], t0: float) -> Timeline:
 
 def summary(tl: Timeline) -> list[str]:
     """The timeline in lines of text: when the judged worker started and ended, when the warm-ups were up and done,
-    the kills, and every case the judged worker compiled with what the warm-ups did on it."""
+    the kills, the judged worker's pace while they ran and after (cases, the seconds from each case's start to the
+    next's, and its backend calls' share of them), and every case it compiled with what the warm-ups did on it."""
     nan = float("nan")
     ends = [e for spans in tl.spans.values() for _, _, e in spans if e == e]
     ups = [t for t, _ in tl.ups]
@@ -93,6 +94,14 @@ def summary(tl: Timeline) -> list[str]:
         f"{min(ups, default=nan):.1f}-{max(ups, default=nan):.1f} s; their last case ended at "
         f"{max(ends, default=nan):.1f} s",
     ]
+    last = max(ends, default=nan)
+    steps = sorted((t, i) for i, t in tl.reached.items())
+    for name, during in (("while the warm-ups ran", True), ("after", False)):
+        cases = [(t1 - t0, i) for (t0, i), (t1, _) in zip(steps, steps[1:]) if (t0 < last) == during]
+        lines.append(
+            f"judged worker {name}: {len(cases)} cases in {sum(w for w, _ in cases):.1f} s, its calls "
+            f"{sum(tl.seconds[i] for _, i in cases):.1f} s of it"
+        )
     compiled = tl.compiled()
     lines.append(
         f"cases whose judged call took >= {COMPILED} s: {len(compiled)}, {sum(tl.seconds[i] for i in compiled):.1f} s"

@@ -305,8 +305,8 @@ def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
         (3.6, "reached 1"),
         (4.0, "end 0 1"),
         (4.1, "begin 0 3"),
+        (4.5, "end 0 3"),
         (5.0, "reached 2"),
-        (5.5, "end 0 3"),
         (6.0, "reached 3"),
         (70.0, "kill 1"),
         (70.1, "spawn 1 4"),
@@ -322,7 +322,9 @@ def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
     assert (k, b) == (1, pytest.approx(3.4)) and math.isnan(e)
     assert tl.kills == [(pytest.approx(70.0), 1)] and len(tl.spawns) == 3 and len(tl.ups) == 2
     text = "\n".join(tl_mod.summary(tl))
-    assert "2 processes, 3 starts, 1 kills; up 3.0-3.2 s; their last case ended at 5.5 s" in text
+    assert "2 processes, 3 starts, 1 kills; up 3.0-3.2 s; their last case ended at 4.5 s" in text
+    assert "judged worker while the warm-ups ran: 2 cases in 3.9 s, its calls 2.6 s of it" in text  # cases 0, 1
+    assert "judged worker after: 1 cases in 1.0 s, its calls 1.2 s of it" in text  # case 2 (3: no next start)
     assert "case 0 c0: 2.50 s at 1.1 s; no warm-up" in text
     assert "case 2 c2: 1.20 s at 5.0 s; warm-up 1 3.4-nan s" in text
     tl_mod.plot(tl, str(tmp_path / "t.png"), "title")
