@@ -4,7 +4,7 @@
 backend's kernels compile in parallel; the cold run is fast when they stay ahead. This script runs one cold
 ``mlaspec check`` (fresh reference and Triton caches) with :data:`~mlaspec.conformance.warmup.TRACE` set, then
 draws each warm-up's cases (a bar from its ``begin`` to its ``end``, one colour a process), the judged worker's
-position (the case it takes, against time), the cases whose judged call took :data:`COMPILED` seconds or more (it
+position (the case it takes, against time), the cases whose judged call took :data:`SLOW` seconds or more (it
 compiled them itself, or waited for a kernel) and the keepers' kills, and prints the same in numbers. From an existing
 trace (``--trace``, with the run's ``results.jsonl`` and its start), it only draws.
 
@@ -27,25 +27,31 @@ from dataclasses import dataclass
 
 from common import _pyplot, _save
 
-COMPILED = 0.5  # seconds of a judged call that mean it compiled (a compiled full-scale call takes milliseconds)
+SLOW = 0.5
+"""Seconds of a judged call drawn and listed as slow: it compiled, or waited on a kernel another process was compiling
+(a compiled full-scale call takes milliseconds; a small kernel compiles in under a second, so this is below
+:data:`mlaspec.conformance.warmup.COMPILING`, the 1 s that starts lazy warm-ups)."""
 
 
 @dataclass
 class Timeline:
     """A traced run, in seconds from its start: the judged worker's case starts, each warm-up's case spans, the
-    keepers' spawns and kills, when each process was up, and the judged calls' seconds by case."""
+    keepers' spawns and kills, the halts (every process stopped), when each process was up, and the judged calls'
+    seconds by case."""
 
     reached: dict[int, float]  # case -> when the judged worker took it
-    spans: dict[int, list[tuple[int, float, float]]]  # process -> (case, begin, end)
+    spans: dict[int, list[tuple[int, float, float]]]  # process -> (case, begin, end: nan where left unfinished)
+    cut: dict[tuple[int, int, float], float]  # (process, case, begin) of an unfinished case -> when it was cut off
     spawns: list[tuple[float, int]]  # (when, process)
     kills: list[tuple[float, int]]
+    halts: list[float]
     ups: list[tuple[float, int]]
     seconds: list[float]  # the judged call's seconds, by case
     ids: list[str]
 
-    def compiled(self) -> list[int]:
-        """The cases whose judged call took :data:`COMPILED` seconds or more."""
-        return [i for i, s in enumerate(self.seconds) if s >= COMPILED]
+    def slow(self) -> list[int]:
+        """The cases whose judged call took :data:`SLOW` seconds or more."""
+        return [i for i, s in enumerate(self.seconds) if s >= SLOW]
 
     def beside(self, case: int) -> list[tuple[int, float, float]]:
         """The warm-up processes that ran ``case``: ``(process, begin, end)`` (``end`` nan: it never ended)."""
@@ -55,9 +61,18 @@ class Timeline:
 def read(trace: str, results: list[dict], t0: float) -> Timeline:
     """The :class:`Timeline` of a run that started at ``t0`` (unix seconds) from its trace file and its results'
     records (``results.jsonl`` after its header, in case order)."""
-    reached, spawns, kills, ups = {}, [], [], []
-    begun: dict[tuple[int, int], float] = {}
+    reached, spawns, kills, halts, ups = {}, [], [], [], []
+    begun: dict[int, tuple[int, float]] = {}  # process -> the case it is on, since when
     spans: dict[int, list] = defaultdict(list)
+    cut: dict[tuple[int, int, float], float] = {}
+    t = 0.0
+
+    def unended(k: int) -> None:  # process k left its case unfinished at t (killed, halted, started again, run over)
+        if k in begun:
+            case, b = begun.pop(k)
+            spans[k].append((case, b, float("nan")))
+            cut[k, case, b] = t
+
     with open(trace) as f:
         for line in f:
             t, event, *fields = line.split()
@@ -65,25 +80,34 @@ def read(trace: str, results: list[dict], t0: float) -> Timeline:
             if event == "reached":
                 reached.setdefault(fields[0], t)
             elif event == "spawn":
+                unended(fields[0])
                 spawns.append((t, fields[0]))
             elif event == "kill":
+                unended(fields[0])
                 kills.append((t, fields[0]))
+            elif event == "halt":
+                for k in list(begun):
+                    unended(k)
+                halts.append(t)
             elif event == "up":
                 ups.append((t, fields[0]))
             elif event == "begin":
-                begun[tuple(fields)] = t
-            elif event == "end":
-                spans[fields[0]].append((fields[1], begun.pop(tuple(fields), t), t))
-    for (k, case), t in begun.items():  # killed, or the run ended, on it
-        spans[k].append((case, t, float("nan")))
+                unended(fields[0])
+                begun[fields[0]] = (fields[1], t)
+            elif event == "end" and begun.get(fields[0], (None,))[0] == fields[1]:
+                spans[fields[0]].append((fields[1], begun.pop(fields[0])[1], t))
+    for k in list(begun):
+        unended(k)
     seconds = [r.get("seconds", 0.0) for r in results]
-    return Timeline(reached, dict(spans), spawns, kills, ups, seconds, [r["case_id"] for r in results])
+    ids = [r["case_id"] for r in results]
+    return Timeline(reached, dict(spans), cut, spawns, kills, halts, ups, seconds, ids)
 
 
 def summary(tl: Timeline) -> list[str]:
     """The timeline in lines of text: when the judged worker started and ended, when the warm-ups were up and done,
     the kills, the judged worker's pace while they ran and after (cases, the seconds from each case's start to the
-    next's, and its backend calls' share of them), and every case it compiled with what the warm-ups did on it."""
+    next's, and its backend calls' share of them), and every slow case (:data:`SLOW`) with what the warm-ups did on
+    it."""
     nan = float("nan")
     ends = [e for spans in tl.spans.values() for _, _, e in spans if e == e]
     ups = [t for t, _ in tl.ups]
@@ -102,11 +126,9 @@ def summary(tl: Timeline) -> list[str]:
             f"judged worker {name}: {len(cases)} cases in {sum(w for w, _ in cases):.1f} s, its calls "
             f"{sum(tl.seconds[i] for _, i in cases):.1f} s of it"
         )
-    compiled = tl.compiled()
-    lines.append(
-        f"cases whose judged call took >= {COMPILED} s: {len(compiled)}, {sum(tl.seconds[i] for i in compiled):.1f} s"
-    )
-    for i in compiled:
+    slow = tl.slow()
+    lines.append(f"cases whose judged call took >= {SLOW} s: {len(slow)}, {sum(tl.seconds[i] for i in slow):.1f} s")
+    for i in slow:
         beside = ", ".join(f"warm-up {k} {b:.1f}-{e:.1f} s" for k, b, e in tl.beside(i)) or "no warm-up"
         lines.append(f"  case {i} {tl.ids[i]}: {tl.seconds[i]:.2f} s at {tl.reached.get(i, nan):.1f} s; {beside}")
     return lines
@@ -118,17 +140,20 @@ def plot(tl: Timeline, path: str, title: str) -> None:
     cmap = plt.get_cmap("tab20")
     for k, spans in sorted(tl.spans.items()):
         for case, b, e in spans:
-            ax.plot([b, e if e == e else b + 0.5], [case, case], color=cmap(k % 20), lw=3, solid_capstyle="butt")
+            if e == e:
+                ax.plot([b, e], [case, case], color=cmap(k % 20), lw=3, solid_capstyle="butt")
+            else:  # left unfinished: dashed to where it was cut off
+                ax.plot([b, tl.cut[k, case, b]], [case, case], color=cmap(k % 20), lw=1.5, ls="--")
     steps = sorted((t, i) for i, t in tl.reached.items())
     ax.step([t for t, _ in steps], [i for _, i in steps], where="post", color="black", lw=1, label="judged worker")
-    compiled = [i for i in tl.compiled() if i in tl.reached]
+    slow = [i for i in tl.slow() if i in tl.reached]
     ax.scatter(
-        [tl.reached[i] for i in compiled],
-        [i for i in compiled],
+        [tl.reached[i] for i in slow],
+        slow,
         marker="o",
         facecolors="none",
         edgecolors="red",
-        label=f"judged call >= {COMPILED} s",
+        label=f"judged call >= {SLOW} s",
         zorder=3,
     )
     for t, k in tl.kills:
@@ -154,8 +179,12 @@ def run_traced(check_args: list[str], folder: str) -> tuple[str, str, float, flo
     }
     t0 = time.time()
     cmd = [sys.executable, "-m", "mlaspec.conformance.cli", "check", *check_args, "--report", report]
-    subprocess.run(cmd, env=env, check=False, capture_output=True)
-    return trace, os.path.join(report, "results.jsonl"), t0, time.time() - t0
+    proc = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True)
+    results = os.path.join(report, "results.jsonl")
+    if proc.returncode not in (0, 1) or not os.path.exists(results):  # 1: a case failed, still a timeline
+        tail = proc.stdout[-2000:] + proc.stderr[-2000:]
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
+    return trace, results, t0, time.time() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="full", choices=["tiny", "full"])
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--warm", default="auto", help="mlaspec check --warm")
-    ap.add_argument("--trace", help="draw this trace (of a run already made) instead of running one")
+    ap.add_argument("--trace", help="draw this trace (one run's: a fresh file) instead of running one")
     ap.add_argument("--results", help="with --trace: that run's results.jsonl")
     ap.add_argument("--t0", type=float, help="with --trace: that run's start, unix seconds")
     ap.add_argument("--out-dir", default="bench")

@@ -9,8 +9,9 @@ The processes of one ``mlaspec check`` divide those CPUs between them rather tha
 intra-op threads defaults to every CPU in every process, and OpenMP threads that outnumber the cores spin at each
 parallel region's barrier on cores another process needs. The parent (references, budgets, the judge) takes
 :func:`parent_threads`, the judged worker (or a DCP group's ranks together) :func:`worker_threads`, each warm-up
-process :data:`WARM_UP_THREADS` (:mod:`~mlaspec.conformance.warmup`; at most half the CPUs, while kernels
-compile).
+process :data:`WARM_UP_THREADS` (:mod:`~mlaspec.conformance.warmup`; by default all the CPUs but one, at most 15,
+while kernels compile: a cold run oversubscribes the CPUs, measured faster than half of them,
+:func:`mlaspec.conformance.cli.warm_count`).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ What keeps them out of the verdicts:
 
 * Each is a process of its own (its own session, so ``stop`` takes its compiler children too; it dies with the
   run on Linux). One that dies is started again after the case it died on (at most :data:`MAX_RESTARTS` times);
-  one the judged worker has overtaken and that stays on that case for :data:`OVERTAKEN_GRACE` seconds (a hang) is
-  killed and started again after it. A case they skip or die on is the judged worker's to judge as ever.
+  one the judged worker has overtaken and that is still on that case :data:`OVERTAKEN_GRACE` seconds after it began
+  it (a hang) is killed and started again after it. A case they skip or die on is the judged worker's to judge as ever.
 * On a CUDA backend each holds at most ``1 / (2 N)`` of its device's memory through torch's caching allocator (their
   CUDA contexts and anything allocated outside torch are not limited).
 * A judged case that errs, crashes or times out while any of them ran (:meth:`WarmUp.contended`, the judged
@@ -56,10 +56,11 @@ COMPILING = 1.0
 compiled full-scale call milliseconds): ``--warm auto`` starts its warm-up processes at the first such call."""
 _POLL = 0.2  # seconds between a keeper's looks at its process
 OVERTAKEN_GRACE = 60.0
-"""Seconds a warm-up process may stay on a case the judged worker has passed before it is killed and started again
-after that case: longer than any case's compiles. Killed at once (before 2026-11-29), the processes the judged worker
-passed while they were still on their first case (loading the backend, then compiling what it also compiled) lost
-4-5 s each to start again, and came late to their next cases, which the judged worker then compiled itself."""
+"""Seconds after a warm-up process began a case the judged worker has passed before it is killed (a hang) and started
+again after that case: longer than any case's compiles. Killed at once (before 2026-11-29), the processes the judged
+worker passed on their first case (compiling what it also compiled) lost 4-5 s each to start again, and came late to
+their next cases, which the judged worker then compiled itself. A hang before a process's first case (loading the
+backend) is not caught: the judged worker is not waiting on it."""
 
 
 def compile_cache_empty() -> bool:
@@ -74,7 +75,8 @@ def compile_cache_empty() -> bool:
 TRACE = "MLASPEC_WARM_TRACE"
 """The environment variable naming a file to which the run and its warm-up processes append what they do, a line
 an event, ``<unix seconds> <event> <fields>``: ``start`` (the warm-up set is made: the judged worker has loaded the
-backend), ``spawn K START`` and ``kill K`` (a keeper starts process ``K`` from case ``START``, kills it), ``reached
+backend), ``spawn K START`` and ``kill K`` (a keeper starts process ``K`` from case ``START``, kills it), ``halt`` (all
+are stopped: a case runs again alone, or the run ends), ``reached
 I`` (the judged worker takes case ``I``), ``up K`` (process ``K`` has loaded the backend), ``begin K I`` and ``end K
 I`` (it runs case ``I``). ``benchmarks/warm_timeline.py`` draws them."""
 
@@ -179,7 +181,7 @@ class WarmUp:
                 trace("spawn", k, start)
                 overtaken = False
                 while proc.poll() is None:
-                    if self._stuck(k):
+                    if not overtaken and self._stuck(k):  # killed once; it may take a while to go
                         _kill(proc)
                         trace("kill", k)
                         overtaken = True
@@ -202,8 +204,9 @@ class WarmUp:
                     self._ended_at = time.monotonic()
 
     def _stuck(self, k: int) -> bool:
-        """Whether process ``k`` is on a case the judged worker has passed, and has been for :attr:`grace` seconds
-        (a hang; before that it is a compile that finishes late, cheaper than a new process's start)."""
+        """Whether process ``k`` is on a case the judged worker has passed, begun :attr:`grace` seconds ago or more
+        (a hang; before that it is a compile that finishes late, cheaper than a new process's start). The case's
+        start is the mtime of its ``warm-K.at``, against the same wall clock."""
         at_file = self.dir / f"warm-{k}.at"
         at, reached = _read_int(at_file), _read_int(self._reached)
         if at is None or reached is None or reached <= at:
@@ -243,6 +246,7 @@ class WarmUp:
             self._start_keepers()
 
     def _halt(self) -> None:
+        trace("halt")
         with self._lock:
             self._stopped = True
             for proc in self._procs.values():

@@ -316,10 +316,10 @@ def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
     results = [dict(case_id=f"c{i}", seconds=s) for i, s in enumerate([2.5, 0.1, 1.2, 0.01])]
     tl = tl_mod.read(str(trace), results, t0)
     assert tl.reached == pytest.approx({0: 1.1, 1: 3.6, 2: 5.0, 3: 6.0})
-    assert tl.compiled() == [0, 2]  # the judged calls of 0.5 s or more
+    assert tl.slow() == [0, 2]  # the judged calls of 0.5 s or more
     assert tl.beside(1) == [(0, pytest.approx(3.3), pytest.approx(4.0))]
     [(k, b, e)] = tl.beside(2)  # killed on it: no end
-    assert (k, b) == (1, pytest.approx(3.4)) and math.isnan(e)
+    assert (k, b) == (1, pytest.approx(3.4)) and math.isnan(e) and tl.cut[1, 2, b] == pytest.approx(70.0)
     assert tl.kills == [(pytest.approx(70.0), 1)] and len(tl.spawns) == 3 and len(tl.ups) == 2
     text = "\n".join(tl_mod.summary(tl))
     assert "2 processes, 3 starts, 1 kills; up 3.0-3.2 s; their last case ended at 4.5 s" in text
@@ -327,5 +327,24 @@ def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
     assert "judged worker after: 1 cases in 1.0 s, its calls 1.2 s of it" in text  # case 2 (3: no next start)
     assert "case 0 c0: 2.50 s at 1.1 s; no warm-up" in text
     assert "case 2 c2: 1.20 s at 5.0 s; warm-up 1 3.4-nan s" in text
+    tl_mod.plot(tl, str(tmp_path / "t.png"), "title")
+    assert (tmp_path / "t.png").read_bytes().startswith(PNG)
+
+
+def test_warm_timeline_cuts_the_cases_a_halt_or_a_new_start_leaves_unfinished(bench, tmp_path):
+    """A halt (every warm-up stopped so that a case runs again alone) leaves the cases in flight unfinished, and a
+    process that begins a case again after it gets a second span; neither end is taken for the other's."""
+    tl_mod = bench["warm_timeline"]
+    events = ["1.0 spawn 0 1", "2.0 begin 0 1", "3.0 halt", "4.0 spawn 0 1", "5.0 begin 0 1", "6.0 end 0 1",
+              "7.0 begin 0 3", "8.0 begin 0 5", "9.0 end 0 3"]  # fmt: skip
+    (tmp_path / "trace.txt").write_text("\n".join(events) + "\n")
+    tl = tl_mod.read(str(tmp_path / "trace.txt"), [dict(case_id="c", seconds=0.0)], 0.0)
+    assert tl.halts == [3.0]
+    (k, b, e), second = tl.beside(1)
+    assert (k, b) == (0, 2.0) and math.isnan(e) and tl.cut[0, 1, 2.0] == 3.0 and second == (0, 5.0, 6.0)
+    [(_, b3, e3)] = tl.beside(3)  # case 3 was cut off when case 5 began; its end line is not case 5's
+    assert b3 == 7.0 and math.isnan(e3) and tl.cut[0, 3, 7.0] == 8.0
+    [(_, b5, e5)] = tl.beside(5)  # the run ended on it: cut at the trace's last event
+    assert b5 == 8.0 and math.isnan(e5) and tl.cut[0, 5, 8.0] == 9.0
     tl_mod.plot(tl, str(tmp_path / "t.png"), "title")
     assert (tmp_path / "t.png").read_bytes().startswith(PNG)

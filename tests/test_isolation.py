@@ -352,8 +352,9 @@ def test_a_traced_run_records_what_the_warm_ups_and_the_judged_worker_did(jit, t
     assert sorted(k for _, k in tl.spawns) == sorted(k for _, k in tl.ups) == [0, 1] and not tl.kills
     built = {p.name for p in jit.glob("kernel-*") if p.read_text().split()[1] == "-c"}  # by a warm-up process
     ran = {c for spans in tl.spans.values() for c, _, e in spans if e == e}
-    assert built and len(ran) >= len(built) and 0 not in ran  # each kernel a warm-up built, in a case it ran
-    assert 0 in tl.compiled()  # case 0: the judged worker's own compile (1.5 s)
+    assert built and len(ran) >= len(built)  # each kernel a warm-up built, in a case it ran to its end
+    assert all((c - 1) % 2 == k for k, spans in tl.spans.items() for c, _, _ in spans)  # process k's share
+    assert 0 in tl.slow()  # case 0: the judged worker's own compile (1.5 s)
 
 
 def _warm_up(backend: str, jit: Path):
