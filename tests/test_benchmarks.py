@@ -348,3 +348,22 @@ def test_warm_timeline_cuts_the_cases_a_halt_or_a_new_start_leaves_unfinished(be
     assert b5 == 8.0 and math.isnan(e5) and tl.cut[0, 5, 8.0] == 9.0
     tl_mod.plot(tl, str(tmp_path / "t.png"), "title")
     assert (tmp_path / "t.png").read_bytes().startswith(PNG)
+
+
+def test_warm_timeline_draws_a_trace_it_is_given_and_says_why_a_run_left_nothing(bench, tmp_path):
+    """``--trace`` draws a run already made (its page and figure); a run that leaves no results is an error naming
+    the command and its output, not a missing file further on."""
+    tl_mod = bench["warm_timeline"]
+    events = ["10.0 reached 0", "10.5 spawn 0 1", "11.0 begin 0 1", "12.0 end 0 1", "12.5 reached 1"]
+    (tmp_path / "trace.txt").write_text("\n".join(events) + "\n")
+    records = [dict(case_id=f"c{i}", seconds=s) for i, s in enumerate([1.5, 0.01])]
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    argv = ["--trace", str(tmp_path / "trace.txt"), "--results", str(tmp_path / "results.jsonl"), "--t0", "10.0"]
+    assert tl_mod.main([*argv, "--out-dir", str(tmp_path / "out")]) == 0
+    page = (tmp_path / "out" / "warm_timeline.md").read_text()
+    assert "case 0 c0: 1.50 s at 0.0 s; no warm-up" in page and "1 processes, 1 starts, 0 kills" in page
+    assert (tmp_path / "out" / "warm_timeline.png").read_bytes().startswith(PNG)
+    with pytest.raises(SystemExit):  # --trace without the run's results and start
+        tl_mod.main(["--trace", str(tmp_path / "trace.txt"), "--out-dir", str(tmp_path / "out")])
+    with pytest.raises(RuntimeError, match="no-such-backend"):
+        tl_mod.run_traced(["--backend", "no-such-backend"], str(tmp_path / "run"))
