@@ -2,11 +2,12 @@
 
 ``mlaspec check --warm`` (:mod:`mlaspec.conformance.warmup`) runs the cases ahead of the judged worker so that a JIT
 backend's kernels compile in parallel; the cold run is fast when they stay ahead. This script runs one cold
-``mlaspec check`` (fresh reference and Triton caches) with :data:`~mlaspec.conformance.warmup.TRACE` set, then
+``mlaspec check`` (fresh reference and Triton caches) with :data:`~mlaspec.conformance.trace.TRACE` set, then
 draws each warm-up's cases (a bar from its ``begin`` to its ``end``, one colour a process), the judged worker's
 position (the case it takes, against time), the cases whose judged call took :data:`SLOW` seconds or more (it
-compiled them itself, or waited for a kernel) and the keepers' kills, and prints the same in numbers. From an existing
-trace (``--trace``, with the run's ``results.jsonl`` and its start), it only draws.
+compiled them itself, or waited for a kernel) and the keepers' kills, and prints the same in numbers, with the
+judged worker's pace while the warm-ups ran and after, and each judged case's parts (:data:`PHASES`) summed over
+both. From an existing trace (``--trace``, with the run's ``results.jsonl`` and its start), it only draws.
 
     python benchmarks/warm_timeline.py --out-dir /tmp/tl                  # triton, full, on a GPU
     python benchmarks/warm_timeline.py --trace trace.txt --results results.jsonl --t0 1795929629.97 --out-dir /tmp/tl
@@ -27,6 +28,9 @@ from dataclasses import dataclass
 
 from common import _pyplot, _save
 
+PHASES = ("inputs", "call", "reply", "reference", "wait", "judge")
+"""The parts of a judged case the trace times (:mod:`mlaspec.conformance.trace`): in the judged worker its inputs,
+the backend's call and the reply; in the run's process the reference, then waiting for the worker, then the judge."""
 SLOW = 0.5
 """Seconds of a judged call drawn and listed as slow: it compiled, or waited on a kernel another process was compiling
 (a compiled full-scale call takes milliseconds; a small kernel compiles in under a second, so this is below
@@ -48,6 +52,7 @@ class Timeline:
     ups: list[tuple[float, int]]
     seconds: list[float]  # the judged call's seconds, by case
     ids: list[str]
+    phases: dict[str, dict[int, float]]  # a part of each judged case (PHASES) -> case -> seconds
 
     def slow(self) -> list[int]:
         """The cases whose judged call took :data:`SLOW` seconds or more."""
@@ -73,9 +78,15 @@ def read(trace: str, results: list[dict], t0: float) -> Timeline:
             spans[k].append((case, b, float("nan")))
             cut[k, case, b] = t
 
+    index = {r["case_id"]: i for i, r in enumerate(results)}
+    phases: dict[str, dict[int, float]] = {p: {} for p in PHASES}
     with open(trace) as f:
         for line in f:
             t, event, *fields = line.split()
+            if event in PHASES:  # a judged case's part: its id and seconds
+                if fields[0] in index:
+                    phases[event][index[fields[0]]] = float(fields[1])
+                continue
             t, fields = float(t) - t0, [int(x) for x in fields]
             if event == "reached":
                 reached.setdefault(fields[0], t)
@@ -100,7 +111,7 @@ def read(trace: str, results: list[dict], t0: float) -> Timeline:
         unended(k)
     seconds = [r.get("seconds", 0.0) for r in results]
     ids = [r["case_id"] for r in results]
-    return Timeline(reached, dict(spans), cut, spawns, kills, halts, ups, seconds, ids)
+    return Timeline(reached, dict(spans), cut, spawns, kills, halts, ups, seconds, ids, phases)
 
 
 def summary(tl: Timeline) -> list[str]:
@@ -126,6 +137,9 @@ def summary(tl: Timeline) -> list[str]:
             f"judged worker {name}: {len(cases)} cases in {sum(w for w, _ in cases):.1f} s, its calls "
             f"{sum(tl.seconds[i] for _, i in cases):.1f} s of it"
         )
+        parts = [(p, [tl.phases[p][i] for _, i in cases if i in tl.phases[p]]) for p in PHASES]
+        if any(times for _, times in parts):
+            lines.append("  " + ", ".join(f"{p} {sum(times):.1f} s" for p, times in parts))
     slow = tl.slow()
     lines.append(f"cases whose judged call took >= {SLOW} s: {len(slow)}, {sum(tl.seconds[i] for i in slow):.1f} s")
     for i in slow:
@@ -169,7 +183,7 @@ def plot(tl: Timeline, path: str, title: str) -> None:
 def run_traced(check_args: list[str], folder: str) -> tuple[str, str, float, float]:
     """One cold ``mlaspec check check_args`` with fresh caches under ``folder`` and the trace on: ``(trace path,
     results path, start, wall seconds)``."""
-    from mlaspec.conformance.warmup import TRACE
+    from mlaspec.conformance.trace import TRACE
 
     trace, report = os.path.join(folder, "trace.txt"), os.path.join(folder, "report")
     env = os.environ | {

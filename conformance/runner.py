@@ -26,6 +26,7 @@ from .distributed import RankGroup
 from .numerics import assuming, declared
 from .ops import DTYPES, OPS, unit_roundoff
 from .references import ReferenceCache
+from .trace import trace
 from .verdict import Result, judge
 from .worker import Outcome, WorkerBackend, error_message, invoke
 
@@ -146,6 +147,7 @@ def run_case(
     def inputs() -> dict:
         return op.make_inputs(case)
 
+    clock = time.perf_counter()
     try:  # a departure may change the reference itself (scales read in bf16): the numerics are part of its key
         ref, bounds = references.reference(
             op,
@@ -162,7 +164,9 @@ def run_case(
             backend.collect(rerun=False) if pipelined else backend.collect()
         result.verdict, result.reason = "error", f"the harness could not build this case: {error_message(exc)}"
         return result
+    clock = _traced("reference", case, clock)
     outcome = backend.collect() if isolated else _call(backend, case, inputs(), op.writes, timeout)
+    clock = _traced("wait", case, clock)
     if pipelined and then is not None:
         _start(backend, then)
     result.seconds, result.retried = outcome.seconds, outcome.retried
@@ -177,6 +181,7 @@ def run_case(
     except Exception as exc:  # an output the judge cannot read is the backend's error, never the run's end
         verdict = ("error", f"the output cannot be judged: {error_message(exc)}", [], {}, {})
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict
+    _traced("judge", case, clock)
     if result.verdict == "fail" and strict_numerics and declared(backend, case.op):
         result.reason += (
             f" (strict numerics: not assumed the {', '.join(declared(backend, case.op))} that {backend_name} declares "
@@ -190,6 +195,14 @@ def run_case(
     if result.verdict == "fail" and figure_dir is not None:
         _save_figures(result, op, case, inputs(), got, ref, ratios, figure_dir)
     return result
+
+
+def _traced(phase: str, case: Case, since: float) -> float:
+    """:func:`~mlaspec.conformance.trace.trace` ``phase`` of ``case`` with its seconds since ``since``
+    (``time.perf_counter``); returns now."""
+    now = time.perf_counter()
+    trace(phase, case.id, f"{now - since:.4f}")
+    return now
 
 
 def _start(backend: WorkerBackend, case: Case) -> None:

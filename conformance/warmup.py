@@ -45,9 +45,10 @@ from pathlib import Path
 from .cases import Case
 from .cpus import WARM_UP_THREADS
 from .heap import keep_freed_memory
+from .trace import trace
 from .worker import _case_dict
 
-__all__ = ["COMPILING", "MAX_RESTARTS", "OVERTAKEN_GRACE", "TRACE", "WarmUp", "compile_cache_empty", "trace"]
+__all__ = ["COMPILING", "MAX_RESTARTS", "OVERTAKEN_GRACE", "WarmUp", "compile_cache_empty"]
 
 MAX_RESTARTS = 8
 """A warm-up process that dies this often is left dead: the judged worker compiles for itself."""
@@ -70,28 +71,6 @@ def compile_cache_empty() -> bool:
     warm 61.5 s started at once, 51.5 s lazily)."""
     folder = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     return not folder.is_dir() or next(folder.iterdir(), None) is None
-
-
-TRACE = "MLASPEC_WARM_TRACE"
-"""The environment variable naming a file to which the run and its warm-up processes append what they do, a line
-an event, ``<unix seconds> <event> <fields>``: ``start`` (the warm-up set is made: the judged worker has loaded the
-backend), ``spawn K START`` and ``kill K`` (a keeper starts process ``K`` from case ``START``, kills it), ``halt`` (all
-are stopped: a case runs again alone, or the run ends), ``reached
-I`` (the judged worker takes case ``I``), ``up K`` (process ``K`` has loaded the backend), ``begin K I`` and ``end K
-I`` (it runs case ``I``). ``benchmarks/warm_timeline.py`` draws them."""
-
-
-def trace(event: str, *fields: object) -> None:
-    """Append ``event`` and its ``fields`` to the file :data:`TRACE` names, if it names one (one ``write`` of one
-    line, appended: the processes' lines do not mix)."""
-    path = os.environ.get(TRACE)
-    if path:
-        line = " ".join([f"{time.time():.3f}", event, *map(str, fields)]) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
 
 
 def _write(path: Path, text: str) -> None:

@@ -46,6 +46,7 @@ from .cases import Case
 from .cpus import worker_threads
 from .heap import keep_freed_memory
 from .spawn import Spawned, spawn
+from .trace import trace
 
 __all__ = ["Outcome", "WorkerBackend", "contract_breaches", "error_message", "invoke"]
 
@@ -165,7 +166,7 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
     """The worker's loop: load the backend, then answer ``("skip", case)`` and ``("run", case, writes)`` until
     ``("stop",)``."""
     from .backend import load_backend
-    from .ops import OPS
+    from .ops import OPS  # noqa: F401 - before "ready": the first case does not pay for the import
 
     try:
         backend = load_backend(backend_name)
@@ -194,8 +195,10 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
             if msg[0] == "skip":
                 conn.send(("ok", backend.unsupported(case)))
                 continue
-            got, seconds, breaches = invoke(backend, case.op, OPS[case.op].make_inputs(case), msg[2])
+            got, seconds, breaches = _judged_call(backend, case, msg[2])
+            start = time.perf_counter()
             reply = ("ok", _pack(_to_cpu(got)), seconds, breaches)
+            trace("reply", case.id, f"{time.perf_counter() - start:.4f}")
         except Exception as exc:  # the op's failure is the case's verdict, not the worker's end
             traceback.print_exc()
             reply = ("error", error_message(exc))
@@ -205,6 +208,19 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
         conn.send((*reply, retire))
         if retire:
             return
+
+
+def _judged_call(backend, case: Case, writes: tuple[str, ...]):
+    """:func:`invoke` on ``case``'s inputs, built here (their memory goes when this returns), the two traced
+    (:mod:`~mlaspec.conformance.trace`)."""
+    from .ops import OPS
+
+    start = time.perf_counter()
+    inputs = OPS[case.op].make_inputs(case)
+    trace("inputs", case.id, f"{time.perf_counter() - start:.4f}")
+    got, seconds, breaches = invoke(backend, case.op, inputs, writes)
+    trace("call", case.id, f"{seconds:.4f}")
+    return got, seconds, breaches
 
 
 # -- the parent side ------------------------------------------------------------------------------------------------

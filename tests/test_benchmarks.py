@@ -289,7 +289,7 @@ def test_the_plain_read_reads_every_word_once(bench, programs, block):
 
 
 def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
-    """A cold run's trace (:data:`mlaspec.conformance.warmup.TRACE`) read back: the judged worker's case starts, each
+    """A cold run's trace (:data:`mlaspec.conformance.trace.TRACE`) read back: the judged worker's case starts, each
     warm-up's case spans (one killed on its case: no end), the kills, and the cases the judged worker compiled with
     what ran beside them."""
     tl_mod, t0 = bench["warm_timeline"], 1000.0
@@ -311,8 +311,9 @@ def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
         (70.0, "kill 1"),
         (70.1, "spawn 1 4"),
     ]
+    parts = [(6.5, f"{part} c{i} {0.1 * (i + 1):.4f}") for i in range(4) for part in tl_mod.PHASES]  # by case id
     trace = tmp_path / "trace.txt"
-    trace.write_text("".join(f"{t0 + t:.3f} {e}\n" for t, e in events))
+    trace.write_text("".join(f"{t0 + t:.3f} {e}\n" for t, e in events + parts + [(6.6, "wait no-such-case 9.0")]))
     results = [dict(case_id=f"c{i}", seconds=s) for i, s in enumerate([2.5, 0.1, 1.2, 0.01])]
     tl = tl_mod.read(str(trace), results, t0)
     assert tl.reached == pytest.approx({0: 1.1, 1: 3.6, 2: 5.0, 3: 6.0})
@@ -325,6 +326,8 @@ def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
     assert "2 processes, 3 starts, 1 kills; up 3.0-3.2 s; their last case ended at 4.5 s" in text
     assert "judged worker while the warm-ups ran: 2 cases in 3.9 s, its calls 2.6 s of it" in text  # cases 0, 1
     assert "judged worker after: 1 cases in 1.0 s, its calls 1.2 s of it" in text  # case 2 (3: no next start)
+    assert tl.phases["wait"] == pytest.approx({0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4})  # an id not in the results: left out
+    assert "  inputs 0.3 s, call 0.3 s, reply 0.3 s, reference 0.3 s, wait 0.3 s, judge 0.3 s" in text  # cases 0, 1
     assert "case 0 c0: 2.50 s at 1.1 s; no warm-up" in text
     assert "case 2 c2: 1.20 s at 5.0 s; warm-up 1 3.4-nan s" in text
     tl_mod.plot(tl, str(tmp_path / "t.png"), "title")

@@ -333,10 +333,10 @@ def test_a_case_that_errs_beside_warm_up_processes_runs_again_alone_and_says_so(
 
 
 def test_a_traced_run_records_what_the_warm_ups_and_the_judged_worker_did(jit, tmp_path, monkeypatch):
-    """With :data:`~mlaspec.conformance.warmup.TRACE` set, the run and its warm-up processes append their events
+    """With :data:`~mlaspec.conformance.trace.TRACE` set, the run and its warm-up processes append their events
     to one file, which ``benchmarks/warm_timeline.py`` reads back: every case the judged worker took, each warm-up's
     start, load and cases, and the case it compiled itself (case 0: the warm-ups start after it)."""
-    from mlaspec.conformance.warmup import TRACE
+    from mlaspec.conformance.trace import TRACE
 
     monkeypatch.setenv(TRACE, str(tmp_path / "trace.txt"))
     monkeypatch.setenv("MLASPEC_TEST_JIT_WAIT", "1")  # the judged worker's first call waits for a warm-up's kernel
@@ -355,6 +355,10 @@ def test_a_traced_run_records_what_the_warm_ups_and_the_judged_worker_did(jit, t
     assert built and len(ran) >= len(built)  # each kernel a warm-up built, in a case it ran to its end
     assert all((c - 1) % 2 == k for k, spans in tl.spans.items() for c, _, _ in spans)  # process k's share
     assert 0 in tl.slow()  # case 0: the judged worker's own compile (1.5 s)
+    # each judged case's parts: in the worker (its call's seconds are the result's), and in the run's process
+    everyone = set(range(len(CASES)))
+    assert all(set(tl.phases[part]) == everyone for part in warm_timeline.PHASES), tl.phases
+    assert all(tl.phases["call"][i] == pytest.approx(r["seconds"], abs=1e-4) for i, r in enumerate(records))
 
 
 def _warm_up(backend: str, jit: Path):

@@ -1,0 +1,38 @@
+"""A run's trace: what the run, its judged worker and its warm-up processes do, with the time, in one file.
+
+Set :data:`TRACE` (``MLASPEC_WARM_TRACE``) to a file's path and every process of ``mlaspec check`` appends to it a
+line an event, ``<unix seconds> <event> <fields>``; ``benchmarks/warm_timeline.py`` reads and draws it. Unset, nothing
+is written. The events:
+
+* the warm-up processes (:mod:`~mlaspec.conformance.warmup`): ``start`` (the set is made: the judged worker has
+  loaded the backend), ``spawn K START`` and ``kill K`` (a keeper starts process ``K`` from case ``START``, kills it),
+  ``halt`` (all are stopped: a case runs again alone, or the run ends), ``reached I`` (the judged worker takes case
+  ``I``), ``up K`` (process ``K`` has loaded the backend), ``begin K I`` and ``end K I`` (it runs case ``I``);
+* each judged case, by its id, and seconds: in the judged worker ``inputs ID S`` (building the inputs), ``call ID S``
+  (the backend's call, as the result's ``seconds``) and ``reply ID S`` (the outputs to the CPU and packed); in the
+  run's process (:func:`~mlaspec.conformance.runner.run_case`) ``reference ID S`` (the reference and budgets, or
+  reading them from the cache), ``wait ID S`` (then waiting for the worker's answer) and ``judge ID S``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+__all__ = ["TRACE", "trace"]
+
+TRACE = "MLASPEC_WARM_TRACE"
+"""The environment variable naming the trace's file; the processes a run starts inherit it."""
+
+
+def trace(event: str, *fields: object) -> None:
+    """Append ``event`` and its ``fields`` (no whitespace in them) to the file :data:`TRACE` names, if it names one
+    (one ``write`` of one line, appended: the processes' lines do not mix)."""
+    path = os.environ.get(TRACE)
+    if path:
+        line = " ".join([f"{time.time():.3f}", event, *map(str, fields)]) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
