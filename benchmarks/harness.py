@@ -119,8 +119,9 @@ def package_path(tree: str, folder: str) -> str:
     return folder
 
 
-def _caches(folder: str) -> dict:
-    """The environment of a run whose reference and Triton caches live (fresh: cold) under ``folder``."""
+def cold_caches(folder: str) -> dict:
+    """The environment of a run whose reference and Triton caches live (fresh: cold) under ``folder`` (also
+    ``warm_timeline.py``'s)."""
     return {"MLASPEC_CACHE_DIR": os.path.join(folder, "mlaspec"), "TRITON_CACHE_DIR": os.path.join(folder, "triton")}
 
 
@@ -148,7 +149,7 @@ def measure(
             for workers in warm:
                 envs = []  # each tree's environment over fresh caches: its cold run is cold
                 for t, (code, base) in enumerate(trees):
-                    envs.append((code, base | _caches(os.path.join(tmp, f"caches-{i}-{workers}-{t}"))))
+                    envs.append((code, base | cold_caches(os.path.join(tmp, f"caches-{i}-{workers}-{t}"))))
                 for p, phase in enumerate(("cold", "warm")):
                     for code, env in envs if (i + p) % 2 == 0 else envs[::-1]:  # who goes first alternates
                         run = time_check(args, report, env, phase, workers, code)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -120,16 +119,14 @@ def summary(tl: Timeline) -> list[str]:
     next's, and its backend calls' share of them), and every slow case (:data:`SLOW`) with what the warm-ups did on
     it."""
     nan = float("nan")
-    ends = [e for spans in tl.spans.values() for _, _, e in spans if e == e]
+    last = max((e for spans in tl.spans.values() for _, _, e in spans if e == e), default=nan)
     ups = [t for t, _ in tl.ups]
     lines = [
         f"judged worker: first case at {min(tl.reached.values(), default=nan):.1f} s, last at "
         f"{max(tl.reached.values(), default=nan):.1f} s; its calls {sum(tl.seconds):.1f} s in all",
         f"warm-ups: {len({k for _, k in tl.spawns})} processes, {len(tl.spawns)} starts, {len(tl.kills)} kills; up "
-        f"{min(ups, default=nan):.1f}-{max(ups, default=nan):.1f} s; their last case ended at "
-        f"{max(ends, default=nan):.1f} s",
+        f"{min(ups, default=nan):.1f}-{max(ups, default=nan):.1f} s; their last case ended at {last:.1f} s",
     ]
-    last = max(ends, default=nan)
     steps = sorted((t, i) for i, t in tl.reached.items())
     for name, during in (("while the warm-ups ran", True), ("after", False)):
         cases = [(t1 - t0, i) for (t0, i), (t1, _) in zip(steps, steps[1:]) if (t0 < last) == during]
@@ -180,25 +177,21 @@ def plot(tl: Timeline, path: str, title: str) -> None:
     _save(fig, path, plt)
 
 
-def run_traced(check_args: list[str], folder: str) -> tuple[str, str, float, float]:
-    """One cold ``mlaspec check check_args`` with fresh caches under ``folder`` and the trace on: ``(trace path,
-    results path, start, wall seconds)``."""
+def run_traced(check_args: list[str], folder: str, warm: int | str = "auto") -> tuple[str, str, float, float]:
+    """One cold ``mlaspec check check_args --warm warm`` with fresh caches under ``folder`` and the trace on, timed
+    as the harness times its runs (:func:`harness.time_check`, which prints the run's output where it fails):
+    ``(trace path, results path, start, wall seconds)``."""
+    from harness import cold_caches, time_check
+
     from mlaspec.conformance.trace import TRACE
 
     trace, report = os.path.join(folder, "trace.txt"), os.path.join(folder, "report")
-    env = os.environ | {
-        TRACE: trace,
-        "MLASPEC_CACHE_DIR": os.path.join(folder, "mlaspec"),
-        "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
-    }
     t0 = time.time()
-    cmd = [sys.executable, "-m", "mlaspec.conformance.cli", "check", *check_args, "--report", report]
-    proc = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True)
+    run = time_check(check_args, report, os.environ | cold_caches(folder) | {TRACE: trace}, "cold", warm)
     results = os.path.join(report, "results.jsonl")
-    if proc.returncode not in (0, 1) or not os.path.exists(results):  # 1: a case failed, still a timeline
-        tail = proc.stdout[-2000:] + proc.stderr[-2000:]
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
-    return trace, results, t0, time.time() - t0
+    if run.status not in (0, 1) or not os.path.exists(results):  # 1: a case failed, still a timeline
+        raise RuntimeError(f"mlaspec check {' '.join(check_args)} exited with {run.status} and left no results")
+    return trace, results, t0, run.wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error("--trace needs --results and --t0")
             trace, results, t0, wall = args.trace, args.results, args.t0, float("nan")
         else:
-            check = ["--backend", args.backend, "--scale", args.scale, "--dtypes", args.dtypes, "--warm", args.warm]
-            trace, results, t0, wall = run_traced(check, tmp)
+            check = ["--backend", args.backend, "--scale", args.scale, "--dtypes", args.dtypes]
+            trace, results, t0, wall = run_traced(check, tmp, args.warm)
         tl = read(trace, read_jsonl(results)[1], t0)
     lines = summary(tl)
     title = f"a cold mlaspec check --backend {args.backend} --scale {args.scale}: warm-ups and the judged worker"

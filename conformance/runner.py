@@ -26,7 +26,7 @@ from .distributed import RankGroup
 from .numerics import assuming, declared
 from .ops import DTYPES, OPS, unit_roundoff
 from .references import ReferenceCache
-from .trace import trace
+from .trace import timed
 from .verdict import Result, judge
 from .worker import Outcome, WorkerBackend, error_message, invoke
 
@@ -164,9 +164,9 @@ def run_case(
             backend.collect(rerun=False) if pipelined else backend.collect()
         result.verdict, result.reason = "error", f"the harness could not build this case: {error_message(exc)}"
         return result
-    clock = _traced("reference", case, clock)
+    clock = timed("reference", case.id, clock)
     outcome = backend.collect() if isolated else _call(backend, case, inputs(), op.writes, timeout)
-    clock = _traced("wait", case, clock)
+    clock = timed("wait", case.id, clock)
     if pipelined and then is not None:
         _start(backend, then)
     result.seconds, result.retried = outcome.seconds, outcome.retried
@@ -181,7 +181,7 @@ def run_case(
     except Exception as exc:  # an output the judge cannot read is the backend's error, never the run's end
         verdict = ("error", f"the output cannot be judged: {error_message(exc)}", [], {}, {})
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict
-    _traced("judge", case, clock)
+    timed("judge", case.id, clock)
     if result.verdict == "fail" and strict_numerics and declared(backend, case.op):
         result.reason += (
             f" (strict numerics: not assumed the {', '.join(declared(backend, case.op))} that {backend_name} declares "
@@ -195,14 +195,6 @@ def run_case(
     if result.verdict == "fail" and figure_dir is not None:
         _save_figures(result, op, case, inputs(), got, ref, ratios, figure_dir)
     return result
-
-
-def _traced(phase: str, case: Case, since: float) -> float:
-    """:func:`~mlaspec.conformance.trace.trace` ``phase`` of ``case`` with its seconds since ``since``
-    (``time.perf_counter``); returns now."""
-    now = time.perf_counter()
-    trace(phase, case.id, f"{now - since:.4f}")
-    return now
 
 
 def _start(backend: WorkerBackend, case: Case) -> None:

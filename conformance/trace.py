@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["TRACE", "trace"]
+__all__ = ["TRACE", "timed", "trace"]
 
 TRACE = "MLASPEC_WARM_TRACE"
 """The environment variable naming the trace's file; the processes a run starts inherit it."""
@@ -36,3 +36,11 @@ def trace(event: str, *fields: object) -> None:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
+
+
+def timed(event: str, key: object, since: float) -> float:
+    """:func:`trace` ``event`` of ``key`` (a case's id) with the seconds since ``since`` (``time.perf_counter``);
+    returns now, the start of what comes next."""
+    now = time.perf_counter()
+    trace(event, key, f"{now - since:.4f}")
+    return now

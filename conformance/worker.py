@@ -46,7 +46,7 @@ from .cases import Case
 from .cpus import worker_threads
 from .heap import keep_freed_memory
 from .spawn import Spawned, spawn
-from .trace import trace
+from .trace import timed, trace
 
 __all__ = ["Outcome", "WorkerBackend", "contract_breaches", "error_message", "invoke"]
 
@@ -198,7 +198,7 @@ def _serve(backend_name: str, conn) -> None:  # pragma: no cover - runs in the w
             got, seconds, breaches = _judged_call(backend, case, msg[2])
             start = time.perf_counter()
             reply = ("ok", _pack(_to_cpu(got)), seconds, breaches)
-            trace("reply", case.id, f"{time.perf_counter() - start:.4f}")
+            timed("reply", case.id, start)
         except Exception as exc:  # the op's failure is the case's verdict, not the worker's end
             traceback.print_exc()
             reply = ("error", error_message(exc))
@@ -217,7 +217,7 @@ def _judged_call(backend, case: Case, writes: tuple[str, ...]):
 
     start = time.perf_counter()
     inputs = OPS[case.op].make_inputs(case)
-    trace("inputs", case.id, f"{time.perf_counter() - start:.4f}")
+    timed("inputs", case.id, start)
     got, seconds, breaches = invoke(backend, case.op, inputs, writes)
     trace("call", case.id, f"{seconds:.4f}")
     return got, seconds, breaches
