@@ -33,6 +33,10 @@ FLAGS = [
     "--disable-sync",
 ]
 
+# Hang guards, not measurements: CI's 2 cores run the other tests beside Chromium, where one command once took over
+# 20 s. Chromium's start (its first answer) gets longer than a command.
+TIMEOUT, START_TIMEOUT = 60.0, 120.0
+
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install chromium)")
 
 
@@ -57,7 +61,12 @@ class DevTools:
         )
         os.close(cmd_r)
         os.close(res_w)
-        self._buf, self._id, self.events, self.session = b"", 0, [], None
+        self._buf, self._id, self.events, self.session, self.target = b"", 0, [], None, None
+        try:
+            self.send("Browser.getVersion", timeout=START_TIMEOUT)
+        except Exception:
+            self.close()
+            raise
 
     def _read(self, deadline: float) -> dict:
         while b"\0" not in self._buf:
@@ -71,7 +80,7 @@ class DevTools:
         message, self._buf = self._buf.split(b"\0", 1)
         return json.loads(message)
 
-    def send(self, method: str, timeout: float = 20.0, **params) -> dict:
+    def send(self, method: str, timeout: float = TIMEOUT, **params) -> dict:
         self._id += 1
         message = {"id": self._id, "method": method, "params": params}
         if self.session and not method.startswith("Target."):
@@ -86,7 +95,7 @@ class DevTools:
                 return reply.get("result", {})
             self.events.append(reply)
 
-    def wait_for(self, event: str, timeout: float = 20.0) -> dict:
+    def wait_for(self, event: str, timeout: float = TIMEOUT) -> dict:
         deadline = time.monotonic() + timeout
         for e in self.events:
             if e.get("method") == event:
@@ -107,8 +116,11 @@ class DevTools:
             pass
 
     def open(self, url: str) -> None:
-        target = self.send("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        """``url`` in a new tab, the previous one closed (a page's tabs left open pile up on a busy host)."""
+        if self.target:
+            self.send("Target.closeTarget", targetId=self.target)
+        self.target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.send("Target.attachToTarget", targetId=self.target, flatten=True)["sessionId"]
         for domain in ("Runtime", "Log", "Page"):
             self.send(f"{domain}.enable")
         self.send("Page.navigate", url=url)
