@@ -119,6 +119,23 @@ def package_path(tree: str, folder: str) -> str:
     return folder
 
 
+def trees(against: str | None, folder: str) -> list[tuple[str, dict]]:
+    """The trees to time, each with its label and the environment that imports it: this checkout alone (label
+    ``""``), or, with ``against``, ``this tree`` and the tree ``against`` (labelled with its folder's name, its
+    :func:`package_path` made under ``folder``, first on a ``PYTHONPATH`` that keeps what was there)."""
+    if not against:
+        return [("", dict(os.environ))]
+    path = package_path(against, os.path.join(folder, "against"))
+    other = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
+    return [("this tree", dict(os.environ)), (os.path.basename(os.path.abspath(against)), other)]
+
+
+def in_turn(items: list, i: int) -> list:
+    """``items`` in order in round ``i`` when it is even, reversed when odd: who goes first alternates, so that over
+    two rounds each goes first as often."""
+    return items if i % 2 == 0 else items[::-1]
+
+
 def cold_caches(folder: str) -> dict:
     """The environment of a run whose reference and Triton caches live (fresh: cold) under ``folder`` (also
     ``warm_timeline.py``'s)."""
@@ -140,18 +157,14 @@ def measure(
     caches of its own."""
     with tempfile.TemporaryDirectory(prefix="mlaspec-harness-") as tmp:
         args, report = ["--backend", backend, "--scale", scale, "--dtypes", dtypes], os.path.join(tmp, "report")
-        trees = [("", os.environ)]
-        if against:
-            path = package_path(against, os.path.join(tmp, "against"))
-            other = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
-            trees = [("this tree", os.environ), (os.path.basename(os.path.abspath(against)), other)]
+        labelled = trees(against, tmp)
         for i in range(runs):
             for workers in warm:
                 envs = []  # each tree's environment over fresh caches: its cold run is cold
-                for t, (code, base) in enumerate(trees):
+                for t, (code, base) in enumerate(labelled):
                     envs.append((code, base | cold_caches(os.path.join(tmp, f"caches-{i}-{workers}-{t}"))))
                 for p, phase in enumerate(("cold", "warm")):
-                    for code, env in envs if (i + p) % 2 == 0 else envs[::-1]:  # who goes first alternates
+                    for code, env in in_turn(envs, i + p):
                         run = time_check(args, report, env, phase, workers, code)
                         print(f"{phase}: {run}", flush=True)
                         yield run

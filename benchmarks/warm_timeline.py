@@ -7,10 +7,14 @@ draws each warm-up's cases (a bar from its ``begin`` to its ``end``, one colour 
 position (the case it takes, against time), the cases whose judged call took :data:`SLOW` seconds or more (it
 compiled them itself, or waited for a kernel) and the keepers' kills, and prints the same in numbers, with the
 judged worker's pace while the warm-ups ran and after, and each judged case's parts (:data:`PHASES`) summed over
-both. From an existing trace (``--trace``, with the run's ``results.jsonl`` and its start), it only draws.
+both. From an existing trace (``--trace``, with the run's ``results.jsonl`` and its start), it only draws. With
+``--against`` (a second tree, as ``benchmarks/harness.py --against`` takes it) and ``--runs``, it runs both trees in
+turn, the one that goes first alternating, and sets their runs side by side: what a change to the warm-ups does to
+each part of the judged worker's cases, which the harness's wall seconds alone do not say.
 
     python benchmarks/warm_timeline.py --out-dir /tmp/tl                  # triton, full, on a GPU
     python benchmarks/warm_timeline.py --trace trace.txt --results results.jsonl --t0 1795929629.97 --out-dir /tmp/tl
+    python benchmarks/warm_timeline.py --against /tmp/d797df3 --runs 2 --out-dir /tmp/tl  # two trees, in turn
 
 Writes ``warm_timeline.png`` and ``warm_timeline.md`` under ``--out-dir``. Importing this module runs nothing.
 """
@@ -113,35 +117,76 @@ def read(trace: str, results: list[dict], t0: float) -> Timeline:
     return Timeline(reached, dict(spans), cut, spawns, kills, halts, ups, seconds, ids, phases)
 
 
+@dataclass
+class Pace:
+    """The judged worker's cases (their count, the seconds from each one's start to the next's, and its backend
+    calls' seconds) over one stretch of a :class:`Timeline`, with each part of them (:data:`PHASES`) summed."""
+
+    cases: int
+    seconds: float
+    calls: float
+    parts: dict[str, float]
+
+
+def last_warm_up(tl: Timeline) -> float:
+    """When the warm-ups' last finished case ended (nan where none did)."""
+    return max((e for spans in tl.spans.values() for _, _, e in spans if e == e), default=float("nan"))
+
+
+def pace(tl: Timeline, during: bool) -> Pace:
+    """The judged worker's :class:`Pace` while the warm-ups ran (its cases that began before :func:`last_warm_up`), or
+    after (``during=False``); a case's time runs to the next case's start, so the last case is in neither."""
+    last, steps = last_warm_up(tl), sorted((t, i) for i, t in tl.reached.items())
+    cases = [(t1 - t0, i) for (t0, i), (t1, _) in zip(steps, steps[1:]) if (t0 < last) == during]
+    parts = {p: sum(tl.phases[p].get(i, 0.0) for _, i in cases) for p in PHASES}
+    return Pace(len(cases), sum(w for w, _ in cases), sum(tl.seconds[i] for _, i in cases), parts)
+
+
 def summary(tl: Timeline) -> list[str]:
     """The timeline in lines of text: when the judged worker started and ended, when the warm-ups were up and done,
-    the kills, the judged worker's pace while they ran and after (cases, the seconds from each case's start to the
-    next's, and its backend calls' share of them), and every slow case (:data:`SLOW`) with what the warm-ups did on
-    it."""
+    the kills, the judged worker's :func:`pace` while they ran and after, and every slow case (:data:`SLOW`) with
+    what the warm-ups did on it."""
     nan = float("nan")
-    last = max((e for spans in tl.spans.values() for _, _, e in spans if e == e), default=nan)
     ups = [t for t, _ in tl.ups]
     lines = [
         f"judged worker: first case at {min(tl.reached.values(), default=nan):.1f} s, last at "
         f"{max(tl.reached.values(), default=nan):.1f} s; its calls {sum(tl.seconds):.1f} s in all",
         f"warm-ups: {len({k for _, k in tl.spawns})} processes, {len(tl.spawns)} starts, {len(tl.kills)} kills; up "
-        f"{min(ups, default=nan):.1f}-{max(ups, default=nan):.1f} s; their last case ended at {last:.1f} s",
+        f"{min(ups, default=nan):.1f}-{max(ups, default=nan):.1f} s; their last case ended at {last_warm_up(tl):.1f} s",
     ]
-    steps = sorted((t, i) for i, t in tl.reached.items())
     for name, during in (("while the warm-ups ran", True), ("after", False)):
-        cases = [(t1 - t0, i) for (t0, i), (t1, _) in zip(steps, steps[1:]) if (t0 < last) == during]
-        lines.append(
-            f"judged worker {name}: {len(cases)} cases in {sum(w for w, _ in cases):.1f} s, its calls "
-            f"{sum(tl.seconds[i] for _, i in cases):.1f} s of it"
-        )
-        parts = [(p, [tl.phases[p][i] for _, i in cases if i in tl.phases[p]]) for p in PHASES]
-        if any(times for _, times in parts):
-            lines.append("  " + ", ".join(f"{p} {sum(times):.1f} s" for p, times in parts))
+        pc = pace(tl, during)
+        lines.append(f"judged worker {name}: {pc.cases} cases in {pc.seconds:.1f} s, its calls {pc.calls:.1f} s of it")
+        if any(tl.phases[p] for p in PHASES):
+            lines.append("  " + ", ".join(f"{p} {t:.1f} s" for p, t in pc.parts.items()))
     slow = tl.slow()
     lines.append(f"cases whose judged call took >= {SLOW} s: {len(slow)}, {sum(tl.seconds[i] for i in slow):.1f} s")
     for i in slow:
         beside = ", ".join(f"warm-up {k} {b:.1f}-{e:.1f} s" for k, b, e in tl.beside(i)) or "no warm-up"
         lines.append(f"  case {i} {tl.ids[i]}: {tl.seconds[i]:.2f} s at {tl.reached.get(i, nan):.1f} s; {beside}")
+    return lines
+
+
+def table(runs: list[tuple[str, float, Timeline]]) -> list[str]:
+    """Runs of two trees side by side (``(label, wall seconds, timeline)``): wall, when the warm-ups were done, the
+    judged worker's :func:`pace` while they ran and after, with the parts of its cases while they ran."""
+    cols = ["code", "wall s", "warm-ups done s", "while they ran: cases, s, calls s", *PHASES]
+    cols += ["after: cases, s, calls s", "slow calls"]
+    lines = ["| " + " | ".join(cols) + " |", "|---|" + "---:|" * (len(cols) - 1)]
+    for code, wall, tl in runs:
+        during, after, slow = pace(tl, True), pace(tl, False), tl.slow()
+        row = [
+            code,
+            f"{wall:.1f}",
+            f"{last_warm_up(tl):.1f}",
+            f"{during.cases}, {during.seconds:.1f}, {during.calls:.1f}",
+        ]
+        row += [f"{t:.1f}" for t in during.parts.values()]
+        row += [
+            f"{after.cases}, {after.seconds:.1f}, {after.calls:.1f}",
+            f"{len(slow)}, {sum(tl.seconds[i] for i in slow):.1f} s",
+        ]
+        lines.append("| " + " | ".join(row) + " |")
     return lines
 
 
@@ -177,17 +222,20 @@ def plot(tl: Timeline, path: str, title: str) -> None:
     _save(fig, path, plt)
 
 
-def run_traced(check_args: list[str], folder: str, warm: int | str = "auto") -> tuple[str, str, float, float]:
-    """One cold ``mlaspec check check_args --warm warm`` with fresh caches under ``folder`` and the trace on, timed
-    as the harness times its runs (:func:`harness.time_check`, which prints the run's output where it fails):
-    ``(trace path, results path, start, wall seconds)``."""
+def run_traced(
+    check_args: list[str], folder: str, warm: int | str = "auto", env: dict | None = None
+) -> tuple[str, str, float, float]:
+    """One cold ``mlaspec check check_args --warm warm`` under ``env`` (default: this process's) with fresh caches
+    under ``folder`` and the trace on, timed as the harness times its runs (:func:`harness.time_check`, which prints
+    the run's output where it fails): ``(trace path, results path, start, wall seconds)``."""
     from harness import cold_caches, time_check
 
     from mlaspec.conformance.trace import TRACE
 
+    os.makedirs(folder, exist_ok=True)  # an older tree's trace does not make its folder
     trace, report = os.path.join(folder, "trace.txt"), os.path.join(folder, "report")
     t0 = time.time()
-    run = time_check(check_args, report, os.environ | cold_caches(folder) | {TRACE: trace}, "cold", warm)
+    run = time_check(check_args, report, (env or os.environ) | cold_caches(folder) | {TRACE: trace}, "cold", warm)
     results = os.path.join(report, "results.jsonl")
     if run.status not in (0, 1) or not os.path.exists(results):  # 1: a case failed, still a timeline
         raise RuntimeError(f"mlaspec check {' '.join(check_args)} exited with {run.status} and left no results")
@@ -195,6 +243,8 @@ def run_traced(check_args: list[str], folder: str, warm: int | str = "auto") -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness import in_turn, trees
+
     from mlaspec.conformance.report import read_jsonl
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -202,29 +252,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="full", choices=["tiny", "full"])
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--warm", default="auto", help="mlaspec check --warm")
+    ap.add_argument("--runs", type=int, default=1, help="cold runs of each tree")
+    ap.add_argument("--against", help="a second tree of the package (benchmarks/harness.py --against), run in turn")
     ap.add_argument("--trace", help="draw this trace (one run's: a fresh file) instead of running one")
     ap.add_argument("--results", help="with --trace: that run's results.jsonl")
     ap.add_argument("--t0", type=float, help="with --trace: that run's start, unix seconds")
     ap.add_argument("--out-dir", default="bench")
     args = ap.parse_args(argv)
+    if args.trace and (args.results is None or args.t0 is None):
+        ap.error("--trace needs --results and --t0")
     os.makedirs(args.out_dir, exist_ok=True)
+    runs: list[tuple[str, float, Timeline]] = []  # (the tree's label, wall seconds, timeline), in the order run
     with tempfile.TemporaryDirectory(prefix="mlaspec-timeline-") as tmp:
         if args.trace:
-            if args.results is None or args.t0 is None:
-                ap.error("--trace needs --results and --t0")
-            trace, results, t0, wall = args.trace, args.results, args.t0, float("nan")
+            runs.append(("", float("nan"), read(args.trace, read_jsonl(args.results)[1], args.t0)))
         else:
             check = ["--backend", args.backend, "--scale", args.scale, "--dtypes", args.dtypes]
-            trace, results, t0, wall = run_traced(check, tmp, args.warm)
-        tl = read(trace, read_jsonl(results)[1], t0)
-    lines = summary(tl)
+            labelled = trees(args.against, tmp)
+            for i in range(args.runs):
+                for code, env in in_turn(labelled, i):
+                    trace, results, t0, wall = run_traced(check, os.path.join(tmp, str(len(runs))), args.warm, env)
+                    runs.append((code, wall, read(trace, read_jsonl(results)[1], t0)))
+                    print(f"{code or 'run'} {i}: {wall:.1f} s", flush=True)
     title = f"a cold mlaspec check --backend {args.backend} --scale {args.scale}: warm-ups and the judged worker"
-    plot(tl, os.path.join(args.out_dir, "warm_timeline.png"), title)
-    text = [f"# {title}", "", f"`{' '.join(['python', *sys.argv])}`" + (f"; {wall:.1f} s wall" if wall == wall else "")]
-    text += ["", "![timeline](warm_timeline.png)", "", "```", *lines, "```", ""]
+    plot(runs[0][2], os.path.join(args.out_dir, "warm_timeline.png"), title)  # the first run's
+    command = " ".join(["python", *sys.argv]) if argv is None else f"main({argv})"
+    text = [f"# {title}", "", f"`{command}`" + (f"; {runs[0][1]:.1f} s wall" if len(runs) == 1 else ""), ""]
+    text += ["![timeline](warm_timeline.png)", ""]
+    if len(runs) > 1:  # the runs side by side, then each one's summary; the figure is the first's
+        text += ["The figure is the first run's. Seconds of the judged worker's cases, summed:", "", *table(runs), ""]
+    for n, (code, wall, tl) in enumerate(runs):
+        if len(runs) > 1:
+            text += [f"## {n}: {code or 'run'}, {wall:.1f} s", ""]
+        text += ["```", *summary(tl), "```", ""]
     with open(os.path.join(args.out_dir, "warm_timeline.md"), "w") as f:
         f.write("\n".join(text))
-    print("\n".join(lines))
+    print("\n".join(table(runs) if len(runs) > 1 else summary(runs[0][2])))
     return 0
 
 

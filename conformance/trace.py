@@ -27,11 +27,16 @@ TRACE = "MLASPEC_WARM_TRACE"
 
 def trace(event: str, *fields: object) -> None:
     """Append ``event`` and its ``fields`` (no whitespace in them) to the file :data:`TRACE` names, if it names one
-    (one ``write`` of one line, appended: the processes' lines do not mix)."""
+    (one ``write`` of one line, appended: the processes' lines do not mix), making its folder where there is none."""
     path = os.environ.get(TRACE)
     if path:
         line = " ".join([f"{time.time():.3f}", event, *map(str, fields)]) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:  # a run must not die of its trace's folder
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            fd = os.open(path, flags, 0o644)
         try:
             os.write(fd, line.encode())
         finally:

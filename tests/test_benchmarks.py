@@ -370,3 +370,44 @@ def test_warm_timeline_draws_a_trace_it_is_given_and_says_why_a_run_left_nothing
         tl_mod.main(["--trace", str(tmp_path / "trace.txt"), "--out-dir", str(tmp_path / "out")])
     with pytest.raises(RuntimeError, match="no-such-backend"):
         tl_mod.run_traced(["--backend", "no-such-backend"], str(tmp_path / "run"))
+
+
+def test_warm_timeline_against_runs_both_trees_in_turn_and_sets_them_side_by_side(bench, tmp_path, monkeypatch):
+    """``--against --runs 2``: each tree's cold run traced under the environment that imports it, the one that goes
+    first alternating; the page sets the runs side by side (wall, warm-ups done, the judged worker's pace and parts)
+    and keeps each run's summary."""
+    tl_mod, harness = bench["warm_timeline"], bench["harness"]
+    tree = tmp_path / "0f192a7"
+    for name in harness.SUBPACKAGES:
+        (tree / name).mkdir(parents=True)
+    calls = []
+
+    def run_traced(check, folder, warm="auto", env=None):  # the other tree's warm-ups end before case 1
+        other = env["PYTHONPATH"] != "/kept"  # the other tree's package folder first
+        calls.append(other)
+        events = ["0.5 reached 0", "1.0 spawn 0 1", "2.0 begin 0 1", f"{2.0 if other else 5.0} end 0 1"]
+        events += ["3.0 reached 1", "10.0 reached 2", "10.5 inputs c0 0.25", "10.5 judge c1 0.5"]
+        records = [dict(case_id=f"c{i}", seconds=s) for i, s in enumerate([2.0, 0.1, 0.01])]
+        os.makedirs(folder)
+        trace, results = os.path.join(folder, "t.txt"), os.path.join(folder, "r.jsonl")
+        with open(trace, "w") as f:
+            f.write("\n".join(events) + "\n")
+        with open(results, "w") as f:
+            f.write("\n".join(json.dumps(r) for r in records) + "\n")
+        return trace, results, 0.0, 12.0 if other else 11.0
+
+    monkeypatch.setattr(tl_mod, "run_traced", run_traced)
+    monkeypatch.setenv("PYTHONPATH", "/kept")
+    out = tmp_path / "out"
+    assert tl_mod.main(["--against", str(tree), "--runs", "2", "--out-dir", str(out)]) == 0
+    assert calls == [False, True, True, False]
+    page = (out / "warm_timeline.md").read_text()
+    rows = [line.strip("| ").split(" | ") for line in page.splitlines() if line.startswith(("| this", "| 0f1"))]
+    # this tree: cases 0 and 1 (0.5 -> 3.0 s, 3.0 -> 10.0 s; case 2 has no next start) began while the warm-ups ran;
+    # the other: case 0 only, case 1 after
+    parts = ["0.2", "0.0", "0.0", "0.0", "0.0"]  # inputs, call, reply, reference, wait
+    assert rows[0] == ["this tree", "11.0", "5.0", "2, 9.5, 2.1", *parts, "0.5", "0, 0.0, 0.0", "1, 2.0 s"]
+    assert rows[1] == ["0f192a7", "12.0", "2.0", "1, 2.5, 2.0", *parts, "0.0", "1, 7.0, 0.1", "1, 2.0 s"]
+    assert [r[0] for r in rows] == ["this tree", "0f192a7", "0f192a7", "this tree"]
+    assert page.count("## ") == 4 and page.count("```") == 8 and "## 1: 0f192a7, 12.0 s" in page
+    assert (out / "warm_timeline.png").read_bytes().startswith(PNG)

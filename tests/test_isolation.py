@@ -335,10 +335,12 @@ def test_a_case_that_errs_beside_warm_up_processes_runs_again_alone_and_says_so(
 def test_a_traced_run_records_what_the_warm_ups_and_the_judged_worker_did(jit, tmp_path, monkeypatch):
     """With :data:`~mlaspec.conformance.trace.TRACE` set, the run and its warm-up processes append their events
     to one file, which ``benchmarks/warm_timeline.py`` reads back: every case the judged worker took, each warm-up's
-    start, load and cases, and the case it compiled itself (case 0: the warm-ups start after it)."""
+    start, load and cases, and the case it compiled itself (case 0: the warm-ups start after it). The trace's folder
+    does not exist yet: the first event makes it (it once ended the run with ``FileNotFoundError``)."""
     from mlaspec.conformance.trace import TRACE
 
-    monkeypatch.setenv(TRACE, str(tmp_path / "trace.txt"))
+    trace = tmp_path / "traces" / "trace.txt"
+    monkeypatch.setenv(TRACE, str(trace))
     monkeypatch.setenv("MLASPEC_TEST_JIT_WAIT", "1")  # the judged worker's first call waits for a warm-up's kernel
     t0 = time.time()
     status, by_case = _check("FakeJit", tmp_path / "warm", *WARM)
@@ -347,7 +349,7 @@ def test_a_traced_run_records_what_the_warm_ups_and_the_judged_worker_did(jit, t
     import warm_timeline
 
     records = [by_case[c] for c in CASES]
-    tl = warm_timeline.read(str(tmp_path / "trace.txt"), records, t0)
+    tl = warm_timeline.read(str(trace), records, t0)
     assert sorted(tl.reached) == list(range(len(CASES)))
     assert sorted(k for _, k in tl.spawns) == sorted(k for _, k in tl.ups) == [0, 1] and not tl.kills
     built = {p.name for p in jit.glob("kernel-*") if p.read_text().split()[1] == "-c"}  # by a warm-up process
