@@ -44,6 +44,16 @@ class DevTools:
     """A minimal DevTools-protocol client of one headless Chromium over a pipe; ``flags`` go after ``FLAGS``."""
 
     def __init__(self, user_data_dir: Path, flags: tuple[str, ...] = ()):
+        self._args = (user_data_dir, flags)
+        self._launch()
+
+    def restart(self) -> None:
+        """Close this Chromium and start a fresh one with the same profile folder and flags."""
+        self.close()
+        self._launch()
+
+    def _launch(self) -> None:
+        user_data_dir, flags = self._args
         cmd_r, self._cmd_w = os.pipe()  # we write commands, Chromium reads them on fd 3
         self._res_r, res_w = os.pipe()  # Chromium writes replies and events on fd 4
 
