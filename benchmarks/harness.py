@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from common import _pyplot, _save
@@ -46,6 +46,7 @@ from common import _pyplot, _save
 from mlaspec.conformance.cli import WARM_AUTO
 from mlaspec.conformance.cpus import usable_cpus
 from mlaspec.conformance.report import read_jsonl
+from mlaspec.conformance.trace import PARTS, TRACE, part_seconds
 
 #: (backend, scale) -> (cold, warm) wall-second goals of issue 18
 GOALS = {("triton", "full"): (90.0, 60.0), ("torch", "tiny"): (15.0, 15.0)}
@@ -63,15 +64,20 @@ class Run:
     counts: str
     backend: float  # seconds of the judged worker's backend calls, summed over cases (cold: what it compiled)
     code: str = ""  # which tree ran (--against): "" where only this one is timed
+    parts: dict[str, float] = field(default_factory=dict)  # each part of the judged cases (trace.PARTS), summed
 
 
 def time_check(
     check_args: list[str], report: str, env: dict, phase: str, workers: int | str = 0, code: str = ""
 ) -> Run:
     """Run ``mlaspec check check_args --report report`` in a fresh process under ``env``; its wall and CPU (user +
-    system, with its children) seconds, and its cases' backend seconds from ``report/results.jsonl``. ``code``: the
-    label of the tree ``env`` imports (:func:`measure`)."""
+    system, with its children) seconds, its cases' backend seconds from ``report/results.jsonl``, and each part of
+    its judged cases summed from its trace (``report.trace``, :mod:`mlaspec.conformance.trace`; where ``env`` names
+    no trace of its own). ``code``: the label of the tree ``env`` imports (:func:`measure`)."""
     shutil.rmtree(report, ignore_errors=True)  # a run that writes no results must not report another's
+    trace = env.get(TRACE) or f"{report}.trace"
+    if TRACE not in env and os.path.exists(trace):
+        os.remove(trace)  # the last run's, under the same report folder
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(
@@ -86,7 +92,7 @@ def time_check(
             "--warm",
             str(workers),
         ],
-        env=env,
+        env=env | {TRACE: trace},
         capture_output=True,
         text=True,
     )
@@ -100,7 +106,12 @@ def time_check(
         backend = sum(r.get("seconds", 0.0) for r in read_jsonl(os.path.join(report, "results.jsonl"))[1])
     except OSError:
         backend = float("nan")
-    return Run(phase, workers, wall, cpu, proc.returncode, counts[-1] if counts else "(no summary)", backend, code)
+    try:
+        parts = {p: sum(by_case.values()) for p, by_case in part_seconds(trace).items()}
+    except OSError:  # nothing traced: the run ended before its first case
+        parts = {}
+    summary = counts[-1] if counts else "(no summary)"
+    return Run(phase, workers, wall, cpu, proc.returncode, summary, backend, code, parts)
 
 
 SUBPACKAGES = ("spec", "impl", "conformance")  # mlaspec.<name> = <tree>/<name>
@@ -204,21 +215,25 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
         f"in parallel; `auto`, the default: on a GPU all the CPUs but one, at most {WARM_AUTO}, started at once over "
         "an empty Triton cache, else at the first judged call that compiles). Backend s: the judged worker's calls "
         "of the backend, summed over the cases "
-        "(their first calls compile, where no warm-up process got there first).",
+        "(their first calls compile, where no warm-up process got there first). Parts: the judged cases' "
+        f"{', '.join(PARTS)}, each summed over the cases (`mlaspec.conformance.trace`; the worker builds a case's "
+        "inputs and calls the backend while the run's process gets its reference, then waits, then judges).",
         "",
         "![wall and CPU seconds](harness.png)",
         "",
     ]
     coded = any(r.code for r in runs)  # --against: a column for the tree each run imported
     lines.append(
-        "| " + "code | " * coded + "phase | --warm | wall s | CPU s | backend s | goal (wall s) | verdicts | exit |"
+        "| " + "code | " * coded + "phase | --warm | wall s | CPU s | backend s | parts s: " + " / ".join(PARTS) + " | "
+        "goal (wall s) | verdicts | exit |"
     )
-    lines.append("|" + "---|" * coded + "---|---:|---:|---:|---:|---:|---|---:|")
+    lines.append("|" + "---|" * coded + "---|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in runs:
         target = goal[r.phase]
         mark = "" if target is None else (f"<= {target:g} " + ("met" if r.wall <= target else "missed"))
-        row = f"| {r.phase} | {r.workers} | {r.wall:.1f} | {r.cpu:.1f} | {r.backend:.1f} | {mark} | {r.counts} "
-        row += f"| {r.status} |"
+        parts = " / ".join(f"{r.parts[p]:.1f}" for p in PARTS) if r.parts else "-"
+        row = f"| {r.phase} | {r.workers} | {r.wall:.1f} | {r.cpu:.1f} | {r.backend:.1f} | {parts} | {mark} "
+        row += f"| {r.counts} | {r.status} |"
         lines.append(f"| {r.code} " * coded + row)
     return "\n".join(lines) + "\n"
 

@@ -6,7 +6,7 @@ backend's kernels compile in parallel; the cold run is fast when they stay ahead
 draws each warm-up's cases (a bar from its ``begin`` to its ``end``, one colour a process), the judged worker's
 position (the case it takes, against time), the cases whose judged call took :data:`SLOW` seconds or more (it
 compiled them itself, or waited for a kernel) and the keepers' kills, and prints the same in numbers, with the
-judged worker's pace while the warm-ups ran and after, and each judged case's parts (:data:`PHASES`) summed over
+judged worker's pace while the warm-ups ran and after, and each judged case's parts (:data:`PARTS`) summed over
 both. From an existing trace (``--trace``, with the run's ``results.jsonl`` and its start), it only draws. With
 ``--against`` (a second tree, as ``benchmarks/harness.py --against`` takes it) and ``--runs``, it runs both trees in
 turn, the one that goes first alternating, and sets their runs side by side: what a change to the warm-ups does to
@@ -31,9 +31,8 @@ from dataclasses import dataclass
 
 from common import _pyplot, _save
 
-PHASES = ("inputs", "call", "reply", "reference", "wait", "judge")
-"""The parts of a judged case the trace times (:mod:`mlaspec.conformance.trace`): in the judged worker its inputs,
-the backend's call and the reply; in the run's process the reference, then waiting for the worker, then the judge."""
+from mlaspec.conformance.trace import PARTS, part_seconds
+
 SLOW = 0.5
 """Seconds of a judged call drawn and listed as slow: it compiled, or waited on a kernel another process was compiling
 (a compiled full-scale call takes milliseconds; a small kernel compiles in under a second, so this is below
@@ -55,7 +54,7 @@ class Timeline:
     ups: list[tuple[float, int]]
     seconds: list[float]  # the judged call's seconds, by case
     ids: list[str]
-    phases: dict[str, dict[int, float]]  # a part of each judged case (PHASES) -> case -> seconds
+    parts: dict[str, dict[int, float]]  # a part of each judged case (PARTS) -> case -> seconds
 
     def slow(self) -> list[int]:
         """The cases whose judged call took :data:`SLOW` seconds or more."""
@@ -82,13 +81,11 @@ def read(trace: str, results: list[dict], t0: float) -> Timeline:
             cut[k, case, b] = t
 
     index = {r["case_id"]: i for i, r in enumerate(results)}
-    phases: dict[str, dict[int, float]] = {p: {} for p in PHASES}
+    parts = {p: {index[c]: t for c, t in by_id.items() if c in index} for p, by_id in part_seconds(trace).items()}
     with open(trace) as f:
         for line in f:
             t, event, *fields = line.split()
-            if event in PHASES:  # a judged case's part: its id and seconds
-                if fields[0] in index:
-                    phases[event][index[fields[0]]] = float(fields[1])
+            if event in PARTS:  # a judged case's part, by its id: part_seconds's
                 continue
             t, fields = float(t) - t0, [int(x) for x in fields]
             if event == "reached":
@@ -114,13 +111,13 @@ def read(trace: str, results: list[dict], t0: float) -> Timeline:
         unended(k)
     seconds = [r.get("seconds", 0.0) for r in results]
     ids = [r["case_id"] for r in results]
-    return Timeline(reached, dict(spans), cut, spawns, kills, halts, ups, seconds, ids, phases)
+    return Timeline(reached, dict(spans), cut, spawns, kills, halts, ups, seconds, ids, parts)
 
 
 @dataclass
 class Pace:
     """The judged worker's cases (their count, the seconds from each one's start to the next's, and its backend
-    calls' seconds) over one stretch of a :class:`Timeline`, with each part of them (:data:`PHASES`) summed."""
+    calls' seconds) over one stretch of a :class:`Timeline`, with each part of them (:data:`PARTS`) summed."""
 
     cases: int
     seconds: float
@@ -138,7 +135,7 @@ def pace(tl: Timeline, during: bool) -> Pace:
     after (``during=False``); a case's time runs to the next case's start, so the last case is in neither."""
     last, steps = last_warm_up(tl), sorted((t, i) for i, t in tl.reached.items())
     cases = [(t1 - t0, i) for (t0, i), (t1, _) in zip(steps, steps[1:]) if (t0 < last) == during]
-    parts = {p: sum(tl.phases[p].get(i, 0.0) for _, i in cases) for p in PHASES}
+    parts = {p: sum(tl.parts[p].get(i, 0.0) for _, i in cases) for p in PARTS}
     return Pace(len(cases), sum(w for w, _ in cases), sum(tl.seconds[i] for _, i in cases), parts)
 
 
@@ -157,7 +154,7 @@ def summary(tl: Timeline) -> list[str]:
     for name, during in (("while the warm-ups ran", True), ("after", False)):
         pc = pace(tl, during)
         lines.append(f"judged worker {name}: {pc.cases} cases in {pc.seconds:.1f} s, its calls {pc.calls:.1f} s of it")
-        if any(tl.phases[p] for p in PHASES):
+        if any(tl.parts[p] for p in PARTS):
             lines.append("  " + ", ".join(f"{p} {t:.1f} s" for p, t in pc.parts.items()))
     slow = tl.slow()
     lines.append(f"cases whose judged call took >= {SLOW} s: {len(slow)}, {sum(tl.seconds[i] for i in slow):.1f} s")
@@ -170,7 +167,7 @@ def summary(tl: Timeline) -> list[str]:
 def table(runs: list[tuple[str, float, Timeline]]) -> list[str]:
     """Runs of two trees side by side (``(label, wall seconds, timeline)``): wall, when the warm-ups were done, the
     judged worker's :func:`pace` while they ran and after, with the parts of its cases while they ran."""
-    cols = ["code", "wall s", "warm-ups done s", "while they ran: cases, s, calls s", *PHASES]
+    cols = ["code", "wall s", "warm-ups done s", "while they ran: cases, s, calls s", *PARTS]
     cols += ["after: cases, s, calls s", "slow calls"]
     lines = ["| " + " | ".join(cols) + " |", "|---|" + "---:|" * (len(cols) - 1)]
     for code, wall, tl in runs:

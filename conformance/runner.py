@@ -27,7 +27,7 @@ from .numerics import assuming, declared
 from .ops import DTYPES, OPS, unit_roundoff
 from .references import ReferenceCache
 from .trace import timed
-from .verdict import Result, judge
+from .verdict import Result
 from .worker import Outcome, WorkerBackend, error_message, invoke
 
 __all__ = ["repro_options", "run_case", "run_cases"]
@@ -177,7 +177,7 @@ def run_case(
     got = outcome.outputs
     try:
         with assuming(tuple(result.numerics)):
-            verdict = judge(op.outputs, got, ref, bounds, u=u) if op.compare is None else op.compare(inputs(), got, ref)
+            verdict = op.verdict(got, ref, bounds, u, inputs)
     except Exception as exc:  # an output the judge cannot read is the backend's error, never the run's end
         verdict = ("error", f"the output cannot be judged: {error_message(exc)}", [], {}, {})
     result.verdict, result.reason, result.metrics, result.worst, ratios = verdict

@@ -19,10 +19,12 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["TRACE", "timed", "trace"]
+__all__ = ["PARTS", "TRACE", "part_seconds", "timed", "trace"]
 
 TRACE = "MLASPEC_WARM_TRACE"
 """The environment variable naming the trace's file; the processes a run starts inherit it."""
+PARTS = ("inputs", "call", "reply", "reference", "wait", "judge")
+"""The parts of a judged case the trace times (the module's docstring), in the order they come."""
 
 
 def trace(event: str, *fields: object) -> None:
@@ -49,3 +51,15 @@ def timed(event: str, key: object, since: float) -> float:
     now = time.perf_counter()
     trace(event, key, f"{now - since:.4f}")
     return now
+
+
+def part_seconds(path: str | os.PathLike) -> dict[str, dict[str, float]]:
+    """Each of :data:`PARTS` -> case id -> its seconds, read back from the trace at ``path`` (a case timed twice, run
+    again alone after its first attempt: the sum)."""
+    seconds: dict[str, dict[str, float]] = {p: {} for p in PARTS}
+    with open(path) as f:
+        for line in f:
+            _, event, *fields = line.split()
+            if event in seconds:
+                seconds[event][fields[0]] = seconds[event].get(fields[0], 0.0) + float(fields[1])
+    return seconds

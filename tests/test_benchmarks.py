@@ -163,15 +163,20 @@ def test_a_row_of_no_traffic_and_no_time_goes_in_the_table(bench):
 
 def test_harness_table_and_figure(bench, tmp_path):
     harness = bench["harness"]
-    runs = [harness.Run("cold", 0, 95.0, 400.0, 0, "158 passed", 60.0)]
+    parts = dict(zip(("inputs", "call", "reply", "reference", "wait", "judge"), (9.0, 8.0, 0.5, 20.0, 6.0, 4.0)))
+    runs = [harness.Run("cold", 0, 95.0, 400.0, 0, "158 passed", 60.0, "", parts)]
     runs += [
         harness.Run("warm", 0, 50.0, 120.0, 0, "158 passed", 8.0),
         harness.Run("cold", 8, 70.0, 500.0, 0, "158 passed", 9.5),
     ]
     text = harness.markdown(runs, "triton", "full", {"gpu": "H200"}, "python benchmarks/harness.py")
-    assert "| cold | 0 | 95.0 | 400.0 | 60.0 | <= 90 missed | 158 passed | 0 |" in text
-    assert "| warm | 0 | 50.0 | 120.0 | 8.0 | <= 60 met | 158 passed | 0 |" in text
-    assert "| cold | 8 | 70.0 | 500.0 | 9.5 | <= 90 met | 158 passed | 0 |" in text
+    assert "| parts s: inputs / call / reply / reference / wait / judge |" in text  # the trace's parts, in order
+    assert (
+        "| cold | 0 | 95.0 | 400.0 | 60.0 | 9.0 / 8.0 / 0.5 / 20.0 / 6.0 / 4.0 | <= 90 missed | 158 passed | 0 |"
+        in text
+    )
+    assert "| warm | 0 | 50.0 | 120.0 | 8.0 | - | <= 60 met | 158 passed | 0 |" in text  # no trace read
+    assert "| cold | 8 | 70.0 | 500.0 | 9.5 | - | <= 90 met | 158 passed | 0 |" in text
     harness.plot(runs, str(tmp_path / "harness.png"), "t")
     assert (tmp_path / "harness.png").read_bytes().startswith(PNG)
 
@@ -183,8 +188,8 @@ def test_harness_table_names_the_tree_each_run_imported(bench, tmp_path):
     runs.append(harness.Run("warm", "auto", 71.0, 700.0, 0, "308 passed", 7.9, "0f559be"))
     text = harness.markdown(runs, "triton", "full", {"gpu": "H100"}, "python benchmarks/harness.py --against x")
     assert "| code | phase | --warm |" in text
-    assert "| this tree | warm | auto | 45.0 | 200.0 | 7.7 | <= 60 met | 308 passed | 0 |" in text.splitlines()
-    assert "| 0f559be | warm | auto | 71.0 | 700.0 | 7.9 | <= 60 missed | 308 passed | 0 |" in text.splitlines()
+    assert "| this tree | warm | auto | 45.0 | 200.0 | 7.7 | - | <= 60 met | 308 passed | 0 |" in text.splitlines()
+    assert "| 0f559be | warm | auto | 71.0 | 700.0 | 7.9 | - | <= 60 missed | 308 passed | 0 |" in text.splitlines()
     only = [harness.Run("warm", 0, 1.0, 1.0, 0, "x", 0.5)]
     assert "| code |" not in harness.markdown(only, "triton", "full", {}, "c")
     harness.plot(runs, str(tmp_path / "harness.png"), "t")
@@ -192,17 +197,21 @@ def test_harness_table_names_the_tree_each_run_imported(bench, tmp_path):
 
 
 def test_harness_sums_the_judged_workers_backend_seconds(bench, tmp_path):
-    """A timed run's ``backend``: the seconds of the backend's calls its results record, summed over the cases;
-    nan for a run that wrote no results (not the last run's)."""
+    """A timed run's ``backend``: the seconds of the backend's calls its results record, summed over the cases, and
+    each part of its cases summed from its trace (the calls' part: the same seconds); nan and no parts for a run that
+    wrote no results and traced nothing (not the last run's)."""
     from mlaspec.conformance.report import read_jsonl
+    from mlaspec.conformance.trace import PARTS
 
     harness, report = bench["harness"], str(tmp_path / "report")
     run = harness.time_check(["--backend", "torch", "--ops", "merge_attn_states"], report, os.environ, "cold")
     assert run.status == 0 and "passed" in run.counts
     records = read_jsonl(tmp_path / "report" / "results.jsonl")[1]
     assert records and run.backend == sum(r["seconds"] for r in records) > 0
+    assert tuple(run.parts) == PARTS and all(t > 0 for t in run.parts.values()), run.parts
+    assert run.parts["call"] == pytest.approx(run.backend, abs=1e-4 * len(records))  # 4 decimals a case
     dead = harness.time_check(["--backend", "no-such-backend"], report, os.environ, "cold")  # dies before any case
-    assert dead.status not in (0, 1) and math.isnan(dead.backend)
+    assert dead.status not in (0, 1) and math.isnan(dead.backend) and dead.parts == {}
 
 
 def test_harness_against_alternates_the_trees_over_caches_of_their_own(bench, tmp_path, monkeypatch):
@@ -311,9 +320,10 @@ def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
         (70.0, "kill 1"),
         (70.1, "spawn 1 4"),
     ]
-    parts = [(6.5, f"{part} c{i} {0.1 * (i + 1):.4f}") for i in range(4) for part in tl_mod.PHASES]  # by case id
+    parts = [(6.5, f"{part} c{i} {0.1 * (i + 1):.4f}") for i in range(4) for part in tl_mod.PARTS]  # by case id
     trace = tmp_path / "trace.txt"
-    trace.write_text("".join(f"{t0 + t:.3f} {e}\n" for t, e in events + parts + [(6.6, "wait no-such-case 9.0")]))
+    again = [(6.6, "wait no-such-case 9.0"), (6.7, "wait c0 0.5")]  # an id not in the results; case 0 run again
+    trace.write_text("".join(f"{t0 + t:.3f} {e}\n" for t, e in events + parts + again))
     results = [dict(case_id=f"c{i}", seconds=s) for i, s in enumerate([2.5, 0.1, 1.2, 0.01])]
     tl = tl_mod.read(str(trace), results, t0)
     assert tl.reached == pytest.approx({0: 1.1, 1: 3.6, 2: 5.0, 3: 6.0})
@@ -326,8 +336,8 @@ def test_warm_timeline_reads_a_trace_and_draws_it(bench, tmp_path):
     assert "2 processes, 3 starts, 1 kills; up 3.0-3.2 s; their last case ended at 4.5 s" in text
     assert "judged worker while the warm-ups ran: 2 cases in 3.9 s, its calls 2.6 s of it" in text  # cases 0, 1
     assert "judged worker after: 1 cases in 1.0 s, its calls 1.2 s of it" in text  # case 2 (3: no next start)
-    assert tl.phases["wait"] == pytest.approx({0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4})  # an id not in the results: left out
-    assert "  inputs 0.3 s, call 0.3 s, reply 0.3 s, reference 0.3 s, wait 0.3 s, judge 0.3 s" in text  # cases 0, 1
+    assert tl.parts["wait"] == pytest.approx({0: 0.6, 1: 0.2, 2: 0.3, 3: 0.4})  # both of case 0's; no unknown id
+    assert "  inputs 0.3 s, call 0.3 s, reply 0.3 s, reference 0.3 s, wait 0.8 s, judge 0.3 s" in text  # cases 0, 1
     assert "case 0 c0: 2.50 s at 1.1 s; no warm-up" in text
     assert "case 2 c2: 1.20 s at 5.0 s; warm-up 1 3.4-nan s" in text
     tl_mod.plot(tl, str(tmp_path / "t.png"), "title")

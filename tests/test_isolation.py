@@ -359,8 +359,8 @@ def test_a_traced_run_records_what_the_warm_ups_and_the_judged_worker_did(jit, t
     assert 0 in tl.slow()  # case 0: the judged worker's own compile (1.5 s)
     # each judged case's parts: in the worker (its call's seconds are the result's), and in the run's process
     everyone = set(range(len(CASES)))
-    assert all(set(tl.phases[part]) == everyone for part in warm_timeline.PHASES), tl.phases
-    assert all(tl.phases["call"][i] == pytest.approx(r["seconds"], abs=1e-4) for i, r in enumerate(records))
+    assert all(set(tl.parts[part]) == everyone for part in warm_timeline.PARTS), tl.parts
+    assert all(tl.parts["call"][i] == pytest.approx(r["seconds"], abs=1e-4) for i, r in enumerate(records))
 
 
 def _warm_up(backend: str, jit: Path):

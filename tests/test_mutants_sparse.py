@@ -16,7 +16,7 @@ from mlaspec.conformance.backend import load_backend
 from mlaspec.conformance.backends.torch_eager import TorchBackend
 from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.generated import case_strategy
-from mlaspec.conformance.ops import OPS
+from mlaspec.conformance.ops import OPS, unit_roundoff
 from mlaspec.conformance.runner import run_case
 from mlaspec.spec.config import yarn_get_mscale
 from mlaspec.spec.sliding_window import v4_attention_indices
@@ -770,7 +770,9 @@ class FlushesSubnormals(TorchBackend):
 
 def _verdict(backend, kw, ref):
     """The harness's judgement of ``backend`` on sparse prefill inputs ``kw`` (``ref``: the spec's outputs)."""
-    return OPS["sparse_prefill"].compare(kw, backend.sparse_prefill(**kw), ref)
+    op = OPS["sparse_prefill"]
+    u = unit_roundoff(kw["q"].dtype)
+    return op.verdict(backend.sparse_prefill(**kw), ref, op.bounds(kw, ref, u), u, lambda: kw)
 
 
 def test_hyp_164_fp16_output_below_the_smallest_normal_passes():

@@ -49,6 +49,29 @@ def test_a_hit_is_bit_identical_and_builds_no_inputs(tmp_path, case_id):
     assert len(list(tmp_path.rglob("*.pt"))) == 1
 
 
+def test_a_warm_run_builds_no_inputs_for_an_op_judged_by_budgets(tmp_path, monkeypatch):
+    """With every reference and budget in the cache, the run's own process builds no inputs for any op judged by
+    budgets (the judged worker builds its own): the sparse, indexer and V4 ops computed their budgets from the inputs
+    at judge time, in every run, until they moved to ``bounds`` (2026-11-29)."""
+    from mlaspec.conformance.runner import run_case
+    from mlaspec.conformance.worker import WorkerBackend
+
+    budgeted = [op for op in OPS.values() if op.compare is None]
+    assert {"sparse_prefill", "sparse_decode", "v4_attention", "indexer_logits"} <= {op.name for op in budgeted}
+    cases = [next(c for c in curated_cases(ops=(op.name,), dtypes=("float16",))) for op in budgeted]
+    built = []
+    for op in budgeted:
+        counted = dataclasses.replace(op, make_inputs=lambda c, f=op.make_inputs: built.append(c.op) or f(c))
+        monkeypatch.setitem(OPS, op.name, counted)  # the run's process only: the worker imports its own
+    cache = ReferenceCache(tmp_path)
+    with WorkerBackend("torch", timeout=120) as backend:
+        cold = [run_case(backend, c, backend_name="torch", cache=cache).verdict for c in cases]
+        assert sorted(built) == sorted(c.op for c in cases)  # cold: each once, for its reference and budgets
+        built.clear()
+        warm = [run_case(backend, c, backend_name="torch", cache=cache).verdict for c in cases]
+    assert built == [] and cold == warm == ["pass"] * len(cases), (built, cold, warm)
+
+
 def test_every_key_part_misses(tmp_path):
     case = case_by_id(DECODE)
     cache = ReferenceCache(tmp_path)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -16,6 +16,7 @@ from mlaspec.spec.attention import attention
 from ..cases import Case
 from ..cpus import usable_cpus
 from ..numerics import accumulation_roundoff
+from ..verdict import judge
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 EPS32 = 2.0**-24
@@ -95,13 +96,19 @@ class Op:
 
     ``make_inputs(case) -> kwargs`` (tensors in the case dtype, from the case's seed); ``reference(**kwargs) ->
     tuple`` of float64 outputs; ``bounds(kwargs, ref, u) -> tuple`` of per-element absolute error bounds, one per
-    output, broadcastable to it (``None`` for ops judged by ``compare`` alone).
+    output, broadcastable to it (``None`` for ops judged by ``compare`` alone). They are computed with the reference,
+    on the reference device, and kept beside it in the reference cache (:mod:`mlaspec.conformance.references`), so a
+    warm run neither builds the inputs in its own process nor computes a budget.
 
     ``compare(kwargs, got, ref) -> (verdict, reason, metrics, worst, ratios)`` replaces the default per-element
     judgement (:func:`mlaspec.conformance.verdict.judge`) where equality is not the right question: exact
     equality for integer metadata (:func:`~mlaspec.conformance.verdict.judge_exact`), tie-aware agreement for
     top-k indices.
 
+    ``heat_map`` lays an output's error / bound map out as ``[..., heads, positions]`` for the report's heat map
+    and pictures, where its shape is not one the runner reduces itself (e.g. ``{"lse": lambda r: r.T}``).
+    ``fp8_query``: the op's query is fp8 (the indexer's), so the judge's ``u`` is 0 and the output dtype's rounding
+    alone sets the statistics' floor, where other ops take the case dtype's (:meth:`verdict`).
     ``picture(kwargs, got, ref, ratios, *, title) -> {name: Figure}`` draws, for a failing case, what the case is
     next to what the backend did (``ratios`` is the verdict's error / bound maps, possibly empty); the runner saves
     each figure next to the heat map. It draws through :mod:`mlaspec.conformance.viz` and never changes a verdict.
@@ -127,11 +134,35 @@ class Op:
     cases: Callable[[Scale], list[tuple[str, dict]]] = _no_cases
     generator: Callable[[], SearchStrategy[dict]] | None = None
     writes: tuple[str, ...] = ()
+    heat_map: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict, hash=False)
+    fp8_query: bool = False
 
     @property
     def spec_function(self) -> Callable[..., tuple]:
         """The spec function this op checks."""
         return self.spec or self.reference
+
+    def verdict(self, got: object, ref: tuple, bounds: tuple | None, u: float, inputs: Callable[[], dict]) -> tuple:
+        """``(verdict, reason, metrics, worst, ratios)`` of a backend's outputs ``got``: ``compare`` on ``inputs()``
+        where the op has one, else :func:`~mlaspec.conformance.verdict.judge` against ``bounds`` with the case dtype's
+        unit roundoff ``u`` (0 for an ``fp8_query`` op), a bare tensor taken for a single output; the ratio maps laid
+        out by ``heat_map`` and capped at :data:`RATIO_CAP`. ``inputs`` is called only by ``compare``."""
+        if self.compare is not None:
+            return self.compare(inputs(), got, ref)
+        if len(self.outputs) == 1 and isinstance(got, torch.Tensor):
+            got = (got,)
+        verdict = judge(self.outputs, got, ref, bounds, u=0.0 if self.fp8_query else u)
+        ratios = {k: self.heat_map.get(k, _as_is)(v).clamp(max=RATIO_CAP) for k, v in verdict[4].items()}
+        return (*verdict[:4], ratios)
+
+
+RATIO_CAP = 1e12
+"""Error / bound ratios above this are drawn as this: a zero budget (an exact 0 expected, e.g. under a ``+inf``
+sink) gives ratios near ``1e300``, which would flatten a heat map's scale."""
+
+
+def _as_is(ratio: torch.Tensor) -> torch.Tensor:
+    return ratio
 
 
 NORMAL_CHUNK = 1 << 22  # float64 normals one generator draws (every tiny case's); larger draws: in parts, in parallel

@@ -60,7 +60,6 @@ from ..cases import Case
 from ..numerics import accumulation_roundoff
 from ..verdict import Metric
 from .common import DTYPES, EPS32, LIMITS, Op, Scale, normal, worst_rows
-from .sparse import judged
 
 FP8_NAN = 0x7F  # e4m3fn NaN bit pattern
 
@@ -440,9 +439,10 @@ OPS = [
         "indexer_logits",
         _indexer_inputs,
         _indexer_reference,
-        None,
+        _indexer_bounds,
         outputs=("logits",),
-        compare=judged(("logits",), _indexer_bounds, _LOGITS_MAP),
+        heat_map=_LOGITS_MAP,
+        fp8_query=True,
         picture=_logits_picture,
         doc="Lightning-indexer logits over a ragged fp8 K buffer, absolute columns, -inf outside [ks, ke) "
         "(spec.indexer.indexer_logits)",
@@ -453,9 +453,10 @@ OPS = [
         "paged_indexer_logits",
         _paged_inputs,
         _paged_reference,
-        None,
+        _paged_bounds,
         outputs=("logits",),
-        compare=judged(("logits",), _paged_bounds, _LOGITS_MAP),
+        heat_map=_LOGITS_MAP,
+        fp8_query=True,
         picture=_logits_picture,
         doc="Decode indexer logits read from the paged fp8 cache (values then scales per block), MTP context "
         "lengths (spec.indexer.paged_indexer_logits)",

@@ -76,8 +76,7 @@ from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_dec
 
 from .. import numerics
 from ..cases import Case
-from ..verdict import judge
-from .common import EPS32, LIMITS, Op, Scale, gamma, normal, randn, underflow_floor, unit_roundoff, worst_rows
+from .common import EPS32, LIMITS, Op, Scale, gamma, normal, randn, underflow_floor, worst_rows
 from .writers import read_as, written
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -92,26 +91,6 @@ def _scale(p: dict, d: int) -> float:
     """The case's softmax scale: ``"yarn"`` (:data:`YARN_SCALE`), a number, or by default ``d^-0.5``."""
     scale = p.get("scale", d**-0.5)
     return YARN_SCALE if scale == "yarn" else scale
-
-
-# -- judging: the default judge, with error maps laid out [heads, positions] for the report's heat maps --------------
-def judged(names: tuple[str, ...], bounds, layout: dict | None = None):
-    """A ``compare`` hook: :func:`~mlaspec.conformance.verdict.judge` with ``bounds(kw, ref, u)`` (``u`` from the
-    dtype of ``kw["q"]``; 0 for fp8 ``q``, whose ops do not use it), a bare tensor accepted for a single output,
-    and each ratio map reshaped by ``layout[name]`` (so the runner's heat map gets ``[heads, positions]``) and
-    capped at ``1e12``."""
-
-    def compare(kw, got, ref):
-        if len(names) == 1 and isinstance(got, torch.Tensor):
-            got = (got,)
-        q = kw.get("q")
-        u = unit_roundoff(q.dtype) if isinstance(q, torch.Tensor) and q.element_size() > 1 else 0.0  # fp8 q: unused
-        verdict = judge(names, got, ref, bounds(kw, ref, u), u=u)
-        # capped: a zero budget (an exact 0 expected, e.g. under a +inf sink) gives ratios near 1e300 otherwise
-        ratios = {k: (layout or {}).get(k, lambda r: r)(v).clamp(max=1e12) for k, v in verdict[4].items()}
-        return (*verdict[:4], ratios)
-
-    return compare
 
 
 # -- the shared budget ---------------------------------------------------------------------------------------------
@@ -936,11 +915,9 @@ OPS = [
         "sparse_prefill",
         _prefill_inputs,
         sparse_prefill,
-        None,
+        _prefill_bounds,
         outputs=("out", "max_logits", "lse"),
-        compare=judged(
-            ("out", "max_logits", "lse"), _prefill_bounds, {"max_logits": lambda r: r[..., None], "lse": lambda r: r.T}
-        ),
+        heat_map={"max_logits": lambda r: r[..., None], "lse": lambda r: r.T},
         picture=_prefill_picture,
         doc="FlashMLA sparse prefill: -1 / out-of-range indices skipped, topk_length, sink, LSE +inf on empty rows "
         "(spec.sparse.sparse_prefill)",
@@ -951,8 +928,7 @@ OPS = [
         "sparse_decode",
         _decode_inputs,
         _decode_reference,
-        None,
-        compare=judged(("out", "lse"), _decode_bounds),
+        _decode_bounds,
         picture=_decode_picture,
         doc="FlashMLA sparse decode over a paged cache with global slots, topk_length per request, sink, V4 extra "
         "cache (spec.sparse.sparse_decode)",
@@ -963,8 +939,8 @@ OPS = [
         "v4_attention",
         _v4_inputs,
         v4_attention,
-        None,
-        compare=judged(("out", "lse"), _v4_bounds, {"lse": lambda r: r.T}),
+        _v4_bounds,
+        heat_map={"lse": lambda r: r.T},
         picture=_v4_picture,
         doc="One DeepSeek V4 layer: window (p - W, p] plus c4a top-k / c128a compressed entries, one softmax "
         "(spec.sliding_window.v4_attention)",
@@ -973,4 +949,4 @@ OPS = [
     ),
 ]
 
-__all__ = ["OPS", "cache_writer", "gather_keys", "judged", "sparse_bounds"]
+__all__ = ["OPS", "cache_writer", "gather_keys", "sparse_bounds"]
