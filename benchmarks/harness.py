@@ -4,8 +4,9 @@
 empty Triton compile cache (``TRITON_CACHE_DIR``): every reference, budget and kernel is computed or compiled. *Warm*
 runs the same command again over both caches, as a kernel author's second run in CI does. Each run is a fresh
 ``python -m mlaspec.conformance.cli check`` process (the backend in its worker, as by default); the table gives its
-wall seconds, the CPU seconds (user + system) of it and its children (the worker), and the verdicts, which must be
-the same cold and warm.
+wall seconds, the CPU seconds (user + system) of it and its children (the worker), the judged worker's backend
+seconds, each part of the judged cases summed from the run's trace (:data:`mlaspec.conformance.trace.PARTS`), and the
+verdicts, which must be the same cold and warm.
 
 Goals (issue 18): the full-scale Triton run on an H200 in <= 90 s cold and <= 60 s warm; the default CPU run
 (``mlaspec check``: the ``torch`` backend, tiny) in <= 15 s on 2 cores. On a shared machine the wall time depends on
