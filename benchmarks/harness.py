@@ -241,17 +241,17 @@ def markdown(runs: list[Run], backend: str, scale: str, env: dict, command: str)
 
 def plot(runs: list[Run], path: str, title: str) -> None:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(runs)), 3.8))
     names = ["\n".join(filter(None, [r.code, r.phase, f"--warm {r.workers}" if r.workers else ""])) for r in runs]
     labels = [f"{n} {names[: i + 1].count(n)}" if names.count(n) > 1 else n for i, n in enumerate(names)]
     x = range(len(runs))
     ax.bar([i - 0.2 for i in x], [r.wall for r in runs], 0.4, label="wall s")
     ax.bar([i + 0.2 for i in x], [r.cpu for r in runs], 0.4, label="CPU s (user + system)")
     ax.set_xticks(list(x))
-    ax.set_xticklabels(labels)
+    ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("seconds, lower is better")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
     _save(fig, path, plt)
 
 
