@@ -5,6 +5,7 @@ import importlib
 import json
 import math
 import os
+import subprocess
 import sys
 
 import pytest
@@ -22,6 +23,7 @@ SCRIPTS = (
     "reference_check",
     "stream",
     "warm_timeline",
+    "compile_census",
 )
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -421,3 +423,56 @@ def test_warm_timeline_against_runs_both_trees_in_turn_and_sets_them_side_by_sid
     assert [r[0] for r in rows] == ["this tree", "0f192a7", "0f192a7", "this tree"]
     assert page.count("## ") == 4 and page.count("```") == 8 and "## 1: 0f192a7, 12.0 s" in page
     assert (out / "warm_timeline.png").read_bytes().startswith(PNG)
+
+
+def _entry(folder, key, name, args, warps=4, stages=3):
+    """A fake Triton cache entry: ``<name>.json`` and the first line of a ``<name>.ttir`` with ``args``."""
+    entry = folder / key
+    entry.mkdir(parents=True)
+    (entry / f"{name}.json").write_text(json.dumps({"name": name, "num_warps": warps, "num_stages": stages}))
+    (entry / f"__grp__{name}.json").write_text("{}")
+    (entry / f"{name}.ttir").write_text(
+        f"module {{\n  tt.func public @{name}({', '.join(args)}) attributes {{noinline = false}} {{\n"
+    )
+
+
+def test_compile_census_names_what_tells_a_kernels_variants_apart(bench, tmp_path):
+    census = bench["compile_census"]
+    div = "{tt.divisibility = 16 : i32}"
+    ptr = f'%X: !tt.ptr<f16> {div} loc("X"(#loc))'
+    desc = '%D: !tt.tensordesc<tensor<64x128xf16, #shared>> loc("D"(#loc))'  # commas and spaces inside brackets
+    cache = tmp_path / "cache"
+    _entry(cache, "a", "k", [ptr, f"%n: i32 {div} loc(#l)", "%s: i32 loc(#l)", desc])
+    _entry(cache, "b", "k", [ptr, "%n: i32 loc(#l)", "%s: i32 loc(#l)", desc])
+    _entry(cache, "c", "k", [ptr, "%n: i32 loc(#l)", desc])  # s was 1: a constant
+    _entry(cache, "d", "k", [ptr, "%n: i32 loc(#l)", desc])  # c again: another constexpr value
+    _entry(cache, "e", "k", [ptr, "%n: i32 loc(#l)", desc], warps=8)
+    _entry(cache, "f", "j", ['%X: !tt.ptr<bf16> loc("X"(#loc))'])
+    _entry(cache, "g", "j", ['%X: !tt.ptr<f32> loc("X"(#loc))'])
+    (cache / "launcher").mkdir()  # not a kernel: skipped
+    (cache / "launcher" / "cuda_utils.so").write_bytes(b"")
+    rows = census.census(census.read_cache(str(cache)))
+    assert [(r.name, r.variants) for r in rows] == [("k", 5), ("j", 2)]
+    k, j = rows
+    assert k.differing == {"n": ["-", "16"], "s": ["-", "const"]}
+    assert k.options == ["4w/3s", "8w/3s"] and k.constexpr_only == 1
+    assert j.differing == {"X": ["!tt.ptr<bf16>", "!tt.ptr<f32>"]} and j.constexpr_only == 0
+    out = tmp_path / "out"
+    assert census.main(["--cache", str(cache), "--out-dir", str(out)]) == 0
+    page = (out / "compile_census.md").read_text()
+    assert "7 compiled variants of 2 kernels" in page
+    assert "| `k` | 5 | 4w/3s, 8w/3s | `n` -/16; `s` -/const | 1 |" in page
+    assert (out / "compile_census.png").read_bytes().startswith(PNG)
+
+
+def test_compile_census_reads_what_triton_writes(bench, tmp_path):
+    """Four specializations of one kernel compiled ahead of time for sm_90 (``tests/census_probe.py``, no GPU) into a
+    fresh cache: the census finds the kernel's variants and what tells them apart."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "census_probe.py")
+    done = subprocess.run([sys.executable, probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (k,) = bench["compile_census"].census(bench["compile_census"].read_cache(str(tmp_path)))
+    assert (k.name, k.variants, k.constexpr_only) == ("copy", 4, 1)
+    assert k.differing == {"n": ["-", "16"], "s": ["-", "const"]}
