@@ -456,12 +456,12 @@ def test_compile_census_names_what_tells_a_kernels_variants_apart(bench, tmp_pat
     k, j = rows
     assert k.differing == {"n": ["-", "16"], "s": ["-", "const"]}
     assert k.options == ["4w/3s", "8w/3s"] and k.constexpr_only == 1
-    assert j.differing == {"X": ["!tt.ptr<bf16>", "!tt.ptr<f32>"]} and j.constexpr_only == 0
+    assert (k.dtypes, j.dtypes) == (1, 2) and j.differing == {} and j.constexpr_only == 0
     out = tmp_path / "out"
     assert census.main(["--cache", str(cache), "--out-dir", str(out)]) == 0
     page = (out / "compile_census.md").read_text()
-    assert "7 compiled variants of 2 kernels" in page
-    assert "| `k` | 5 | 4w/3s, 8w/3s | `n` -/16; `s` -/const | 1 |" in page
+    assert "7 variants of 2 kernels" in page and "without int classes" not in page
+    assert "| `k` | 5 | 4w/3s, 8w/3s | 1 | `n` -/16; `s` -/const | 1 |" in page
     assert (out / "compile_census.png").read_bytes().startswith(PNG)
 
 
@@ -476,3 +476,34 @@ def test_compile_census_reads_what_triton_writes(bench, tmp_path):
     (k,) = bench["compile_census"].census(bench["compile_census"].read_cache(str(tmp_path)))
     assert (k.name, k.variants, k.constexpr_only) == ("copy", 4, 1)
     assert k.differing == {"n": ["-", "16"], "s": ["-", "const"]}
+
+
+def _census(tmp_path, *args):
+    """``compile_census.py`` in a process of its own without ``TRITON_INTERPRET`` (its kernels must be compiled
+    ones), its JSON page read back."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = os.path.join(BENCH, "compile_census.py")
+    done = subprocess.run(
+        [sys.executable, script, *args, "--out-dir", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((tmp_path / "compile_census.json").read_text())
+
+
+def test_compile_census_launches_picks_and_compiles_the_hopper_kernels_without_a_gpu(tmp_path):
+    """``--launches``: the tiny decodes' launches as on an H200, where the dispatch picks the Gluon kernels (the
+    16-head, 128-head and fp8 ones); ``--compile NAMES`` compiles those variants for sm_90 here and reads their
+    resources (the 16-head and fp8 kernels spill nothing; the structure of every Gluon kernel is
+    ``test_impl_pipelining.py``'s)."""
+    gluon = "split_kernel,split_kernel_fp8"
+    page = _census(tmp_path, "--launches", "tiny", "--ops", "mla_decode,mla_decode_fp8", "--compile", gluon)
+    kernels = {k["name"]: k for k in page["kernels"]}
+    assert {"split_kernel", "split_kernel_lead", "split_kernel_fp8", "_mla_decode_combine_kernel"} <= set(kernels)
+    compiled = page["compiled"]
+    assert {name: len(c) for name, c in compiled.items()} == {k: kernels[k]["variants"] for k in gluon.split(",")}
+    for name in gluon.split(","):
+        assert all(c["local"] == 0 and 0 < c["registers"] <= 255 for c in compiled[name]), compiled[name]
