@@ -18,9 +18,10 @@ constexpr values. It reads files only: no GPU, no compiler.
 Or without a GPU, ``--launches``: the Triton backend is called on the curated cases (their inputs built as the
 harness builds them) as on an H200 (compute capability 9.0, 132 SMs, so the Gluon kernels are chosen where they
 would be there), and every kernel launch is specialized for sm_90 as Triton specializes it, recorded, and not run
-(the outputs are left unwritten: host code that reads them may fail, and its case is counted). ``--compile`` then
-compiles each variant ahead of time for sm_90 on this machine's CPU (Triton needs no GPU for that) and adds its
-compile seconds and what ``cuobjdump`` says of it: registers a thread, local memory (spills), shared memory.
+(what no kernel writes reads as zeros: host code that checks it may still fail, and its case is named).
+``--compile`` then compiles each variant ahead of time for sm_90 on this machine's CPU (Triton needs no GPU for
+that) and adds its compile seconds and what ``cuobjdump`` says of it: registers a thread, local memory (spills),
+shared memory.
 
     python benchmarks/compile_census.py --launches full --compile --out-dir /tmp/census
 
@@ -161,7 +162,8 @@ class Launch:
 def h200_launches(sms: int = 132, capability: tuple[int, int] = (9, 0)):
     """Inside: the package's kernel launches are specialized for ``sm_{capability}`` as Triton's ``JITFunction.run``
     specializes them (triton 3.9's binder, no driver), recorded in the yielded ``{key: Launch}`` and not run; and the
-    package sees a GPU of ``capability`` with ``sms`` SMs, so that it picks the kernels and grids it picks there."""
+    package sees a GPU of ``capability`` with ``sms`` SMs, so that it picks the kernels and grids it picks there;
+    ``torch.empty`` and ``torch.empty_like`` return zeros (the outputs no kernel writes)."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
@@ -186,8 +188,17 @@ def h200_launches(sms: int = 132, capability: tuple[int, int] = (9, 0)):
         key = hashlib.sha256(repr(what).encode()).hexdigest()[:16]
         seen.setdefault(key, Launch(self, signature, constexprs, attrs, options))
 
+    import torch
+
+    new, new_like = torch.empty, torch.empty_like
+
+    def zeroed(make):  # what no kernel writes reads as zeros, not as whatever the memory held: the same every run
+        return lambda *args, **kwargs: make(*args, **kwargs).zero_()
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(JITFunction, "run", run))
+        stack.enter_context(mock.patch.object(torch, "empty", zeroed(new)))
+        stack.enter_context(mock.patch.object(torch, "empty_like", zeroed(new_like)))
         for info in pkgutil.iter_modules(impl.__path__):
             module = importlib.import_module(f"{impl.__name__}.{info.name}")
             if hasattr(module, "compiled_capability"):
