@@ -48,6 +48,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from unittest import mock
 
+import torch
 from common import _pyplot, _save
 
 IR_SUFFIXES = (".source", ".ttir", ".ttgir")  # where a kernel's signature is read, first found first
@@ -188,8 +189,6 @@ def h200_launches(sms: int = 132, capability: tuple[int, int] = (9, 0)):
         key = hashlib.sha256(repr(what).encode()).hexdigest()[:16]
         seen.setdefault(key, Launch(self, signature, constexprs, attrs, options))
 
-    import torch
-
     new, new_like = torch.empty, torch.empty_like
 
     def zeroed(make):  # what no kernel writes reads as zeros, not as whatever the memory held: the same every run
@@ -210,7 +209,7 @@ def h200_launches(sms: int = 132, capability: tuple[int, int] = (9, 0)):
 
 def record(scale: str, dtypes: tuple[str, ...], ops: tuple[str, ...] | None = None):
     """The launches of the Triton backend over the curated cases at ``scale`` in ``dtypes`` (:func:`h200_launches`)
-    and the cases whose host code failed on the unwritten outputs (``{case id: error}``)."""
+    and the cases whose host code failed on what no kernel wrote (``{case id: error}``)."""
     from mlaspec.conformance.backends.triton import TritonBackend
     from mlaspec.conformance.cases import curated_cases
     from mlaspec.conformance.ops import OPS
@@ -226,7 +225,7 @@ def record(scale: str, dtypes: tuple[str, ...], ops: tuple[str, ...] | None = No
                 continue
             try:
                 getattr(backend, case.op)(**OPS[case.op].make_inputs(case))
-            except Exception as exc:  # host code reading an output no kernel wrote
+            except Exception as exc:  # host code that checks an output no kernel wrote
                 failed[case.id] = error_message(exc)
     return seen, failed
 
