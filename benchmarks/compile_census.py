@@ -380,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out-dir", default="bench")
     args = ap.parse_args(argv)
+    if args.compile is not None and not args.launches:
+        ap.error("--compile compiles recorded launches: give --launches too")
     compiled = None
     if args.launches:
         ops = tuple(args.ops.split(",")) if args.ops else None
@@ -388,9 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         source = f"The Triton backend's launches over the curated cases (`--scale {args.launches}`, {args.dtypes})"
         source += " as on an H200"
         if failed:
-            source += (
-                f" ({len(failed)} cases' host code failed on outputs no kernel wrote: {', '.join(sorted(failed))})"
-            )
+            source += f" ({len(failed)} cases' host code failed on what no kernel wrote: {', '.join(sorted(failed))})"
         if args.compile is not None:
             only = set(filter(None, args.compile.split(",")))
             compiled = defaultdict(list)

@@ -458,6 +458,9 @@ def test_compile_census_names_what_tells_a_kernels_variants_apart(bench, tmp_pat
     assert k.options == ["4w/3s", "8w/3s"] and k.constexpr_only == 1
     assert (k.dtypes, j.dtypes) == (1, 2) and j.differing == {} and j.constexpr_only == 0
     out = tmp_path / "out"
+    with pytest.raises(SystemExit):  # a cache's variants are not compiled again: a usage error, not a silent no-op
+        census.main(["--cache", str(cache), "--compile", "--out-dir", str(out)])
+    assert not out.exists()
     assert census.main(["--cache", str(cache), "--out-dir", str(out)]) == 0
     page = (out / "compile_census.md").read_text()
     assert "7 variants of 2 kernels" in page and "without int classes" not in page
