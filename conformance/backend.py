@@ -85,7 +85,8 @@ def available_backends() -> dict[str, str]:
 
 
 def load_backend(spec: str) -> Backend:
-    """A backend by registered name or ``module:attr``."""
+    """A backend by registered name or ``module:attr``; a backend that imported Triton has its compiles shared with
+    the run's other processes (:func:`~mlaspec.conformance.compiles.share_compiles`)."""
     if not isinstance(spec, str) or not spec:
         raise TypeError(f"backend must be a name or 'module:attr', got {spec!r}")
     target = available_backends().get(spec, spec)
@@ -99,4 +100,8 @@ def load_backend(spec: str) -> Backend:
     backend = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Backend)) else obj
     if not isinstance(backend, Backend):
         raise TypeError(f"backend {spec!r} lacks the protocol's attributes name, version, ops, dtypes")
+    if "triton" in sys.modules:  # else it compiles nothing with Triton: the torch backend need not import it
+        from .compiles import share_compiles
+
+        share_compiles()
     return backend
