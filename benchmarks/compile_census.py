@@ -317,6 +317,9 @@ def markdown(rows: list[Kernel], source: str, compiled: dict[str, list[Compiled]
     legend = (
         f"{source}: {sum(k.variants for k in rows)} variants of {len(rows)} kernels. *Differing*: the arguments "
         "whose class is not the same in every variant (`16`: divisible by 16, `-`: plain, `const`: a constant, 1); "
+        "*warps/stages*: the launch's `num_warps` and `num_stages` (read from a cache, the compiled kernel's, whose "
+        "warps count a warp-specialized Gluon kernel's worker partitions too: `split_kernel_lead` 4 launched, 8 "
+        "compiled); "
         "*types*: the combinations of argument types (dtypes); *constexpr only*: variants with another's signature "
         "and launch options"
     )
