@@ -26,7 +26,7 @@ import os
 import time
 from typing import ClassVar
 
-__all__ = ["LOCK_WAIT", "share_compiles"]
+__all__ = ["LOCK_WAIT", "VariantLockingCacheManager", "share_compiles"]
 
 LOCK_WAIT = 60.0
 """Seconds a process waits for another's compile of the same variant before compiling it itself (a Hopper decode

@@ -18,14 +18,16 @@ def copy(X, Y, n, s, BLOCK: tl.constexpr):
     tl.store(Y + i * s, tl.load(X + i, mask=i < n), mask=i < n)
 
 
+SIGNATURE = {"X": "*fp16", "Y": "*fp16", "n": "i32", "s": "i32", "BLOCK": "constexpr"}  # copy's, for triton.compile
+
+
 if __name__ == "__main__":
     d16 = [["tt.divisibility", 16]]
-    sig = {"X": "*fp16", "Y": "*fp16", "n": "i32", "s": "i32", "BLOCK": "constexpr"}
     for attrs, constexprs in [
         ({(0,): d16, (1,): d16, (2,): d16}, {(4,): 64}),
         ({(0,): d16, (1,): d16}, {(4,): 64}),
         ({(0,): d16, (1,): d16}, {(3,): 1, (4,): 64}),
         ({(0,): d16, (1,): d16}, {(3,): 1, (4,): 128}),
     ]:
-        signature = {**sig, "s": "constexpr"} if (3,) in constexprs else sig
+        signature = {**SIGNATURE, "s": "constexpr"} if (3,) in constexprs else SIGNATURE
         triton.compile(ASTSource(copy, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32))

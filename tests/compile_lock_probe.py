@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import triton
-from census_probe import copy
+from census_probe import SIGNATURE, copy
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -51,9 +51,8 @@ if __name__ == "__main__":
     knobs.cache.manager_class = overlapping(knobs.cache.manager_class or FileCacheManager, folder, n)
     seen = []
     knobs.compilation.listener = lambda **kw: seen.append("hit" if kw["cache_hit"] else "miss")
-    sig = {"X": "*fp16", "Y": "*fp16", "n": "i32", "s": "i32", "BLOCK": "constexpr"}
     print("ready", flush=True)
     while not (folder / "go").exists():
         time.sleep(0.002)
-    triton.compile(ASTSource(copy, sig, {(4,): 64}, {}), target=GPUTarget("cuda", 90, 32))
+    triton.compile(ASTSource(copy, SIGNATURE, {(4,): 64}, {}), target=GPUTarget("cuda", 90, 32))
     print(*seen, flush=True)
