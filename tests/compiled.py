@@ -69,6 +69,14 @@ def copies_before_dots(ttgir: str) -> bool:
     return copy is not None and 0 <= copy.start() < dot
 
 
+def copy_before_loads(ttgir: str) -> bool:
+    """Whether the kernel issues an async copy before its first load into registers (``tt.load``), so the copy's
+    latency overlaps the loads'."""
+    copy = re.search(r"async_(tma_)?copy_global_to_local", ttgir)
+    load = ttgir.find("tt.load ")
+    return copy is not None and (load < 0 or copy.start() < load)
+
+
 def _argument(t):
     """A pointer's type as given, or a descriptor's: from its block (``[64, 256]``: bf16) or ``{"block": [64, 256],
     "dtype": "fp32"}``."""
@@ -95,6 +103,7 @@ def main(spec: dict) -> dict:
         "shared": compiled.metadata.shared,
         "prefetched": {tile: prefetched(ttgir, tile) for tile in spec.get("tiles", [])},
         "copies_before_dots": copies_before_dots(ttgir),
+        "copy_before_loads": copy_before_loads(ttgir),
         "ptx_has": {word: word in ptx for word in spec.get("ptx_words", [])},
         "ttgir_has": {word: word in ttgir for word in spec.get("ttgir_words", [])},
     }

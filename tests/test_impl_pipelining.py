@@ -199,21 +199,25 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
     assert all(k["shared"] <= HOPPER_SHARED for k in kernels), kernels
 
 
-def test_the_gluon_indexer_waits_for_one_token_at_a_time():
+@pytest.mark.parametrize("tiles", [32, 16, 8])
+def test_the_gluon_indexer_waits_for_one_token_at_a_time(tiles):
     """The indexer's logits on Hopper (:mod:`mlaspec.impl.indexer_sm90`): fp8 warpgroup MMAs, the first token's
     waited for alone (``wgmma.wait_group 1``) so its epilogue runs under the second's, the next tile's copy issued
-    before this tile's MMAs, and shared memory small enough for four programs an SM."""
+    before this tile's MMAs, and shared memory small enough for four programs an SM. A short program (8 key tiles)
+    issues q's copy before it loads the spans; a longer one only once it knows it reads a key."""
     from mlaspec.impl import indexer_sm90 as g
 
     if not g.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
+    assert tiles in g.TILES
     pointers = dict(Q="*fp8e4nv", K="*fp8e4nv", W="*fp32", KS="*i32", KE="*i32", KSCALE="*fp32", OUT="*fp32")
-    const = dict(H=g.HEADS, D=g.DIM, BLOCK_N=g.BLOCK_N, TILES=g.TILES[0], STAGES=g.STAGES, HAS_SCALE=True)
+    const = dict(H=g.HEADS, D=g.DIM, BLOCK_N=g.BLOCK_N, TILES=tiles, STAGES=g.STAGES, HAS_SCALE=True)
     words = ["wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3", "wgmma.wait_group.sync.aligned 1;"]
     out = compiled("mlaspec.impl.indexer_sm90:logits_kernel", pointers, const, num_warps=g.NUM_WARPS, num_stages=1,
                    ptx_words=words)  # fmt: skip
     assert all(out["ptx_has"].values()), out
     assert out["copies_before_dots"], out
+    assert out["copy_before_loads"] == (tiles <= g.EARLY_TILES), out
     assert g.PROGRAMS_PER_SM * out["shared"] <= HOPPER_SHARED, out
 
 
