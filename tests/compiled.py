@@ -60,11 +60,14 @@ def prefetched(ttgir: str, tile: str) -> int:
     return len(re.findall(r"async_copy_global_to_local .* -> <" + re.escape(tile) + r",", prologue))
 
 
+ASYNC_COPY = re.compile(r"async_(tma_)?copy_global_to_local")  # a cp.async or a tensor-memory copy, in TTGIR
+
+
 def copies_before_dots(ttgir: str) -> bool:
     """Whether the main loop issues an async copy (the next tile's) before its first warpgroup MMA, so the copy
     runs during this iteration's dots."""
     body = ttgir.split("scf.for", 1)[1]
-    copy = re.search(r"async_(tma_)?copy_global_to_local", body)  # cp.async, or a tensor-memory copy
+    copy = ASYNC_COPY.search(body)
     dot = body.find("warp_group_dot ")
     return copy is not None and 0 <= copy.start() < dot
 
@@ -72,7 +75,7 @@ def copies_before_dots(ttgir: str) -> bool:
 def copy_before_loads(ttgir: str) -> bool:
     """Whether the kernel issues an async copy before its first load into registers (``tt.load``), so the copy's
     latency overlaps the loads'."""
-    copy = re.search(r"async_(tma_)?copy_global_to_local", ttgir)
+    copy = ASYNC_COPY.search(ttgir)
     load = ttgir.find("tt.load ")
     return copy is not None and (load < 0 or copy.start() < load)
 
