@@ -13,8 +13,9 @@ the rows (kernel ``topk``). Counts::
 Timers: kernel ``indexer`` is ``do_bench`` of the call (L2 flushed before each, the host's launch path included:
 prefill runs eagerly), ``indexer_graph`` (``--graph``) the same call as CUDA-graph replays, the GPU's time alone (L2
 not flushed). They differ where the call is short: ``do_bench`` flushes L2 with a ~60 us memset before each call, and
-a call that takes the host about as long (Triton's Python launch path: 27 us of the triton call's 34-78 us on the
-H200's host, DeepGEMM's C++ binding 20-35 us) is timed on the host, not the GPU (S = 1K).
+a call that takes the host about as long is timed on the host, not the GPU (S = 1K: the triton call 31 us on the
+H200's host, its kernel launched directly by :class:`mlaspec.impl.launch.Launcher`, 42 us through Triton's launch;
+DeepGEMM's C++ binding 20-35 us). With ``--graph`` each provider's host time a call is printed too.
 
 Providers: ``triton`` (:func:`mlaspec.impl.indexer.indexer_logits` as called: on Hopper the Gluon kernel of
 :mod:`mlaspec.impl.indexer_sm90`, ``MLASPEC_INDEXER_KERNEL=triton`` for the readable one), ``deepgemm``

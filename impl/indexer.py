@@ -42,6 +42,7 @@ import triton.language as tl
 
 from . import indexer_sm90
 from .decode import _num_sms, aligned16, compiled_capability, gluon_runs, hopper_why_not, kernel_named
+from .launch import Launcher
 
 __all__ = ["indexer_logits", "indexer_sm90_why_not", "paged_indexer_logits", "topk_indices"]
 
@@ -310,6 +311,9 @@ def indexer_sm90_why_not(
     return None
 
 
+_logits_sm90 = Launcher(indexer_sm90.logits_kernel) if indexer_sm90.AVAILABLE else None  # the Gluon kernel's launch
+
+
 def indexer_logits(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -375,11 +379,9 @@ def indexer_logits(
         if tiles is None:
             tiles = g.tiles_for(M, N, _num_sms(dev))
         _pow2("tiles", tiles)
-        grid = (g.programs(M, N, tiles),)
-        g.logits_kernel[grid](
-            q, k, w, ks32, ke32, scale_arg, out, M, N, out.stride(0), H=H, D=D,
-            BLOCK_N=g.BLOCK_N, TILES=tiles, STAGES=g.STAGES, HAS_SCALE=scale is not None, num_warps=g.NUM_WARPS,
-        )  # fmt: skip
+        constexprs = dict(H=H, D=D, BLOCK_N=g.BLOCK_N, TILES=tiles, STAGES=g.STAGES, HAS_SCALE=scale is not None)
+        args = (q, k, w, ks32, ke32, scale_arg, out, M, N, out.stride(0))
+        _logits_sm90((g.programs(M, N, tiles),), args, constexprs, num_warps=g.NUM_WARPS)
         return out
     if block_m is None:
         block_m = max(1, 128 // H)  # 128 rows of the MMA tile
