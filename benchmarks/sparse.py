@@ -32,6 +32,7 @@ Prints a table with the speed against FlashMLA measured in the same run and writ
     python benchmarks/sparse.py --mode prefill --s-q 4096 --s-kv 8192 65536 --heads 64 128
     python benchmarks/sparse.py --mode decode --providers triton-fp8 triton-fp8@64,8,2 triton-fp8@16,4,3   # tiles
     python benchmarks/sparse.py --mode decode --providers triton-fp8 triton-fp8:triton flashmla   # Gluon, readable
+    python benchmarks/sparse.py --mode prefill --heads 16 128 --providers triton:sm90 triton:triton flashmla
 
 Importing this module runs nothing.
 """
@@ -194,9 +195,10 @@ def _prefill_fn(p: str, fm, q, kv, idx, scale: float):
     from mlaspec.conformance.backends.common import pad_heads, pad_last
     from mlaspec.impl.sparse import float_keys, sparse_mla
 
+    p, _, kernel = p.partition(":")  # "triton:sm90" / "triton:triton": sparse_mla's kernel=
     if p == "triton":
         keys = float_keys(kv)
-        return lambda: sparse_mla(q, keys, idx, scale=scale, d_v=D_V)
+        return lambda: sparse_mla(q, keys, idx, scale=scale, d_v=D_V, kernel=kernel or None)
     if p == "flashmla":  # heads zero-padded to a count the kernel has, top-k to a multiple of 128 (SM90) with -1
         sm90 = torch.cuda.get_device_capability(q.device)[0] == 9
         qp = pad_heads(q, _pad_to(q.shape[1], (8, 16, 32, 64, 128) if sm90 else (64, 128)), 1).contiguous()
@@ -252,7 +254,8 @@ def main(argv=None) -> int:
         "--providers",
         nargs="+",
         help=f"decode: {' '.join(DECODE_PROVIDERS)} (tiles: triton-fp8@block_n,warps,stages; a kernel: "
-        f"triton-fp8:triton or :sm90); prefill: {' '.join(PREFILL_PROVIDERS)}; default all",
+        f"triton-fp8:triton or :sm90); prefill: {' '.join(PREFILL_PROVIDERS)} (a kernel: triton:triton or "
+        ":sm90); default all",
     )
     ap.add_argument("--torch-max-gb", type=float, default=8.0, help="skip torch above this many GB of temporaries")
     ap.add_argument("--graphs", action="store_true", help="time decode as CUDA graph replays (default: do_bench)")
@@ -266,7 +269,7 @@ def main(argv=None) -> int:
         dec = [p for p in given if p.partition(":")[0].partition("@")[0] in DECODE_PROVIDERS]
         rows += decode_rows(a.batch, a.heads, a.topk, a.s_kv, dec, graph=a.graphs, torch_max_gb=a.torch_max_gb)
     if a.mode in ("prefill", "both"):
-        pre = [p for p in given if p in PREFILL_PROVIDERS]
+        pre = [p for p in given if p.partition(":")[0] in PREFILL_PROVIDERS]
         rows += prefill_rows(a.s_q, a.s_kv, a.heads, a.topk, pre, torch_max_gb=a.torch_max_gb)
     print_table(rows)
     if rows:

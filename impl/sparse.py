@@ -47,7 +47,9 @@ Structure:
 On Hopper the 656-byte cache takes :mod:`mlaspec.impl.sparse_sm90` (Gluon) in place of step 1, at every head count:
 the same math and roundings, its bytes streamed two tiles ahead (``kernel=`` / ``MLASPEC_SPARSE_KERNEL`` choose); or,
 for the splits :func:`sparse_producer_runs` names, :mod:`mlaspec.impl.sparse_sm90_producer`, the same again with a
-producer warpgroup that dequantizes beside the MMAs.
+producer warpgroup that dequantizes beside the MMAs. Keys already in q's dtype (one KV head) take its
+``sparse_kernel_float`` where :func:`float_keys_sm90` says it is the faster (more than 32 heads, or one wave of
+rows).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ __all__ = [
     "combine_config",
     "decode_splits",
     "float_keys",
+    "float_keys_sm90",
     "fp8_keys",
     "paged_decode",
     "quantize_keys",
@@ -563,6 +566,18 @@ def sparse_producer_runs(tiles_per_split: int) -> bool:
     return not 4 < tiles_per_split < 32
 
 
+def float_keys_sm90(heads: int, programs: int, num_sms: int) -> bool:
+    """Whether keys already in q's dtype take :func:`mlaspec.impl.sparse_sm90.sparse_kernel_float` under
+    ``kernel="auto"`` (where it applies) for ``heads`` query heads a KV head and ``programs`` whole-row programs of
+    64 heads: more than 32 heads (its 64-row tile at least half full), or programs that fit one wave on ``num_sms``
+    SMs (the gathers then set the pace, and its next tile in flight is what counts). Measured on an H200 (2026-11-29,
+    top-k 2048, ``do_bench``; Gluon against the readable kernel's 16-row tiles): prefill S_q = 4096, 64 / 128 heads
+    3225-3372 / 6338-6449 us against 4669-5228 / 9241-10211 (FlashMLA 2135-2492 / 4138-4692), 32 heads 3143-3148
+    against 3107-3551, 16 heads 3098-3105 against 2117-2482; decode over a bf16 cache, 16 heads, B = 128 120.8 against
+    146.4 us, B = 64 114.4 both."""
+    return heads > 32 or programs <= num_sms
+
+
 def sparse_sm90_why_not(
     capability: tuple[int, int] | None,
     dtype: torch.dtype,
@@ -572,30 +587,34 @@ def sparse_sm90_why_not(
     d_rope: int,
     paged: bool = False,
     extra: bool = False,
+    kv_heads: int = 1,
     aligned: bool = True,
     tile: tuple[int, int] | None = None,
 ) -> str | None:
     """Why :mod:`mlaspec.impl.sparse_sm90` cannot take this call, or ``None`` where it can.
 
     It needs Gluon in this Triton, a Hopper GPU (``capability``: the CUDA device's compute capability, ``None`` off
-    CUDA or under the interpreter), q in bf16/fp16 over FlashMLA's 656-byte fp8 cache (``fmt`` ``"fp8_v32"``,
-    ``512 + 64`` entries) by indices (not a ``BlockTable``, no ``extra`` cache), (``aligned``) q and the cache
-    16-byte aligned, q's strides multiples of 16 elements (its ``cp.async``), and its ``64 x 64`` tiles (``tile``:
+    CUDA or under the interpreter), q in bf16/fp16 over FlashMLA's 656-byte fp8 cache (``fmt`` ``"fp8_v32"``) or
+    keys in q's dtype (``"float"``: ``sparse_kernel_float``), ``512 + 64`` entries of one KV head (``kv_heads``) by
+    indices (not a ``BlockTable``, no ``extra`` cache), (``aligned``) q and the cache 16-byte aligned, q's strides
+    multiples of 16 elements and float key rows 16 bytes apart (its ``cp.async``), and its ``64 x 64`` tiles (``tile``:
     a config override's ``(block_h, block_n)``). Any head count: fewer than 64 heads fill a tile with zero rows, as
     FlashMLA pads them to 64 (its program's time is set by its gathers, not its rows).
     """
     if why := hopper_why_not("sparse_sm90", sparse_sm90.AVAILABLE, capability):
         return why
-    if fmt != "fp8_v32" or dtype not in (torch.bfloat16, torch.float16):
-        return f"sparse_sm90 takes bf16/fp16 q over the 656-byte fp8 cache, got {dtype} over {fmt!r} keys"
-    if paged or extra:
-        return "sparse_sm90 takes one cache by indices (no BlockTable, no extra cache)"
+    if fmt not in ("fp8_v32", "float") or dtype not in (torch.bfloat16, torch.float16):
+        return f"sparse_sm90 takes bf16/fp16 q over the 656-byte fp8 cache or q-dtype keys, got {dtype} over {fmt!r}"
+    if paged or extra or kv_heads != 1:
+        return "sparse_sm90 takes one cache of one KV head by indices (no BlockTable, no extra cache)"
     if tile is not None and tile != (sparse_sm90.BLOCK_H, sparse_sm90.BLOCK_N):
         return f"sparse_sm90 takes tiles of 64 heads x 64 slots, got {tile[0]} x {tile[1]}"
     if (d_v, d_rope) != (512, 64):
         return f"sparse_sm90 takes entries of 512 + 64, got {d_v} + {d_rope}"
     if not aligned:
-        return "sparse_sm90 takes q and the cache 16-byte aligned, q's strides multiples of 16 elements"
+        return (
+            "sparse_sm90 takes q and the cache 16-byte aligned, q's strides (and the key rows') multiples of 16 bytes"
+        )
     return None
 
 
@@ -634,7 +653,8 @@ def sparse_mla(
         config: tile override (default :func:`sparse_config`); it runs the readable kernel unless ``kernel="sm90"``.
         kernel: ``"auto"`` (default; or the ``MLASPEC_SPARSE_KERNEL`` environment variable): on Hopper, over the
             656-byte fp8 cache, :mod:`mlaspec.impl.sparse_sm90` (Gluon; its own tiles; or its producer-warpgroup
-            twin where :func:`sparse_producer_runs`), else the readable kernel;
+            twin where :func:`sparse_producer_runs`), over keys in q's dtype its ``sparse_kernel_float`` where
+            :func:`float_keys_sm90`, else the readable kernel;
             ``"triton"``: the readable kernel; ``"sm90"``: the Gluon kernel, a ``ValueError`` saying why where it
             cannot run (:func:`sparse_sm90_why_not`).
 
@@ -716,12 +736,15 @@ def sparse_mla(
     fp8 = keys.fmt != "float" or (extra is not None and extra.fmt != "float")
     cfg = config or sparse_config(G, q.dtype, fp8, R)
     kernel = kernel_named(kernel, "MLASPEC_SPARSE_KERNEL")
+    row_strides = (keys.data.stride(0),) if keys.fmt == "float" else ()  # each gathered row 16-byte aligned
     why = sparse_sm90_why_not(
         compiled_capability(dev), q.dtype, keys.fmt, d_v=d_v, d_rope=d_rope, paged=paged, extra=extra is not None,
-        aligned=aligned16(q, keys.data, strides=q.stride()[:2]),
+        kv_heads=h_kv, aligned=aligned16(q, keys.data, strides=q.stride()[:2]) and all(x % 8 == 0 for x in row_strides),
         tile=None if config is None else (config.block_h, config.block_n),
     )  # fmt: skip
-    gluon = gluon_runs(kernel, why, tuned=config is not None)
+    programs = R * h_kv * triton.cdiv(G, sparse_sm90.BLOCK_H)  # the Gluon kernel's, whole rows
+    readable_faster = keys.fmt == "float" and not float_keys_sm90(G, programs, _num_sms(dev))
+    gluon = gluon_runs(kernel, why, tuned=config is not None or readable_faster)
     if gluon:
         cfg = SparseConfig(sparse_sm90.BLOCK_H, sparse_sm90.BLOCK_N, sparse_sm90.NUM_WARPS, 1)
     K_E = 0 if extra is None else extra_indices.shape[1]
@@ -757,7 +780,12 @@ def sparse_mla(
     results = (out, lse, max_logits, out.stride(0), out.stride(1), lse.stride(0), o_part, ml_part, H_q)
     flags = dict(HAS_LENS=has_lens, HAS_SINK=attn_sink is not None, D_V=d_v, D_ROPE=d_rope, SINGLE=num_splits == 1)
     flags.update(BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n)
-    if gluon:
+    if gluon and keys.fmt == "float":
+        sparse_sm90.sparse_kernel_float[grid](
+            q, q.stride(0), q.stride(1), kv, s_n, keys.num_rows, indices, indices.stride(0), lens, K, sink,
+            *results, tiles_per_split, num_splits, scale * LOG2E, **flags, num_warps=sparse_sm90.NUM_WARPS,
+        )  # fmt: skip
+    elif gluon:
         g = sparse_sm90_producer if sparse_producer_runs(tiles_per_split) else sparse_sm90
         g.sparse_kernel[grid](
             q, q.stride(0), q.stride(1), kv, kvf, kvb, keys.num_rows, indices, indices.stride(0), lens, K, sink,

@@ -32,6 +32,15 @@ heads asks for is in ``docs/backends.md`` ("Where the 128-head sparse decode's t
 For splits of at most 4 or at least 32 tiles, :func:`mlaspec.impl.sparse.sparse_producer_runs` takes its twin
 :mod:`mlaspec.impl.sparse_sm90_producer`, where a producer warpgroup dequantizes beside the MMAs (same outputs).
 
+**Keys already in q's dtype** (the prefill's ``kv [S_kv, 1, 576]``, FlashMLA's ``flash_mla_sparse_fwd``; a bf16
+cache) take :func:`sparse_kernel_float`: nothing to convert, so each tile's 64 rows (1152 bytes each, anywhere) are
+gathered by ``cp.async`` straight into one of two bf16 key tiles, the next tile's in flight while this one is
+multiplied (q, two tiles and ``P``: 224 KB); the logits, softmax, ``P @ V`` and epilogue are :func:`sparse_kernel`'s.
+On an H200 (2026-11-29, top-k 2048, ``do_bench``) the prefill at S_q = 4096 and 64 / 128 heads took 0.66-0.74x /
+0.65-0.73x FlashMLA's time-ratio against the readable kernel's 0.46-0.48x / 0.45-0.46x; at 16 heads, whose rows fill
+a quarter of its 64-row tile, the readable kernel's 16-row tiles stay faster where the rows are many
+(:func:`mlaspec.impl.sparse.float_keys_sm90`).
+
 Rounding is the readable kernel's: the key rounded to q's dtype after its scale, fp32 logits, ``P`` rounded to
 q's dtype, fp32 accumulation, the same base-2 online softmax; only the order of the row sum's fp32 additions
 differs. The conformance harness judges both kernels (``MLASPEC_SPARSE_KERNEL``,
@@ -54,7 +63,7 @@ if AVAILABLE:
 
     from .decode_sm90 import _async_load, _barrier
 
-__all__ = ["AVAILABLE", "BLOCK_H", "BLOCK_N", "NUM_WARPS", "sparse_kernel"]
+__all__ = ["AVAILABLE", "BLOCK_H", "BLOCK_N", "NUM_WARPS", "sparse_kernel", "sparse_kernel_float"]
 
 BLOCK_H, BLOCK_N, NUM_WARPS = 64, 64, 8  # one warpgroup MMA tall; two warpgroups
 
@@ -273,6 +282,109 @@ if AVAILABLE:
         async_copy.wait_group(0)
 
         # -- epilogue: as the readable kernel's _finish ---------------------------------------------------------------
+        heads = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, PV))
+        outs = (OUT, LSE, MAXL, r64 * stride_or + heads * stride_oh, r64 * stride_lr + heads)
+        parts = (O_PART, ML_PART, (r64 * H_Q + heads) * num_splits + split)
+        _finish(acc, m_i, l_i, heads < H_Q, SINK + heads, HAS_SINK, outs, parts, SINGLE)
+
+    # -- keys already in q's dtype (the prefill's kv [N, 1, 576], FlashMLA's flash_mla_sparse_fwd): no bytes to convert
+
+    @gluon.jit
+    def _copy_keys(dst_v, dst_r, KV, stride_kn, slots_v, slots_r):
+        """Issue the ``cp.async`` gather of the keys ``slots_v`` / ``slots_r`` name (the same slots, in the row
+        slices of ``LOAD_V`` and ``LOAD_R``) into a key tile's latent part ``dst_v [BLOCK_N, 512]`` and RoPE part
+        ``dst_r [BLOCK_N, 64]``: row ``slot`` at ``KV + slot * stride_kn``; unused slots (``-1``) zero-filled."""
+        cols_v = gl.arange(0, dst_v.shape[1], layout=gl.SliceLayout(0, LOAD_V))
+        row_v = gl.expand_dims(gl.maximum(slots_v, 0).to(gl.int64) * stride_kn, 1)
+        _async_load(dst_v, KV + row_v + gl.expand_dims(cols_v, 0), mask=gl.expand_dims(slots_v >= 0, 1))
+        cols_r = dst_v.shape[1] + gl.arange(0, dst_r.shape[1], layout=gl.SliceLayout(0, LOAD_R))
+        row_r = gl.expand_dims(gl.maximum(slots_r, 0).to(gl.int64) * stride_kn, 1)
+        _async_load(dst_r, KV + row_r + gl.expand_dims(cols_r, 0), mask=gl.expand_dims(slots_r >= 0, 1))
+
+    @gluon.jit
+    def sparse_kernel_float(
+        Q,
+        stride_qr,
+        stride_qh,
+        KV,
+        stride_kn,
+        n_rows,
+        IDX,
+        stride_ir,
+        LENS,
+        K,
+        SINK,
+        OUT,
+        LSE,
+        MAXL,
+        stride_or,
+        stride_oh,
+        stride_lr,
+        O_PART,
+        ML_PART,
+        H_Q,
+        tiles_per_split,
+        num_splits,
+        qk_scale,
+        HAS_LENS: gl.constexpr,
+        HAS_SINK: gl.constexpr,
+        D_V: gl.constexpr,
+        D_ROPE: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        SINGLE: gl.constexpr,
+    ):
+        """:func:`sparse_kernel` over keys already in q's dtype (``KV``: rows of ``D_V + D_ROPE`` values,
+        ``stride_kn`` apart; one KV head), as the readable kernel's ``FMT = float``: two key tiles in shared memory,
+        the next one's gather in flight by ``cp.async`` while this one is multiplied (q 72 KB, two tiles 144 KB,
+        ``P`` 8 KB: 224 KB), the slots two tiles ahead in registers. The logits, softmax, ``P @ V`` and epilogue are
+        :func:`sparse_kernel`'s."""
+        dtype: gl.constexpr = Q.dtype.element_ty
+        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
+        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype)
+        ROW_V: gl.constexpr = gl.SliceLayout(1, LOAD_V)
+
+        pid_h, r, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)  # head blocks fastest: they share keys
+        r64 = r.to(gl.int64)
+        n_main, lo, hi = _row_tiles(LENS, r, K, split, tiles_per_split, HAS_LENS, BLOCK_N)
+        idx = IDX + r64 * stride_ir
+
+        q_v = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], SH_V)
+        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, D_ROPE], SH_R)
+        k_v = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], SH_V)
+        k_r = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], SH_R)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], SH_P)
+
+        # -- copy groups: this program's heads (rows past H_q zeros), then the keys of tiles lo and lo + 1 ------------
+        _copy_rows(q_v, q_r, Q + r64 * stride_qr, pid_h * BLOCK_H, H_Q, 1, stride_qh, 0, (LOAD_V, LOAD_R))
+        async_copy.commit_group()
+        for t in gl.static_range(2):
+            sv = _slots(idx, lo + t, n_main, n_rows, lo + t < hi, ROW_V, BLOCK_N)
+            sr = _slots(idx, lo + t, n_main, n_rows, lo + t < hi, ROPE_ROW, BLOCK_N)
+            _copy_keys(k_v.index(t), k_r.index(t), KV, stride_kn, sv, sr)
+            async_copy.commit_group()
+
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, QK))
+        l_i = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
+        acc = gl.zeros([BLOCK_H, D_V], gl.float32, PV)
+        zero_qk = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
+        for tile in range(lo, hi):
+            buf = (tile - lo) % 2
+            # tile + 2's slots now, so that their load is not what its copy waits for
+            sv = _slots(idx, tile + 2, n_main, n_rows, tile + 2 < hi, ROW_V, BLOCK_N)
+            sr = _slots(idx, tile + 2, n_main, n_rows, tile + 2 < hi, ROPE_ROW, BLOCK_N)
+            used = _slots(idx, tile, n_main, n_rows, True, gl.SliceLayout(0, QK), BLOCK_N) >= 0
+            async_copy.wait_group(1)  # this tile's keys (and q) are in; the next tile's may still be in flight
+            fence_async_shared()
+            _barrier()  # every thread's copies are in
+            m_i, l_i, acc = _attend(q_v, q_r, k_v.index(buf), k_r.index(buf), used, qk_scale, m_i, l_i, acc, p_smem,
+                                    zero_qk)  # fmt: skip
+            _barrier()  # both warpgroups are done with this tile's buffer
+            _copy_keys(k_v.index(buf), k_r.index(buf), KV, stride_kn, sv, sr)
+            async_copy.commit_group()
+        async_copy.wait_group(0)
+
         heads = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, PV))
         outs = (OUT, LSE, MAXL, r64 * stride_or + heads * stride_oh, r64 * stride_lr + heads)
         parts = (O_PART, ML_PART, (r64 * H_Q + heads) * num_splits + split)

@@ -237,6 +237,20 @@ def test_the_gluon_sparse_decode_keeps_two_tiles_in_flight():
     assert out["shared"] <= HOPPER_SHARED, out
 
 
+def test_the_gluon_sparse_gather_of_keys_in_q_dtype_keeps_the_next_tile_in_flight():
+    """The sparse attention over keys already in q's dtype on Hopper (``sparse_sm90.sparse_kernel_float``, the
+    prefill's): the loop waits for all but the newest copy group (``cp.async.wait_group 1``: the next tile's gather
+    stays in flight while this one is multiplied), with q and two key tiles in 227 KB."""
+    from mlaspec.impl import sparse_sm90 as g
+
+    if not g.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    out = compiled("mlaspec.impl.sparse_sm90:sparse_kernel_float", dict(SPARSE_POINTERS, KV="*bf16"), SPARSE_CONST,
+                   num_warps=g.NUM_WARPS, num_stages=1, ptx_words=["cp.async.wait_group \t1;"])  # fmt: skip
+    assert all(out["ptx_has"].values()), out
+    assert 3 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out
+
+
 def test_the_gluon_sparse_producer_dequantizes_in_warps_of_its_own():
     """The sparse decode with a producer warpgroup (:mod:`mlaspec.impl.sparse_sm90_producer`): warp-specialized
     (the producer's 4 warps give registers to the 8 consumers by ``setmaxnreg``), handing tiles over by

@@ -41,7 +41,8 @@ def _why(capability=(9, 0), dtype=torch.bfloat16, fmt="fp8_v32", d_v=512, d_rope
         (dict(capability=(10, 0)), "Hopper"),
         (dict(tile=(16, 32)), "64 heads x 64 slots"),  # the readable kernel's few-head tiles
         (dict(dtype=torch.float32), "bf16/fp16"),
-        (dict(fmt="float"), "656-byte"),  # a bf16 cache
+        (dict(fmt="float"), None),  # keys in q's dtype (the prefill's kv): sparse_kernel_float
+        (dict(fmt="float", kv_heads=2), "one KV head"),
         (dict(fmt="fp8_v4", d_v=512, d_rope=0), "656-byte"),
         (dict(paged=True), "BlockTable"),
         (dict(extra=True), "extra"),
@@ -109,6 +110,36 @@ def test_matches_spec(monkeypatch, h_q, k, seq_lens, lengths, dtype, splits, sin
 
 
 @pytest.mark.skipif(not (HOPPER and sparse_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize(
+    "h_q, k, seq_lens, lengths, dtype, splits, sink",
+    [
+        (128, 2048, (3000, 100, 2100), (2048, 70, 0), torch.bfloat16, 1, True),  # V3.2's prefill, TP1; an empty row
+        (64, 1000, (1500, 900), (1000, 999), torch.float16, 7, True),  # K not a multiple of 64; -1 past a prefix
+        (40, 256, (300, 64), (256, 64), torch.bfloat16, None, False),  # 24 zero heads in the tile
+        (16, 300, (500, 120), (300, 100), torch.bfloat16, 1, True),  # V3.2 over 8 GPUs: 48 zero heads
+    ],
+)
+def test_matches_spec_over_keys_in_q_dtype(h_q, k, seq_lens, lengths, dtype, splits, sink):
+    """:func:`sparse_sm90.sparse_kernel_float` (keys already in q's dtype, gathered by ``cp.async``; NaN in every
+    row not named) against the float64 spec and beside the readable kernel, with and without splits."""
+    shape = dict(h_q=h_q, k=k, seq_lens=seq_lens, lengths=lengths)
+    q, cache, slots, lens = sparse_decode_case(576, h_q + k + 1, dtype, 64, **shape)
+    attn_sink = None
+    if sink:
+        attn_sink = torch.randn(h_q, generator=torch.Generator().manual_seed(2)) * 2
+        attn_sink[:3] = torch.tensor([math.inf, -math.inf, 0.0])
+    args = (q.cuda(), float_keys(cache.view(-1, 1, 576).cuda()), slots.cuda())
+    kw = dict(scale=0.1, topk_length=lens.cuda(), num_splits=splits)
+    kw["attn_sink"] = None if attn_sink is None else attn_sink.cuda()
+    results = {}
+    for kernel in ("sm90", "triton"):
+        out, lse = results[kernel] = sparse_mla_decode(*args, **kw, kernel=kernel)
+        check_sparse_decode(q, cache, slots, lens, out.cpu(), lse.cpu(), sink=attn_sink)
+    diff = (results["sm90"][0].float() - results["triton"][0].float()).abs().max()
+    assert float(diff) <= 2**-7 * float(results["triton"][0].float().abs().max()), float(diff)
+
+
+@pytest.mark.skipif(not (HOPPER and sparse_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
 def test_a_tile_override_keeps_the_readable_kernel(monkeypatch):
     shape = dict(h_q=128, k=128, seq_lens=(200, 300), lengths=(128, 50))
     q, cache, slots, lens = sparse_decode_case(576, 9, torch.bfloat16, 64, **shape)
@@ -138,7 +169,10 @@ def test_a_tile_override_keeps_the_readable_kernel(monkeypatch):
         (128, 64, 2048, "fp8_v32", (2, 64, 1), "producer"),  # 128 programs: one wave already, whole rows
         (16, 64, 2048, "fp8_v32", (1, 64, 2), "sm90"),  # splits of 16 tiles: the dequantizing consumers'
         (128, 16, 2048, "fp8_v32", (2, 16, 4), "sm90"),  # 8 tiles
-        (128, 1, 2048, "float", (2, 1, 32), "triton"),  # a bf16 cache: the readable kernel, a split a tile
+        (128, 1, 2048, "float", (2, 1, 16), "sm90-float"),  # keys in q's dtype: the gathering kernel
+        (16, 128, 2048, "float", (1, 128, 1), "sm90-float"),  # 16 heads, one wave of whole rows: the same
+        (16, 256, 2048, "float", (1, 256, 1), "triton"),  # more rows at 16 heads: the readable kernel's 16-row tiles
+        (64, 256, 2048, "float", (1, 256, 1), "sm90-float"),  # 64 heads: the gathering kernel at any row count
         (128, 1, 2048, "fp8_v32+8", (2, 1, 32), "triton"),  # a cache 8 bytes off 16-byte alignment: no cp.async
     ],
 )
@@ -160,6 +194,7 @@ def test_which_kernel_and_splits_a_hopper_decode_takes(monkeypatch, heads, batch
     monkeypatch.setattr(sparse, "_num_sms", lambda device: 132)
     monkeypatch.setattr(sparse_sm90, "sparse_kernel", Stub("sm90"))
     monkeypatch.setattr(sparse_sm90_producer, "sparse_kernel", Stub("producer"))
+    monkeypatch.setattr(sparse_sm90, "sparse_kernel_float", Stub("sm90-float"))
     monkeypatch.setattr(sparse, "_sparse_mla_kernel", Stub("triton"))
     monkeypatch.setattr(sparse, "_sparse_mla_combine_kernel", Stub("combine"))
     q = torch.zeros(batch, 1, heads, 576, dtype=torch.bfloat16)
