@@ -341,6 +341,22 @@ if AVAILABLE:
         return warpgroup_mma_wait(0, deps=(acc,))
 
     @gluon.jit
+    def _two_tiles(dtype: gl.constexpr, M: gl.constexpr, N: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr):
+        """Shared memory of a program that multiplies ``M`` query rows with one key tile while the next streams in:
+        ``(q_v [M, D_V], q_r [M, D_ROPE], k_v [2, N, D_V], k_r [2, N, D_ROPE], p [M, N])`` in ``dtype``, each in the
+        MMAs' default swizzle (224 KB at 64 x 64 over 512 + 64 bf16)."""
+        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, D_V], dtype)
+        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, D_ROPE], dtype)
+        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M, N], dtype)
+        return (
+            gl.allocate_shared_memory(dtype, [M, D_V], SH_V),
+            gl.allocate_shared_memory(dtype, [M, D_ROPE], SH_R),
+            gl.allocate_shared_memory(dtype, [2, N, D_V], SH_V),
+            gl.allocate_shared_memory(dtype, [2, N, D_ROPE], SH_R),
+            gl.allocate_shared_memory(dtype, [M, N], SH_P),
+        )
+
+    @gluon.jit
     def split_kernel(
         Q,
         KV,
@@ -381,9 +397,6 @@ if AVAILABLE:
     ):
         dtype: gl.constexpr = Q.dtype.element_ty
         ROW_QK: gl.constexpr = gl.SliceLayout(1, QK)
-        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
-        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
-        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
         SUB: gl.constexpr = PAGE // BLOCK_N
 
         pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
@@ -394,12 +407,7 @@ if AVAILABLE:
         blk_hi = gl.minimum(blk_lo + blocks_per_split, n_blocks)
         bt = BLOCK_TABLE + b * stride_btb
 
-        # -- shared memory: q, two key tiles, P (224 KB) ------------------------------------------------------------
-        q_v = gl.allocate_shared_memory(dtype, [BLOCK_M, D_V], SH_V)
-        q_r = gl.allocate_shared_memory(dtype, [BLOCK_M, D_ROPE], SH_R)
-        kv_v = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], SH_V)
-        kv_r = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], SH_R)
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], SH_P)
+        q_v, q_r, kv_v, kv_r, p_smem = _two_tiles(dtype, BLOCK_M, BLOCK_N, D_V, D_ROPE)  # 224 KB
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # a tile buffer's copy is in
         if TMA:
             mbarrier.init(bars.index(0), count=1)
@@ -607,9 +615,6 @@ if AVAILABLE:
         """This program's :class:`_Split` (a warp-specialized kernel's arguments, as :func:`split_kernel`'s): its
         shared memory (q, two 16-bit key tiles, ``P``, three rows of fp32: 225 KB) and ``BARRIERS`` mbarriers."""
         dtype: gl.constexpr = Q.dtype.element_ty
-        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
-        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
-        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
         pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
         seq_len = gl.load(SEQ_LENS + b)
         blk_lo = split * blocks_per_split
@@ -618,6 +623,7 @@ if AVAILABLE:
         for i in gl.static_range(BARRIERS):
             mbarrier.init(bars.index(i), count=1)
         fence_async_shared()
+        q_v, q_r, k_v, k_r, p_smem = _two_tiles(dtype, BLOCK_M, BLOCK_N, D_V, D_ROPE)
         return _Split(
             Q + b.to(gl.int64) * stride_qb,
             KV,
@@ -649,11 +655,11 @@ if AVAILABLE:
             gl.to_tensor(stride_lb),
             gl.to_tensor(stride_lh),
             gl.to_tensor(stride_ls),
-            gl.allocate_shared_memory(dtype, [BLOCK_M, D_V], SH_V),
-            gl.allocate_shared_memory(dtype, [BLOCK_M, D_ROPE], SH_R),
-            gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], SH_V),
-            gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], SH_R),
-            gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], SH_P),
+            q_v,
+            q_r,
+            k_v,
+            k_r,
+            p_smem,
             gl.allocate_shared_memory(gl.float32, [3, BLOCK_M], ROWS),
             bars,
         )

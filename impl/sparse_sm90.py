@@ -49,7 +49,7 @@ differs. The conformance harness judges both kernels (``MLASPEC_SPARSE_KERNEL``,
 
 from __future__ import annotations
 
-from .decode_sm90 import AVAILABLE, LOAD_R, LOAD_V, PV, QK, _copy_rows, _p_times_v, _softmax_step
+from .decode_sm90 import AVAILABLE, LOAD_R, LOAD_V, PV, QK, _copy_rows, _p_times_v, _softmax_step, _two_tiles
 
 if AVAILABLE:
     from triton.experimental import gluon
@@ -147,6 +147,14 @@ if AVAILABLE:
         p, alpha, m_new = _softmax_step(qk, m_i)
         l_i = l_i * gl.expand_dims(alpha, 1) + p  # per key column: summed once at the end, no barrier a tile
         return m_new, l_i, _p_times_v(p, alpha, acc, p_smem, k_v)
+
+    @gluon.jit
+    def _empty_state(BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr):
+        """``(m_i, l_i, acc, zero_qk)`` before the first tile: the rows' maxima ``-inf``, their row sums per key
+        column, the output and the logits' register shape (:func:`_attend`'s ``zero_qk``), zeros."""
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, QK))
+        l_i = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
+        return m_i, l_i, gl.zeros([BLOCK_H, D_V], gl.float32, PV), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
 
     @gluon.jit
     def _row_tiles(LENS, r, K, split, tiles_per_split, HAS_LENS: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -256,10 +264,7 @@ if AVAILABLE:
         r1 = _slots(idx, lo + 1, n_main, n_rows, lo + 1 < hi, ROPE_ROW, BLOCK_N)
         s2 = _slots(idx, lo + 2, n_main, n_rows, lo + 2 < hi, ROW, BLOCK_N)
 
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, QK))
-        l_i = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
-        acc = gl.zeros([BLOCK_H, D_V], gl.float32, PV)
-        zero_qk = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
+        m_i, l_i, acc, zero_qk = _empty_state(BLOCK_H, BLOCK_N, D_V)
         for tile in range(lo, hi):
             buf = (tile - lo) % 2
             async_copy.wait_group(1)  # this tile's bytes (and q) are in; the next tile's may still be in flight
@@ -303,46 +308,17 @@ if AVAILABLE:
 
     @gluon.jit
     def sparse_kernel_float(
-        Q,
-        stride_qr,
-        stride_qh,
-        KV,
-        stride_kn,
-        n_rows,
-        IDX,
-        stride_ir,
-        LENS,
-        K,
-        SINK,
-        OUT,
-        LSE,
-        MAXL,
-        stride_or,
-        stride_oh,
-        stride_lr,
-        O_PART,
-        ML_PART,
-        H_Q,
-        tiles_per_split,
-        num_splits,
-        qk_scale,
-        HAS_LENS: gl.constexpr,
-        HAS_SINK: gl.constexpr,
-        D_V: gl.constexpr,
-        D_ROPE: gl.constexpr,
-        BLOCK_H: gl.constexpr,
-        BLOCK_N: gl.constexpr,
+        Q, stride_qr, stride_qh, KV, stride_kn, n_rows, IDX, stride_ir, LENS, K, SINK, OUT, LSE, MAXL, stride_or,
+        stride_oh, stride_lr, O_PART, ML_PART, H_Q, tiles_per_split, num_splits, qk_scale, HAS_LENS: gl.constexpr,
+        HAS_SINK: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
         SINGLE: gl.constexpr,
-    ):
+    ):  # fmt: skip
         """:func:`sparse_kernel` over keys already in q's dtype (``KV``: rows of ``D_V + D_ROPE`` values,
         ``stride_kn`` apart; one KV head), as the readable kernel's ``FMT = float``: two key tiles in shared memory,
         the next one's gather in flight by ``cp.async`` while this one is multiplied (q 72 KB, two tiles 144 KB,
         ``P`` 8 KB: 224 KB), the slots two tiles ahead in registers. The logits, softmax, ``P @ V`` and epilogue are
         :func:`sparse_kernel`'s."""
         dtype: gl.constexpr = Q.dtype.element_ty
-        SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
-        SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
-        SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype)
         ROW_V: gl.constexpr = gl.SliceLayout(1, LOAD_V)
 
         pid_h, r, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)  # head blocks fastest: they share keys
@@ -350,11 +326,7 @@ if AVAILABLE:
         n_main, lo, hi = _row_tiles(LENS, r, K, split, tiles_per_split, HAS_LENS, BLOCK_N)
         idx = IDX + r64 * stride_ir
 
-        q_v = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], SH_V)
-        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, D_ROPE], SH_R)
-        k_v = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], SH_V)
-        k_r = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], SH_R)
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], SH_P)
+        q_v, q_r, k_v, k_r, p_smem = _two_tiles(dtype, BLOCK_H, BLOCK_N, D_V, D_ROPE)
 
         # -- copy groups: this program's heads (rows past H_q zeros), then the keys of tiles lo and lo + 1 ------------
         _copy_rows(q_v, q_r, Q + r64 * stride_qr, pid_h * BLOCK_H, H_Q, 1, stride_qh, 0, (LOAD_V, LOAD_R))
@@ -365,10 +337,7 @@ if AVAILABLE:
             _copy_keys(k_v.index(t), k_r.index(t), KV, stride_kn, sv, sr)
             async_copy.commit_group()
 
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, QK))
-        l_i = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
-        acc = gl.zeros([BLOCK_H, D_V], gl.float32, PV)
-        zero_qk = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, QK)
+        m_i, l_i, acc, zero_qk = _empty_state(BLOCK_H, BLOCK_N, D_V)
         for tile in range(lo, hi):
             buf = (tile - lo) % 2
             # tile + 2's slots now, so that their load is not what its copy waits for

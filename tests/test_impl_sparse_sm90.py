@@ -88,25 +88,30 @@ def test_matches_spec(monkeypatch, h_q, k, seq_lens, lengths, dtype, splits, sin
     shape = dict(h_q=h_q, k=k, seq_lens=seq_lens, lengths=lengths)
     q, cache, slots, lens = sparse_decode_case(576, h_q + k, dtype, 64, **shape)
     keys = quantize_keys(cache.view(-1, 576), page_size=64)
-    g = torch.Generator().manual_seed(1)
+    args, kw, results = _both_kernels(q, cache, slots, lens, keys._replace(data=keys.data.cuda()), splits, sink, 1)
+    monkeypatch.setattr(sparse, "sparse_producer_runs", lambda tiles: not producer)
+    other = sparse_mla_decode(*args, **kw, kernel="sm90")
+    assert torch.equal(other[0], results["sm90"][0]) and torch.equal(other[1], results["sm90"][1])
+
+
+def _both_kernels(q, cache, slots, lens, keys, splits, sink: bool, seed: int):
+    """The Gluon and the readable kernel on one case (``keys`` on the GPU; a sink per head drawn from ``seed``, its
+    first three ``+inf``, ``-inf``, 0), each against the float64 spec within the harness's budgets, and against each
+    other: the same roundings, only the order of the MMAs' sums differs. ``(args, kwargs, {kernel: output})``."""
     attn_sink = None
     if sink:
-        attn_sink = torch.randn(h_q, generator=g) * 2
+        attn_sink = torch.randn(q.shape[2], generator=torch.Generator().manual_seed(seed)) * 2
         attn_sink[:3] = torch.tensor([math.inf, -math.inf, 0.0])
-    gpu = keys._replace(data=keys.data.cuda())
-    args = (q.cuda(), gpu, slots.cuda())
+    args = (q.cuda(), keys, slots.cuda())
     kw = dict(scale=0.1, topk_length=lens.cuda(), num_splits=splits)
     kw["attn_sink"] = None if attn_sink is None else attn_sink.cuda()
     results = {}
     for kernel in ("sm90", "triton"):
         out, lse = results[kernel] = sparse_mla_decode(*args, **kw, kernel=kernel)
         check_sparse_decode(q, cache, slots, lens, out.cpu(), lse.cpu(), sink=attn_sink)
-    # the same roundings as the readable kernel: what differs is the order of the MMAs' sums
     diff = (results["sm90"][0].float() - results["triton"][0].float()).abs().max()
     assert float(diff) <= 2**-7 * float(results["triton"][0].float().abs().max()), float(diff)
-    monkeypatch.setattr(sparse, "sparse_producer_runs", lambda tiles: not producer)
-    other = sparse_mla_decode(*args, **kw, kernel="sm90")
-    assert torch.equal(other[0], results["sm90"][0]) and torch.equal(other[1], results["sm90"][1])
+    return args, kw, results
 
 
 @pytest.mark.skipif(not (HOPPER and sparse_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
@@ -124,19 +129,7 @@ def test_matches_spec_over_keys_in_q_dtype(h_q, k, seq_lens, lengths, dtype, spl
     row not named) against the float64 spec and beside the readable kernel, with and without splits."""
     shape = dict(h_q=h_q, k=k, seq_lens=seq_lens, lengths=lengths)
     q, cache, slots, lens = sparse_decode_case(576, h_q + k + 1, dtype, 64, **shape)
-    attn_sink = None
-    if sink:
-        attn_sink = torch.randn(h_q, generator=torch.Generator().manual_seed(2)) * 2
-        attn_sink[:3] = torch.tensor([math.inf, -math.inf, 0.0])
-    args = (q.cuda(), float_keys(cache.view(-1, 1, 576).cuda()), slots.cuda())
-    kw = dict(scale=0.1, topk_length=lens.cuda(), num_splits=splits)
-    kw["attn_sink"] = None if attn_sink is None else attn_sink.cuda()
-    results = {}
-    for kernel in ("sm90", "triton"):
-        out, lse = results[kernel] = sparse_mla_decode(*args, **kw, kernel=kernel)
-        check_sparse_decode(q, cache, slots, lens, out.cpu(), lse.cpu(), sink=attn_sink)
-    diff = (results["sm90"][0].float() - results["triton"][0].float()).abs().max()
-    assert float(diff) <= 2**-7 * float(results["triton"][0].float().abs().max()), float(diff)
+    _both_kernels(q, cache, slots, lens, float_keys(cache.view(-1, 1, 576).cuda()), splits, sink, 2)
 
 
 @pytest.mark.skipif(not (HOPPER and sparse_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
