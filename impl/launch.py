@@ -7,11 +7,13 @@ on the host. :class:`Launcher` keeps the compiled kernel that Triton's own launc
 specializes an argument on, and launches it directly the next time that key comes.
 
 What Triton (3.x, NVIDIA) specializes an argument on, and so the key: a tensor's dtype and whether its address is a
-multiple of 16 bytes; an integer's being 1, a multiple of 16, or beyond 32 bits; a float, ``None`` or a constexpr by
-its value. ``tests/test_impl_launch.py`` checks on a GPU that the key gives the very kernel object Triton's launch
-returns for the same arguments, over lengths of 1, 16, 17 and misaligned views. Where the launch is observed
-(Triton's launch hooks set, as a profiler does) or Triton's compiled kernel lacks what the direct call needs (another
-Triton), every call goes through ``kernel[grid]``.
+multiple of 16 bytes; an integer's being 1, a multiple of 16, and its type (32 bits, 64, or unsigned beyond); a
+float by its type; ``None``, a bool or a constexpr by its value (by name); the launch options by name; the debug and
+instrumentation knobs. An argument of any other type (a tuple, a tensor descriptor) takes Triton's launch.
+``tests/test_impl_launch.py`` checks on a GPU that the key gives the very kernel object Triton's launch returns for
+the same arguments, over lengths of 1, 16, 17 and misaligned views. Where the launch is observed (Triton's launch
+hooks set, as a profiler does) or Triton's compiled kernel lacks what the direct call needs (another Triton), every
+call goes through ``kernel[grid]``.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ _INT32 = 2**31
 
 
 def _spec(x) -> object:
-    """What Triton specializes the argument ``x`` on (see the module docstring)."""
+    """What Triton specializes the argument ``x`` on (see the module docstring); ``None`` for a type it is not written
+    for (a tuple, a tensor descriptor: those calls take Triton's launch)."""
     if isinstance(x, torch.Tensor):
         return x.dtype, not x.data_ptr() & 15
-    if type(x) is int:
-        return x == 1, not x & 15, -_INT32 <= x < _INT32
-    if isinstance(x, float):
-        return float
-    return type(x), x
+    if type(x) is int:  # i32, i64 or u64, as Triton types it
+        return x == 1, not x & 15, (-_INT32 <= x < _INT32) + 2 * (x >= 2**63)
+    if isinstance(x, (bool, float)) or x is None:
+        return type(x), x if not isinstance(x, float) else None
+    return None
 
 
 class Launcher:
@@ -54,9 +57,16 @@ class Launcher:
         hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)  # a hook, or a chain of them
         if not self.direct or any(getattr(hook, "calls", hook) for hook in hooks):
             return self.kernel[tuple(grid)](*args, **constexprs, **options)
+        specs = tuple(map(_spec, args))
+        if None in specs:
+            return self.kernel[tuple(grid)](*args, **constexprs, **options)
         device = torch.cuda.current_device()
-        key = (device, *constexprs.values(), *options.values(), *map(_spec, args))
-        compiled = self._compiled.get(key)
+        knob = (knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None))  # in Triton's key too
+        key = (device, knob, tuple(constexprs.items()), tuple(options.items()), specs)
+        try:
+            compiled = self._compiled.get(key)
+        except TypeError:  # a constexpr or option that is not hashable: Triton's own launch
+            return self.kernel[tuple(grid)](*args, **constexprs, **options)
         if compiled is None:
             names = list(self.kernel.arg_names)
             if names[len(args) :] != list(constexprs):

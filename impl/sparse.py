@@ -570,13 +570,15 @@ def float_keys_sm90(heads: int, programs: int, num_sms: int) -> bool:
     """Whether keys already in q's dtype take :func:`mlaspec.impl.sparse_sm90.sparse_kernel_float` under
     ``kernel="auto"`` (where it applies) for ``heads`` query heads a KV head and ``programs`` whole-row programs of
     64 heads: more than 32 heads (its 64-row tile at least half full), or programs that fit one wave on ``num_sms``
-    SMs (the gathers then set the pace, and its next tile in flight is what counts). Measured on an H200 (2026-11-29,
+    SMs but not so few that the readable kernel's more, shorter splits win (at least ``num_sms // 8``; the gathers
+    then set the pace, and its next tile in flight is what counts). Measured on an H200 (2026-11-29,
     top-k 2048, ``do_bench``; Gluon against the readable kernel's 16-row tiles): prefill S_q = 4096, 64 / 128 heads
     3225-3372 / 6338-6449 us against 4669-5228 / 9241-10211 (FlashMLA 2135-2492 / 4138-4692), 32 heads 3143-3148
     against 3107-3551, 16 heads 3098-3105 against 2117-2482; the decode over a bf16 cache (CUDA-graph replays, 8K
     keys a request), 16 heads B = 16 / 64 / 128 19.9 / 58.0 / 104.3 us against 21.4 / 74.4 / 142.4, 64-128 heads
-    1.1-1.7x faster at every batch; B = 1, 16 heads, 12.7 against 11.0 (the one loss)."""
-    return heads > 32 or programs <= num_sms
+    1.1-1.7x faster at every batch; B = 1, 16 heads 12.7 against 11.0 (the readable kernel's 32 one-tile splits
+    against 16 of two), 32 heads 13.4 both."""
+    return heads > 32 or num_sms // 8 <= programs <= num_sms
 
 
 def sparse_sm90_why_not(
@@ -598,7 +600,8 @@ def sparse_sm90_why_not(
     CUDA or under the interpreter), q in bf16/fp16 over FlashMLA's 656-byte fp8 cache (``fmt`` ``"fp8_v32"``) or
     keys in q's dtype (``"float"``: ``sparse_kernel_float``), ``512 + 64`` entries of one KV head (``kv_heads``) by
     indices (not a ``BlockTable``, no ``extra`` cache), (``aligned``) q and the cache 16-byte aligned, q's strides
-    multiples of 16 elements and float key rows 16 bytes apart (its ``cp.async``), and its ``64 x 64`` tiles (``tile``:
+    multiples of 16 elements, float key rows too (its ``cp.async`` copies 16 bytes only where Triton knows the
+    stride divisible by 16: a row stride of 584 does not compile), and its ``64 x 64`` tiles (``tile``:
     a config override's ``(block_h, block_n)``). Any head count: fewer than 64 heads fill a tile with zero rows, as
     FlashMLA pads them to 64 (its program's time is set by its gathers, not its rows).
     """
@@ -613,9 +616,7 @@ def sparse_sm90_why_not(
     if (d_v, d_rope) != (512, 64):
         return f"sparse_sm90 takes entries of 512 + 64, got {d_v} + {d_rope}"
     if not aligned:
-        return (
-            "sparse_sm90 takes q and the cache 16-byte aligned, q's strides (and the key rows') multiples of 16 bytes"
-        )
+        return "sparse_sm90 takes q and the cache 16-byte aligned, q's strides (and key rows') multiples of 16 elements"
     return None
 
 
@@ -737,10 +738,10 @@ def sparse_mla(
     fp8 = keys.fmt != "float" or (extra is not None and extra.fmt != "float")
     cfg = config or sparse_config(G, q.dtype, fp8, R)
     kernel = kernel_named(kernel, "MLASPEC_SPARSE_KERNEL")
-    row_strides = (keys.data.stride(0),) if keys.fmt == "float" else ()  # each gathered row 16-byte aligned
+    row_strides = (keys.data.stride(0),) if keys.fmt == "float" else ()  # the gathered rows, 16-byte copies
     why = sparse_sm90_why_not(
         compiled_capability(dev), q.dtype, keys.fmt, d_v=d_v, d_rope=d_rope, paged=paged, extra=extra is not None,
-        kv_heads=h_kv, aligned=aligned16(q, keys.data, strides=q.stride()[:2]) and all(x % 8 == 0 for x in row_strides),
+        kv_heads=h_kv, aligned=aligned16(q, keys.data, strides=(*q.stride()[:2], *row_strides)),
         tile=None if config is None else (config.block_h, config.block_n),
     )  # fmt: skip
     programs = R * h_kv * triton.cdiv(G, sparse_sm90.BLOCK_H)  # the Gluon kernel's, whole rows

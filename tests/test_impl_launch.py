@@ -8,7 +8,7 @@ import pytest
 import torch
 from triton import knobs
 
-from mlaspec.impl.launch import Launcher
+from mlaspec.impl.launch import Launcher, _spec
 
 
 class Compiled:
@@ -83,6 +83,25 @@ def test_what_triton_specializes_on_is_a_new_key(cuda_free, change):
     assert kinds(kernel.log) == ["jit", "jit"]
 
 
+def test_integers_are_keyed_by_their_triton_type():
+    """32-bit, 64-bit and unsigned 64-bit integers compile to different kernels; within a type only 1 and the
+    multiples of 16 stand apart."""
+    assert _spec(5) == _spec(-7) == _spec(2**31 - 1) != _spec(2**31 + 1) == _spec(-(2**31) - 3) != _spec(2**63 + 1)
+    assert _spec(32) == _spec(-(2**31)) != _spec(33) and _spec(1) != _spec(17)
+    assert _spec(True) != _spec(1) and _spec(None) != _spec(0) and _spec(1.5) == _spec(2.0) != _spec(2)
+
+
+def test_options_and_constexprs_are_keyed_by_name(cuda_free):
+    kernel = Kernel()
+    launch = Launcher(kernel)
+    x = torch.zeros(64)
+    launch((4,), (x, 32), {"BLOCK": 16}, num_warps=4)
+    launch((4,), (x, 32), {"BLOCK": 16}, num_stages=4)  # the same value under another name
+    launch((4,), ((x, x), 32), {"BLOCK": 16}, num_warps=4)  # a tuple argument: not keyed, Triton's launch
+    launch((4,), ((x, x), 32), {"BLOCK": 16}, num_warps=4)
+    assert kinds(kernel.log) == ["jit", "jit", "jit", "jit"]
+
+
 def test_launch_hooks_and_another_launcher_go_through_triton(cuda_free, monkeypatch):
     kernel = Kernel()
     launch = Launcher(kernel)
@@ -90,7 +109,19 @@ def test_launch_hooks_and_another_launcher_go_through_triton(cuda_free, monkeypa
     launch((4,), (x, 32), {"BLOCK": 16})
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
     launch((4,), (x, 32), {"BLOCK": 16})  # a profiler watches every launch: Triton's own
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.undo()
+    chain = knobs.runtime.launch_exit_hook
+    if hasattr(chain, "add"):  # triton >= 3.5: hooks are chains, a profiler adds to them
+        hook = lambda *a: None
+        chain.add(hook)
+        try:
+            launch((4,), (x, 32), {"BLOCK": 16})
+        finally:
+            chain.remove(hook)
+    else:
+        launch((4,), (x, 32), {"BLOCK": 16}, num_warps=8)  # a new key: Triton's launch, as with the hook
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
 
     def other_signature(self, grid):  # a Triton whose launcher takes other arguments
         raise TypeError("unexpected arguments")
@@ -98,7 +129,7 @@ def test_launch_hooks_and_another_launcher_go_through_triton(cuda_free, monkeypa
     monkeypatch.setattr(Compiled, "run", other_signature)
     launch((4,), (x, 32), {"BLOCK": 16})
     launch((4,), (x, 32), {"BLOCK": 16})
-    assert kinds(kernel.log) == ["jit", "jit", "jit", "jit"] and not launch.direct
+    assert kinds(kernel.log) == ["jit"] * 5 and not launch.direct
 
 
 def test_constexprs_out_of_order_are_refused(cuda_free):
@@ -114,32 +145,43 @@ def hopper() -> bool:
 
 
 @pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU (the Gluon indexer kernel)")
-@pytest.mark.parametrize("M,N", [(1, 1), (2, 16), (17, 33), (64, 1024), (300, 4096)])
-@pytest.mark.parametrize("offset", [0, 1])
-def test_the_key_gives_the_kernel_triton_launches(M, N, offset):
-    """The indexer's Gluon kernel through a :class:`Launcher`: on the second call it launches directly the very
-    compiled kernel Triton's launch returns for those arguments (lengths of 1, multiples of 16 and not; weights and
-    spans 4 bytes off 16), and the logits are those of Triton's launch."""
+def test_the_key_gives_the_kernel_triton_launches():
+    """The indexer's Gluon kernel through one :class:`Launcher` over argument sets that Triton compiles apart (M, N of
+    1, 16, 17, 33, 1024; weights and spans 4 bytes off 16): each set's first call goes through Triton's launch, its
+    second launches directly, and what it launches is the very compiled kernel Triton's launch returns for those
+    arguments (a key too coarse would hand one set another's); the logits are those of Triton's launch."""
     from mlaspec.impl import indexer_sm90 as g
 
+    class Counted:  # the kernel, its launches through Triton counted
+        arg_names = g.logits_kernel.arg_names
+
+        def __init__(self) -> None:
+            self.launches = 0
+
+        def __getitem__(self, grid):
+            self.launches += 1
+            return g.logits_kernel[grid]
+
     dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(M * N)
-    q = torch.randn(M, 64, 128, device=dev, generator=gen).to(torch.float8_e4m3fn)
-    k = torch.randn(N, 128, device=dev, generator=gen).to(torch.float8_e4m3fn)
-    w = torch.randn(M + offset, 64, device=dev, generator=gen)[offset:]
-    ks = torch.zeros(M + offset, dtype=torch.int32, device=dev)[offset:]
-    ke = torch.arange(N - M + 1, N + 1 + offset, dtype=torch.int32, device=dev).clamp(0, N)[offset:]
-    tiles = g.tiles_for(M, N, torch.cuda.get_device_properties(dev).multi_processor_count)
-    constexprs = dict(H=64, D=128, BLOCK_N=g.BLOCK_N, TILES=tiles, STAGES=g.STAGES, HAS_SCALE=False)
-    grid = (g.programs(M, N, tiles),)
-    outs = [torch.full((M, N), float("nan"), device=dev) for _ in range(2)]
-    launch = Launcher(g.logits_kernel)
-    compiled = []
-    for out in outs:  # the first call compiles through Triton, the second launches directly
-        args = (q, k, w, ks, ke, w, out, M, N, out.stride(0))
-        compiled.append(launch(grid, args, constexprs, num_warps=g.NUM_WARPS))
-    reference = torch.full((M, N), float("nan"), device=dev)
-    args = (q, k, w, ks, ke, w, reference, M, N, reference.stride(0))
-    assert g.logits_kernel[grid](*args, **constexprs, num_warps=g.NUM_WARPS) is compiled[0] is compiled[1]
-    torch.testing.assert_close(outs[1], reference, rtol=0, atol=0, equal_nan=True)
-    torch.testing.assert_close(outs[0], reference, rtol=0, atol=0, equal_nan=True)
+    kernel = Counted()
+    launch = Launcher(kernel)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sets = [(M, N, off) for M, N in [(1, 1), (2, 16), (17, 33), (64, 1024), (300, 4096)] for off in (0, 1)]
+    for i, (M, N, off) in enumerate(sets):
+        gen = torch.Generator(device=dev).manual_seed(i)
+        q = torch.randn(M, 64, 128, device=dev, generator=gen).to(torch.float8_e4m3fn)
+        k = torch.randn(N, 128, device=dev, generator=gen).to(torch.float8_e4m3fn)
+        w = torch.randn(M * 64 + off, device=dev, generator=gen)[off:].view(M, 64)  # 4 bytes off 16 where off
+        ks = torch.zeros(M + off, dtype=torch.int32, device=dev)[off:]
+        ke = torch.arange(N - M + 1, N + 1 + off, dtype=torch.int32, device=dev).clamp(0, N)[off:]
+        tiles = g.tiles_for(M, N, sms)
+        constexprs = dict(H=64, D=128, BLOCK_N=g.BLOCK_N, TILES=tiles, STAGES=g.STAGES, HAS_SCALE=False)
+        grid = (g.programs(M, N, tiles),)
+        outs = [torch.full((M, N), float("nan"), device=dev) for _ in range(3)]
+        before = kernel.launches
+        compiled = [launch(grid, (q, k, w, ks, ke, w, out, M, N, N), constexprs, num_warps=4) for out in outs[:2]]
+        assert kernel.launches == before + 1 and launch.direct, (M, N, off)  # the second call went direct
+        reference = g.logits_kernel[grid](q, k, w, ks, ke, w, outs[2], M, N, N, **constexprs, num_warps=4)
+        assert reference is compiled[0] is compiled[1], (M, N, off)
+        for out in outs[:2]:
+            torch.testing.assert_close(out, outs[2], rtol=0, atol=0, equal_nan=True)

@@ -43,6 +43,7 @@ def _why(capability=(9, 0), dtype=torch.bfloat16, fmt="fp8_v32", d_v=512, d_rope
         (dict(dtype=torch.float32), "bf16/fp16"),
         (dict(fmt="float"), None),  # keys in q's dtype (the prefill's kv): sparse_kernel_float
         (dict(fmt="float", kv_heads=2), "one KV head"),
+        (dict(fmt="float", aligned=False), "multiples of 16 elements"),
         (dict(fmt="fp8_v4", d_v=512, d_rope=0), "656-byte"),
         (dict(paged=True), "BlockTable"),
         (dict(extra=True), "extra"),
@@ -164,6 +165,8 @@ def test_a_tile_override_keeps_the_readable_kernel(monkeypatch):
         (128, 16, 2048, "fp8_v32", (2, 16, 4), "sm90"),  # 8 tiles
         (128, 1, 2048, "float", (2, 1, 16), "sm90-float"),  # keys in q's dtype: the gathering kernel
         (16, 128, 2048, "float", (1, 128, 1), "sm90-float"),  # 16 heads, one wave of whole rows: the same
+        (16, 1, 2048, "float", (1, 1, 32), "triton"),  # 16 heads at B1: the readable kernel's 32 one-tile splits
+        (64, 1, 2048, "float+8", (1, 1, 32), "triton"),  # key rows 584 apart: no 16-byte gather, the readable one
         (16, 256, 2048, "float", (1, 256, 1), "triton"),  # more rows at 16 heads: the readable kernel's 16-row tiles
         (64, 256, 2048, "float", (1, 256, 1), "sm90-float"),  # 64 heads: the gathering kernel at any row count
         (128, 1, 2048, "fp8_v32+8", (2, 1, 32), "triton"),  # a cache 8 bytes off 16-byte alignment: no cp.async
@@ -194,8 +197,9 @@ def test_which_kernel_and_splits_a_hopper_decode_takes(monkeypatch, heads, batch
     if fmt.startswith("fp8_v32"):
         offset = 8 if fmt.endswith("+8") else 0
         keys = fp8_keys(torch.zeros(4096 * 656 + offset, dtype=torch.uint8)[offset:], "fp8_v32", 64)
-    else:
-        keys = float_keys(torch.zeros(4096, 1, 576, dtype=torch.bfloat16))
+    else:  # "float+8": rows of 576 in a buffer 584 wide (16-byte aligned, not a multiple of 16 elements)
+        width = 584 if fmt.endswith("+8") else 576
+        keys = float_keys(torch.zeros(4096, 1, width, dtype=torch.bfloat16)[..., :576])
     idx = torch.zeros(batch, 1, k, dtype=torch.int32)
     sparse_mla_decode(q, keys, idx, scale=0.1)
     assert launched[0] == (kernel, grid), launched
