@@ -48,8 +48,8 @@ On Hopper the 656-byte cache takes :mod:`mlaspec.impl.sparse_sm90` (Gluon) in pl
 the same math and roundings, its bytes streamed two tiles ahead (``kernel=`` / ``MLASPEC_SPARSE_KERNEL`` choose); or,
 for the splits :func:`sparse_producer_runs` names, :mod:`mlaspec.impl.sparse_sm90_producer`, the same again with a
 producer warpgroup that dequantizes beside the MMAs. Keys already in q's dtype (one KV head) take its
-``sparse_kernel_float`` where :func:`float_keys_sm90` says it is the faster (more than 32 heads, or one wave of
-rows).
+``sparse_kernel_float`` where :func:`float_keys_sm90` says it is the faster (more than 32 heads, or rows that fill
+an eighth of the SMs to one wave).
 """
 
 from __future__ import annotations
