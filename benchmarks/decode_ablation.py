@@ -124,8 +124,8 @@ SPARSE_ABLATIONS = {
 LEAD_ABLATIONS = {
     "softmax": [
         (
-            "            prob, alpha, m_i = _softmax_step(s, m_i)\n",
-            "            prob, alpha = s, gl.full([M], 1.0, gl.float32, ROW)\n",
+            "        prob, alpha, m_i = _softmax_step(s, m_i)\n",
+            "        prob, alpha = s, gl.full([s.shape[0]], 1.0, gl.float32, gl.SliceLayout(1, QK1))\n",
         )
     ],
     "q k^T": [
@@ -146,9 +146,8 @@ LEAD_ABLATIONS = {
     ],
     "P @ V": [
         (
-            "            pv = warpgroup_mma(gl.convert_layout(p16, P_A), p.k_v.index(i % 2).slice(0, HALF, dim=1),"
-            " acc,\n                               is_async=True)  # fmt: skip\n",
-            "            pv = acc\n",
+            "        pv = warpgroup_mma(gl.convert_layout(p16, P_A), v, acc, is_async=True)\n",
+            "        pv = acc\n",
         ),
         (
             "            pv = warpgroup_mma(p.p_smem, p.k_v.index(i % 2).slice(HALF, HALF, dim=1), acc,"

@@ -788,6 +788,32 @@ if AVAILABLE:
         return warpgroup_mma(p.q_r, p.k_r.index(t % 2).permute((1, 0)), s, is_async=True)
 
     @gluon.jit
+    def _lead_step(p, s, m_i, l_i, acc, i, v):
+        """The leader's step on tile ``i``'s masked base-2 logits ``s``: the online softmax, ``P`` rounded to q's
+        dtype, ``P @ v`` (its value columns, ``P`` from registers) issued on the rescaled ``acc``, then ``P`` and
+        the rescale factor published for the helper (once it read the last ``P``): ``(P @ V's MMA, m_i, l_i)``."""
+        prob, alpha, m_i = _softmax_step(s, m_i)
+        l_i = l_i * alpha + gl.sum(prob, 1)
+        p16 = prob.to(p.p_smem.dtype)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, PV1)), 1)
+        pv = warpgroup_mma(gl.convert_layout(p16, P_A), v, acc, is_async=True)
+        mbarrier.wait(p.bars.index(P_FREE), (i - 1) & 1, pred=i > 0)  # the helper read the last P
+        p.p_smem.store(p16)
+        p.rows.index(0).store(alpha)
+        fence_async_shared()
+        _barrier()
+        mbarrier.arrive(p.bars.index(P_READY), count=1)
+        return pv, m_i, l_i
+
+    @gluon.jit
+    def _publish_sums(p, m_i, l_i):
+        """The leader's rows' final max and row sums, for the helper's epilogue."""
+        p.rows.index(1).store(m_i)
+        p.rows.index(2).store(l_i)
+        _barrier()
+        mbarrier.arrive(p.bars.index(SUMS_READY), count=1)
+
+    @gluon.jit
     def _lead(p, DESC_H, DESC_R, DESC_O, SINGLE: gl.constexpr):
         """The leader warpgroup: q; each tile's logits and softmax; ``P @ V`` of value columns 0-255."""
         M: gl.constexpr = p.q_v.shape[0]
@@ -818,19 +844,7 @@ if AVAILABLE:
         for i in range(n):
             # -- tile i's softmax (base 2), P rounded to q's dtype ----------------------------------------------------
             s = _scale_and_mask(s, p.blk_lo + i, p.qk_scale, p.seq_len, n_keys, n_seen)
-            prob, alpha, m_i = _softmax_step(s, m_i)
-            l_i = l_i * alpha + gl.sum(prob, 1)
-            p16 = prob.to(p.p_smem.dtype)
-            # -- P @ V of columns 0-255, P from registers; then P and alpha published for the helper -----------------
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, PV1)), 1)
-            pv = warpgroup_mma(gl.convert_layout(p16, P_A), p.k_v.index(i % 2).slice(0, HALF, dim=1), acc,
-                               is_async=True)  # fmt: skip
-            mbarrier.wait(p.bars.index(P_FREE), (i - 1) & 1, pred=i > 0)  # the helper read the last P
-            p.p_smem.store(p16)
-            p.rows.index(0).store(alpha)
-            fence_async_shared()
-            _barrier()
-            mbarrier.arrive(p.bars.index(P_READY), count=1)
+            pv, m_i, l_i = _lead_step(p, s, m_i, l_i, acc, i, p.k_v.index(i % 2).slice(0, HALF, dim=1))
             # -- right behind it on the tensor cores, the next tile's logits --------------------------------------
             if i + 1 < n:
                 nxt = _whole_tile_logits(p, i + 1)
@@ -842,10 +856,7 @@ if AVAILABLE:
                     _issue_part(p, DESC_H, DESC_R, i + 3, ROPE)
             else:
                 acc = warpgroup_mma_wait(0, deps=(pv,))
-        p.rows.index(1).store(m_i)
-        p.rows.index(2).store(l_i)
-        _barrier()
-        mbarrier.arrive(p.bars.index(SUMS_READY), count=1)
+        _publish_sums(p, m_i, l_i)
         m_o, l_o = gl.convert_layout(m_i, gl.SliceLayout(1, PV1)), gl.convert_layout(l_i, gl.SliceLayout(1, PV1))
         _write_half(acc, m_o, l_o, p, DESC_O, _as_fp32(p.q_v, M, HALF), 0, True, SINGLE)  # q is read: its 64 KB
 

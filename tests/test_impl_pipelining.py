@@ -165,6 +165,25 @@ def test_the_seesaw_probe_still_compiles_for_hopper():
     assert out["shared"] <= HOPPER_SHARED, out
 
 
+def test_the_sparse_lead_probe_compiles_for_hopper():
+    """``benchmarks/sparse_lead_probe.py`` (the leader-warpgroup schedule over gathered keys in q's dtype, not yet
+    run on a GPU, not wired in) builds for sm_90 within 227 KB: its gathers' landings arrive on ``mbarrier``s
+    (``cp.async.mbarrier.arrive``), the logits are whole-tile ``[64, 64]`` MMAs, the two warpgroups hand ``P`` over
+    by ``mbarrier``."""
+    from mlaspec.impl import decode_sm90
+
+    if not decode_sm90.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    pointers = dict(SPARSE_POINTERS, KV="*bf16")
+    const = {k: v for k, v in SPARSE_CONST.items() if k != "SINGLE"}
+    words = ["cp.async.mbarrier.arrive", "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", "mbarrier.try_wait"]
+    bench = str(Path(__file__).parents[1] / "benchmarks")
+    spec = dict(num_warps=4, num_stages=1, options={"maxnreg": 248}, path=[bench], ptx_words=words)
+    out = compiled("sparse_lead_probe:sparse_lead_kernel", pointers, const, **spec)
+    assert all(out["ptx_has"].values()), out
+    assert 3 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out
+
+
 def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
     """``benchmarks/decode_ablation.py`` switches parts of the Gluon decode (and of the seesaw probe) off by replacing
     their lines: each replacement still finds its lines in the kernel's source (else the tool would time a kernel it
