@@ -35,8 +35,10 @@ def _spec(x) -> object:
         return x.dtype, not x.data_ptr() & 15
     if type(x) is int:  # i32, i64 or u64, as Triton types it
         return x == 1, not x & 15, (-_INT32 <= x < _INT32) + 2 * (x >= 2**63)
-    if isinstance(x, (bool, float)) or x is None:
-        return type(x), x if not isinstance(x, float) else None
+    if isinstance(x, float):
+        return float
+    if isinstance(x, bool) or x is None:
+        return type(x), x
     return None
 
 
@@ -54,33 +56,34 @@ class Launcher:
         self.direct = type(kernel).__name__ != "InterpretedFunction"
 
     def __call__(self, grid: Sequence[int], args: Sequence, constexprs: dict, **options):
+        def through_triton():
+            return self.kernel[tuple(grid)](*args, **constexprs, **options)
+
         hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)  # a hook, or a chain of them
-        if not self.direct or any(getattr(hook, "calls", hook) for hook in hooks):
-            return self.kernel[tuple(grid)](*args, **constexprs, **options)
         specs = tuple(map(_spec, args))
-        if None in specs:
-            return self.kernel[tuple(grid)](*args, **constexprs, **options)
+        if not self.direct or any(getattr(hook, "calls", hook) for hook in hooks) or None in specs:
+            return through_triton()
         device = torch.cuda.current_device()
         knob = (knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None))  # in Triton's key too
         key = (device, knob, tuple(constexprs.items()), tuple(options.items()), specs)
         try:
             compiled = self._compiled.get(key)
         except TypeError:  # a constexpr or option that is not hashable: Triton's own launch
-            return self.kernel[tuple(grid)](*args, **constexprs, **options)
+            return through_triton()
         if compiled is None:
             names = list(self.kernel.arg_names)
             if names[len(args) :] != list(constexprs):
                 raise ValueError(f"constexprs must be {names[len(args) :]} in order, got {list(constexprs)}")
-            compiled = self.kernel[tuple(grid)](*args, **constexprs, **options)
+            compiled = through_triton()
             if all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
                 self._compiled[key] = compiled  # else (a compile still under way): Triton's launch next time too
             return compiled
-        grid = (*grid, 1, 1)
+        g0, g1, g2 = (*grid, 1, 1)[:3]
         stream = torch._C._cuda_getCurrentRawStream(device)
         try:
-            compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
-                         None, *args, *constexprs.values())  # fmt: skip
+            compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *args,
+                         *constexprs.values())  # fmt: skip
         except TypeError:  # another launcher's signature: fall back for good (nothing was launched)
             self.direct = False
-            return self.kernel[tuple(grid[:3])](*args, **constexprs, **options)
+            return through_triton()
         return compiled

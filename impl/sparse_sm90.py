@@ -295,16 +295,20 @@ if AVAILABLE:
     # -- keys already in q's dtype (the prefill's kv [N, 1, 576], FlashMLA's flash_mla_sparse_fwd): no bytes to convert
 
     @gluon.jit
+    def _gather(dst, KV, stride_kn, slots, col0, LOAD: gl.constexpr):
+        """Issue the ``cp.async`` gather of columns ``col0 ..`` (as many as ``dst`` holds) of the key rows ``slots``
+        names (in the row slice of ``LOAD``, the copy's register layout) into ``dst``: row ``slot`` at ``KV + slot *
+        stride_kn``; unused slots (``-1``) zero-filled."""
+        cols = col0 + gl.arange(0, dst.shape[1], layout=gl.SliceLayout(0, LOAD))
+        row = gl.expand_dims(gl.maximum(slots, 0).to(gl.int64) * stride_kn, 1)
+        _async_load(dst, KV + row + gl.expand_dims(cols, 0), mask=gl.expand_dims(slots >= 0, 1))
+
+    @gluon.jit
     def _copy_keys(dst_v, dst_r, KV, stride_kn, slots_v, slots_r):
-        """Issue the ``cp.async`` gather of the keys ``slots_v`` / ``slots_r`` name (the same slots, in the row
-        slices of ``LOAD_V`` and ``LOAD_R``) into a key tile's latent part ``dst_v [BLOCK_N, 512]`` and RoPE part
-        ``dst_r [BLOCK_N, 64]``: row ``slot`` at ``KV + slot * stride_kn``; unused slots (``-1``) zero-filled."""
-        cols_v = gl.arange(0, dst_v.shape[1], layout=gl.SliceLayout(0, LOAD_V))
-        row_v = gl.expand_dims(gl.maximum(slots_v, 0).to(gl.int64) * stride_kn, 1)
-        _async_load(dst_v, KV + row_v + gl.expand_dims(cols_v, 0), mask=gl.expand_dims(slots_v >= 0, 1))
-        cols_r = dst_v.shape[1] + gl.arange(0, dst_r.shape[1], layout=gl.SliceLayout(0, LOAD_R))
-        row_r = gl.expand_dims(gl.maximum(slots_r, 0).to(gl.int64) * stride_kn, 1)
-        _async_load(dst_r, KV + row_r + gl.expand_dims(cols_r, 0), mask=gl.expand_dims(slots_r >= 0, 1))
+        """:func:`_gather` of a key tile's latent part ``dst_v [BLOCK_N, 512]`` and RoPE part ``dst_r [BLOCK_N,
+        64]`` (the same slots, in the row slices of ``LOAD_V`` and ``LOAD_R``)."""
+        _gather(dst_v, KV, stride_kn, slots_v, 0, LOAD_V)
+        _gather(dst_r, KV, stride_kn, slots_r, dst_v.shape[1], LOAD_R)
 
     @gluon.jit
     def sparse_kernel_float(

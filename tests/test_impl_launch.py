@@ -107,9 +107,10 @@ def test_launch_hooks_and_another_launcher_go_through_triton(cuda_free, monkeypa
     launch = Launcher(kernel)
     x = torch.zeros(64)
     launch((4,), (x, 32), {"BLOCK": 16})
+    enter = knobs.runtime.launch_enter_hook
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
     launch((4,), (x, 32), {"BLOCK": 16})  # a profiler watches every launch: Triton's own
-    monkeypatch.undo()
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", enter)
     chain = knobs.runtime.launch_exit_hook
     if hasattr(chain, "add"):  # triton >= 3.5: hooks are chains, a profiler adds to them
         hook = lambda *a: None
@@ -120,8 +121,6 @@ def test_launch_hooks_and_another_launcher_go_through_triton(cuda_free, monkeypa
             chain.remove(hook)
     else:
         launch((4,), (x, 32), {"BLOCK": 16}, num_warps=8)  # a new key: Triton's launch, as with the hook
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
 
     def other_signature(self, grid):  # a Triton whose launcher takes other arguments
         raise TypeError("unexpected arguments")
