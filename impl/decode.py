@@ -66,6 +66,7 @@ import triton.language as tl
 from mlaspec.spec.paged_cache import page_entries
 
 from . import decode_sm90
+from .fp8 import e4m3_to
 
 __all__ = [
     "GLUON_TILE",
@@ -176,8 +177,8 @@ def _mla_decode_split_kernel(
         kv_nope = tl.load(kv_ptr + offs_v[None, :], mask=key_ok[:, None], other=0)  # [BLOCK_N, D_V]
         kv_rope = tl.load(kv_ptr + D_V + offs_r[None, :], mask=key_ok[:, None], other=0)  # [BLOCK_N, D_ROPE]
         if FP8:  # e4m3 bytes -> q's dtype, exact; k_scale sits in qk_scale and in the epilogue
-            kv_nope = kv_nope.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
-            kv_rope = kv_rope.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
+            kv_nope = e4m3_to(kv_nope, Q.dtype.element_ty)
+            kv_rope = e4m3_to(kv_rope, Q.dtype.element_ty)
 
         # -- logits in base 2: (q . k) * scale * log2(e), fp32 accumulation -----------------------------------------
         qk = tl.dot(q_nope, tl.trans(kv_nope), input_precision=PRECISION)

@@ -68,6 +68,8 @@ import functools
 
 import torch
 
+from .fp8 import E4M3_TO_BF16, PACK, USE_ASM
+
 try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs everywhere
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -535,6 +537,14 @@ if AVAILABLE:
         return raw, rope
 
     @gluon.jit
+    def _e4m3_to(x, dtype: gl.constexpr):
+        """:func:`mlaspec.impl.fp8.e4m3_to` in Gluon: the e4m3 values of bytes ``x`` in ``dtype``."""
+        if USE_ASM and dtype == gl.bfloat16:
+            return gl.inline_asm_elementwise(E4M3_TO_BF16, "=r,=r,r", [x], dtype=gl.bfloat16, is_pure=True, pack=PACK)
+        else:
+            return x.to(gl.float8e4nv, bitcast=True).to(dtype)
+
+    @gluon.jit
     def _produce_fp8(p):
         """Load, convert and hand over the split's tiles, one bf16 key tile of two at a time."""
         dtype: gl.constexpr = p.q_v.dtype
@@ -549,9 +559,8 @@ if AVAILABLE:
             page = gl.load(p.bt + (blk + 1) // sub, mask=blk + 1 < p.blk_hi, other=0).to(gl.int64)
             # the loads are in flight while the consumers finish with this buffer's tile before last
             mbarrier.wait(p.bars.index(FREE + b), ((i // 2) & 1) ^ 1, pred=i >= 2)
-            vals = raw.to(gl.float8e4nv, bitcast=True).to(dtype)
-            p.k_v.index(b).store(gl.reshape(vals, [n, D]))
-            p.k_r.index(b).store(rope.to(gl.float8e4nv, bitcast=True).to(dtype))
+            p.k_v.index(b).store(gl.reshape(_e4m3_to(raw, dtype), [n, D]))
+            p.k_r.index(b).store(_e4m3_to(rope, dtype))
             fence_async_shared()
             _barrier()
             mbarrier.arrive(p.bars.index(READY + b), count=1)

@@ -1,0 +1,67 @@
+"""``mlaspec.impl.fp8.e4m3_to``: every byte's e4m3 value, exactly, in bf16 and fp16, NaN bytes to NaN. On a GPU
+the bf16 path is the inline PTX (integer moves into bf16's fields); under the interpreter Triton's conversion."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from mlaspec.impl.fp8 import e4m3_to
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@triton.jit
+def _convert(X, OUT, ROWS: tl.constexpr, COLS: tl.constexpr, BF16: tl.constexpr):
+    offs = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    x = tl.load(X + offs)
+    if BF16:
+        tl.store(OUT + offs, e4m3_to(x, tl.bfloat16))
+    else:
+        tl.store(OUT + offs, e4m3_to(x, tl.float16))
+
+
+def converted(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty(raw.shape, dtype=dtype, device=raw.device)
+    _convert[(1,)](raw, out, raw.shape[0], raw.shape[1], dtype == torch.bfloat16)
+    return out
+
+
+def expected(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return raw.view(torch.float8_e4m3fn).to(torch.float32).to(dtype)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values (signed zeros included) and NaN in the same places. Triton's interpreter reads the NaN bytes as
+    +-480 (triton 3.9): there, only the other bytes are compared; on a GPU every byte."""
+    nan = b.isnan()
+    bits = lambda t: t.view(torch.int16)
+    nans_kept = DEVICE == "cpu" or torch.equal(a.isnan(), nan)
+    return bool(nans_kept and torch.equal(bits(a)[~nan], bits(b)[~nan]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(16, 16), (64, 64)])
+def test_every_byte_converts_exactly(dtype, shape):
+    """All 256 bytes (subnormals, both zeros, +-448, the two NaNs), in every position of a 4-byte register."""
+    raw = torch.arange(shape[0] * shape[1], dtype=torch.int64).remainder(256).to(torch.uint8)
+    for shift in range(4):  # each byte value at each offset within its group of four
+        r = raw.roll(shift).reshape(shape).contiguous().to(DEVICE)
+        assert same(converted(r, dtype), expected(r, dtype)), (dtype, shift)
+
+
+def test_worked_example():
+    """0x38 is 1.0 (exponent 7 = bias), 0x01 the smallest subnormal 2^-9, 0xfe -448, 0x7f NaN."""
+    raw = torch.tensor([0x38, 0x01, 0xFE, 0x7F] * 64, dtype=torch.uint8).reshape(16, 16).to(DEVICE)
+    out = converted(raw, torch.bfloat16).float().cpu().flatten()[:4]
+    assert out[:3].tolist() == [1.0, 2.0**-9, -448.0]
+    assert out[3].isnan() or DEVICE == "cpu"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_bytes(seed):
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (64, 64), dtype=torch.uint8, generator=g).to(DEVICE)
+    assert same(converted(raw, torch.bfloat16), expected(raw, torch.bfloat16))
