@@ -1,5 +1,5 @@
-"""A leader-warpgroup sparse attention over keys in q's dtype for Hopper, in Gluon: an experiment, not wired in, and
-not yet run on a GPU.
+"""A leader-warpgroup sparse attention over keys in q's dtype for Hopper, in Gluon: an experiment, measured and not
+wired in.
 
 Written in the session of 2026-11-29 (stop 49) as the next step for the sparse prefill at 64-128 heads a GPU, after
 :func:`mlaspec.impl.sparse_sm90.sparse_kernel_float` took it from 0.41-0.50x to 0.65-0.76x FlashMLA on an H200
@@ -19,10 +19,12 @@ gathered keys:
   part's ``mbarrier`` when they land, Gluon's ``async_copy.mbarrier_arrive``), so the other warpgroup waits on the
   barrier, not on the issuer's progress.
 
-What to measure first, on an H100/H200: ``python benchmarks/sparse_lead_probe.py`` runs it beside
-``sparse_kernel_float`` on the sparse prefill's problems (S_q 4096, top-k 2048, 64 and 128 heads, ``-1`` past each
-causal prefix) and prints the largest difference of their outputs, LSEs and ``max_logits`` and both times
-(``do_bench``). Then, if it is right and faster, ``tests/test_impl_sparse_sm90.py``'s float-key cases against it.
+``python benchmarks/sparse_lead_probe.py`` (an H100/H200) runs it beside ``sparse_kernel_float`` on the sparse
+prefill's problems (S_q 4096, top-k 2048, 64 and 128 heads, ``-1`` past each causal prefix) and prints the largest
+difference of their outputs, LSEs and ``max_logits`` and both times (``do_bench``). On an H200 (2026-11-29, evening,
+``docs/speed_log.md``): within one bf16 step of it, 3% faster at S_kv 8K (the cache in L2) and 8% slower at 64K
+(64 heads 3125 / 3513 us against 3227 / 3250): its gathers, each issued one tile ahead by the 128 threads of the
+warpgroup that reads the part last, do not cover a read from HBM.
 It compiles for ``sm_90`` with ``ptxas`` reporting 176 bytes of stack a thread under 248 registers (triton 3.9);
 ``tests/test_impl_pipelining.py`` keeps it compiling. Importing this module runs nothing.
 """
