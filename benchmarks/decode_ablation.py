@@ -13,6 +13,8 @@ copy of the kernel, before this script existed.
     python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
     python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead: softmax, MMAs, partials, copies,
                                                              # the MMAs alone, one copy a tile
+    python benchmarks/decode_ablation.py --kernel fp8        # split_kernel_fp8 (per-tensor fp8 cache): its producer's
+                                                             # loads and conversion, its consumers' MMAs and softmax
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
     python benchmarks/decode_ablation.py --kernel sparse     # the sparse decode (mlaspec.impl.sparse_sm90), top-k 2048
     python benchmarks/decode_ablation.py --padded            # 16 heads on split_kernel, beside a plain read
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 import tempfile
 import types
@@ -118,6 +121,38 @@ SPARSE_ABLATIONS = {
         )
     ],
 }
+# mlaspec.impl.decode_sm90.split_kernel_fp8 (vLLM's per-tensor fp8 cache): its producer's loads and conversion, its
+# consumers' parts (the tiles the producer hands over are then garbage, the handoffs stay)
+FP8_ABLATIONS = {
+    "byte loads": [
+        (
+            "            raw, rope = _load_bytes(p.KV, page, blk, p.seq_len, p.stride_kp, p.stride_ks, p.page, n)\n",
+            "            raw = gl.full([n, 4, 128], 0, gl.uint8, PRAW)\n"
+            "            rope = gl.full([n, 64], 0, gl.uint8, PRAW_R)\n",
+        )
+    ],
+    "conversion": [  # each byte moved to a bf16's high byte: integer instructions only
+        ("_e4m3_to(raw, dtype)", "(raw.to(gl.int16) << 8).to(dtype, bitcast=True)"),
+        ("_e4m3_to(rope, dtype)", "(rope.to(gl.int16) << 8).to(dtype, bitcast=True)"),
+    ],
+    "q k^T": [
+        (
+            "            qk = warpgroup_mma(p.q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)\n"
+            "            qk = warpgroup_mma(p.q_r, p.k_r.index(b).permute((1, 0)), qk, is_async=True)\n"
+            "            qk = warpgroup_mma_wait(0, deps=(qk,))\n",
+            "            qk = zero_qk + 1.0\n",
+        )
+    ],
+    "softmax": [
+        (
+            "prob, alpha, m_i_new = _softmax_step(qk, m_i)",
+            "prob, alpha, m_i_new = qk, gl.full([M], 1.0, gl.float32, gl.SliceLayout(1, QK)), m_i",
+        )
+    ],
+    "P @ V": ABLATIONS["P @ V"],  # in _p_times_v, which split_kernel shares
+}
+FP8_PRODUCER = ("byte loads", "conversion")
+FP8_CONSUMER = ("q k^T", "softmax", "P @ V")
 # mlaspec.impl.decode_sm90.split_kernel_lead (128 heads): its leader's softmax and both warpgroups' MMAs (its copy
 # waits stay: with three barriers a buffer, a copy issued before the last one landed would arrive twice); all three
 # off leave the copies and the handoffs, "copies" off the compute alone
@@ -218,6 +253,11 @@ KERNELS = {
             (*LEAD_COMPUTE, "second copies"),  # the copies alone, each tile into one SM of the two that read it
         ],
     ),
+    "fp8": (
+        "impl/decode_sm90.py",
+        FP8_ABLATIONS,
+        [(), *((n,) for n in FP8_ABLATIONS), FP8_PRODUCER, ("q k^T", "P @ V"), FP8_CONSUMER],
+    ),
     "seesaw": ("benchmarks/seesaw_probe.py", SEESAW_ABLATIONS, [(), ("copies",)]),
     "sparse": (
         "impl/sparse_sm90.py",
@@ -236,7 +276,7 @@ def ablated_source(parts, kernel: str = "landed") -> str:
             if source.count(old) != 1:
                 raise ValueError(f"ablation {part!r}: the kernel's source holds {source.count(old)} of {old!r}")
             source = source.replace(old, new)
-    return source.replace("from .decode_sm90 import", "from mlaspec.impl.decode_sm90 import")  # a module of its own
+    return re.sub(r"^(\s*)from \.(\w+) import", r"\1from mlaspec.impl.\2 import", source, flags=re.M)  # its own module
 
 
 def load(parts, folder: str, kernel: str = "landed"):
@@ -276,7 +316,7 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
     same cache (``benchmarks/stream.py``): the floor of any kernel reading it once."""
     import stream
     import torch
-    from common import Row, bench, load_flashmla
+    from common import Row, bench, load_flashmla, load_flashmla_fp8
     from decode import D_QK, _fn, make_problem
 
     import mlaspec.impl.decode as dec
@@ -285,18 +325,19 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
         raise ValueError(f"padded runs the landed split_kernel, not {kernel!r}")
     if kernel == "sparse":
         return _sparse_rows(shapes)
-    landed, rows, fm = dec.decode_sm90, [], load_flashmla()
+    fp8 = kernel == "fp8"  # vLLM's per-tensor fp8 cache (k_scale 0.5), FlashMLA's fp8 decode beside it
+    landed, rows, fm = dec.decode_sm90, [], load_flashmla_fp8() if fp8 else load_flashmla()
     variants = [(kernel, parts) for parts in (PADDED_VARIANTS if padded else KERNELS[kernel][2])]
     if kernel != "landed":
         variants.insert(0, ("landed", ()))
     with tempfile.TemporaryDirectory() as folder:
         modules = {(k, parts): _in_place(load(parts, folder, k), landed, k) for k, parts in variants}
-        if kernel != "lead":  # (the lead kernel's unablated copy is the decode as called)
+        if kernel not in ("lead", "fp8"):  # (their unablated copies are the decode as called)
             modules[("as called", ())] = landed  # split_kernel_lead where it applies (decode_sm90.lead_applies)
         for heads, batch, keys in shapes:
-            cache, bt, sl = make_problem(batch, keys, torch.device("cuda"))
+            cache, bt, sl = make_problem(batch, keys, torch.device("cuda"), fp8=fp8)
             q = torch.randn(batch, 1, heads, D_QK, device="cuda", dtype=torch.bfloat16)
-            problem = (q, cache, bt, sl, keys, 192**-0.5, None)
+            problem = (q, cache, bt, sl, keys, 192**-0.5, 0.5 if fp8 else None)
             shape = dict(H=heads, B=batch, S_kv=keys)
             if fm:
                 rows.append(Row("decode", "flashmla", shape, bench(_fn("flashmla", fm, *problem), graph=True), 0, 0))
@@ -354,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shapes",
         help="HxBxS_kv, comma-separated (default: 128x64x8192,128x1x131072; sparse:"
-        " 128x64x8192,128x128x8192, top-k 2048)",
+        " 128x64x8192,128x128x8192, top-k 2048; fp8: 128x64x8192,128x1x65536,16x64x4096,16x1x65536)",
     )
     parser.add_argument("--kernel", choices=list(KERNELS), default="landed", help="whose parts to switch off")
     parser.add_argument(
@@ -364,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", help="also write a bar chart here (.png)")
     args = parser.parse_args(argv)
-    default = "128x64x8192,128x128x8192" if args.kernel == "sparse" else "128x64x8192,128x1x131072"
+    default = {"sparse": "128x64x8192,128x128x8192", "fp8": "128x64x8192,128x1x65536,16x64x4096,16x1x65536"}.get(
+        args.kernel, "128x64x8192,128x1x131072"
+    )
     if args.padded:  # the 16-head targets of issue 18
         default = "16x1x65536,16x1x131072,16x2x65536,16x2x131072,16x1x8192"
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or default).split(",")]

@@ -229,7 +229,10 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
     lead_options = {"maxnreg": decode_sm90.LEAD_REGS.value}
     lead = compiled("lead_all:split_kernel_lead", dict(POINTERS, **LEAD_DESCRIPTORS), lead_const,
                     num_warps=decode_sm90.LEAD_WARPS, options=lead_options, **spec)  # fmt: skip
-    kernels = (landed, seesaw, sparse, lead)
+    fp8_const = {k: v for k, v in lead_const.items()}
+    fp8 = compiled("fp8_all:split_kernel_fp8", dict(POINTERS, KV="*u8"), fp8_const, num_warps=decode_sm90.NUM_WARPS,
+                   **spec)  # fmt: skip
+    kernels = (landed, seesaw, sparse, lead, fp8)
     assert all(k["shared"] <= HOPPER_SHARED for k in kernels), kernels
 
 
