@@ -22,9 +22,9 @@ gathered keys:
 ``python benchmarks/sparse_lead_probe.py`` (an H100/H200) runs it beside ``sparse_kernel_float`` on the sparse
 prefill's problems (S_q 4096, top-k 2048, 64 and 128 heads, ``-1`` past each causal prefix) and prints the largest
 difference of their outputs, LSEs and ``max_logits`` and both times (``do_bench``). On an H200 (2026-11-29, evening,
-``docs/speed_log.md``): within one bf16 step of it, 3% faster at S_kv 8K (the cache in L2) and 8% slower at 64K
-(64 heads 3125 / 3513 us against 3227 / 3250): its gathers, each issued one tile ahead by the 128 threads of the
-warpgroup that reads the part last, do not cover a read from HBM.
+``docs/speed_log.md``): within one bf16 step of it, 3% faster at S_kv 8K (the cache in L2) and 4-8% slower at 64K
+(64 heads 3125 / 3513 us against 3227 / 3250, 128 heads 6138 / 6670 against 6341 / 6390): its gathers, each issued
+one tile ahead by the 128 threads of the warpgroup that reads the part last, do not cover a read from HBM.
 It compiles for ``sm_90`` with ``ptxas`` reporting 176 bytes of stack a thread under 248 registers (triton 3.9);
 ``tests/test_impl_pipelining.py`` keeps it compiling. Importing this module runs nothing.
 """

@@ -306,7 +306,8 @@ def decode_config(
     85.6 at 128 heads, B = 1, 64K); on Hopper, over a 16-bit cache, they run :mod:`mlaspec.impl.decode_sm90`.
     fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion fits the registers (64-key tiles spill ~500
     bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K keys 35.7 -> 18.5 us, B = 64, 4K 185
-    -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower).
+    -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower). The fp8 figures predate
+    :mod:`mlaspec.impl.fp8` (2026-11-29, evening).
     """
     if gluon_fp8:
         return GLUON_TILE
@@ -324,6 +325,8 @@ def fp8_rows_padded(rows: int, batch: int, max_seq_len: int) -> bool:
     at least 128 tiles of 64 keys. Measured on an H100 (2026-11-27, CUDA-graph replays, 16 heads, Gluon against the
     readable kernel's 32-key tiles): B1 1K 9.7 / 7.9 us, B2 1K 9.9 / 8.3, B4 1K 10.2 / 9.3 (16-64 tiles), but B2 4K
     11.3 / 12.2, B1 8K 11.6 / 12.4, B64 1K 40.3 / 46.7, B1 128K 72.2 / 82.6, B64 8K 254 / 296 (128 tiles and more).
+    Measured with Triton's e4m3-to-bf16 conversion, before :mod:`mlaspec.impl.fp8` (2026-11-29, evening), which sped
+    both kernels up, the Gluon one more; the crossover is not re-measured since.
     """
     return rows > 32 or batch * triton.cdiv(max_seq_len, GLUON_TILE.block_n) >= 128
 

@@ -40,8 +40,11 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    16 heads 1.2x (B64 8K 296 -> 254 us), with the conversion done by all 8 warps between the MMAs instead 3-8% slower
    than with the producer; still 0.45-0.72x FlashMLA's fp8 decode, which also rounds q and ``P`` to e4m3 and
    multiplies in fp8 (half the tensor-core work; ``docs/backends.md``). The producer, converting a tile while its
-   next tile's loads wait behind it, sets the pace: 3.8 us a tile a program at 128 heads B64 8K, against 2.7 for the
-   bf16 kernel.
+   next tile's loads wait behind it, set the pace: 3.8 us a tile a program at 128 heads B64 8K, against 2.7 for the
+   bf16 kernel. Since 2026-11-29 (evening) it converts through fp32 (:mod:`mlaspec.impl.fp8`), not through Triton's
+   ``cvt.bf16.f16`` (an ``F2F`` a value): 1.05-1.34x faster on an H200 (128 heads B64 8K 493 -> 372 us), about 3 us
+   a tile at 16 and 128 heads alike, near this file's bf16 ``split_kernel``; which side binds now,
+   ``benchmarks/decode_ablation.py --kernel fp8`` is built to tell.
 
 5. **Rows whose key tiles other programs read too** (``split_kernel_lead``: 128 heads are two 64-row blocks, each
    tile read by both programs, the second time from L2): there the tile's arithmetic sets the pace, and
@@ -68,7 +71,7 @@ import functools
 
 import torch
 
-from .fp8 import E4M3_TO_BF16, PACK, USE_ASM
+from .fp8 import CONSTRAINTS, E4M3_TO_BF16, PACK, USE_ASM
 
 try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs everywhere
     from triton.experimental import gluon
@@ -540,7 +543,7 @@ if AVAILABLE:
     def _e4m3_to(x, dtype: gl.constexpr):
         """:func:`mlaspec.impl.fp8.e4m3_to` in Gluon: the e4m3 values of bytes ``x`` in ``dtype``."""
         if USE_ASM and dtype == gl.bfloat16:
-            return gl.inline_asm_elementwise(E4M3_TO_BF16, "=r,=r,r", [x], dtype=gl.bfloat16, is_pure=True, pack=PACK)
+            return gl.inline_asm_elementwise(E4M3_TO_BF16, CONSTRAINTS, [x], dtype=gl.bfloat16, is_pure=True, pack=PACK)
         else:
             return x.to(gl.float8e4nv, bitcast=True).to(dtype)
 

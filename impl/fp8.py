@@ -9,7 +9,7 @@ packed to bf16 (``cvt.rn.bf16x2.f32``: one ``F2FP`` a pair, exact since the valu
 instructions, none of them ``F2F``. NaN and the subnormals are the hardware's conversions', as before.
 
 Measured on an H200 (2026-11-29, evening; CUDA-graph replays, ``benchmarks/decode_tune.py --fp8``; the kernels
-otherwise unchanged): the 128-head decode over vLLM's per-tensor fp8 cache B1 64K 77.3 -> 60.5 us, B64 8K 492 ->
+otherwise unchanged): the 128-head decode over vLLM's per-tensor fp8 cache B1 64K 77.3 -> 60.5 us, B64 8K 493 ->
 372 us; 16 heads B64 4K 134.7 -> 103.0 us. Moving the bytes into bf16's fields with integer instructions instead
 (``prmt``/shifts, a ``mul.rn.bf16x2`` by 2^120, NaN by a carry trick) measured between the two (70.3 / 448 / 121
 us): it traded ``F2F`` for three times as many integer instructions.
@@ -17,20 +17,19 @@ us): it traded ``F2F`` for three times as many integer instructions.
 :func:`e4m3_to` takes ``uint8`` bytes (or ``float8e4nv``) and returns their values in q's dtype; to fp16, or under the
 interpreter (``TRITON_INTERPRET=1``, CPU tensors, no PTX), by Triton's own conversion (to fp16 one instruction a
 pair already). ``tests/test_impl_fp8.py`` checks all 256 bytes against torch's ``float8_e4m3fn`` on a GPU. The Gluon
-kernels take the same instructions (:data:`E4M3_TO_BF16`, :data:`PACK`, :data:`USE_ASM`).
+kernels take the same instructions (:data:`E4M3_TO_BF16`, :data:`CONSTRAINTS`, :data:`PACK`, :data:`USE_ASM`).
 """
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-__all__ = ["E4M3_TO_BF16", "PACK", "USE_ASM", "e4m3_to"]
+__all__ = ["CONSTRAINTS", "E4M3_TO_BF16", "PACK", "USE_ASM", "e4m3_to"]
 
-USE_ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")  # the interpreter runs no PTX
-PACK = tl.constexpr(4)  # bytes an invocation: one 32-bit register in ($2), two bf16 pairs out ($0: bytes 0-1)
+USE_ASM = tl.constexpr(not triton.knobs.runtime.interpret)  # the interpreter runs no PTX
+PACK = tl.constexpr(4)  # bytes a call, fixed by the asm: one register in ($2), two bf16 pairs out ($0: bytes 0-1)
+CONSTRAINTS = tl.constexpr("=r,=r,r")
 E4M3_TO_BF16 = tl.constexpr(
     """{
     .reg .b16 lo, hi, x0, x1, x2, x3;
@@ -57,7 +56,7 @@ def e4m3_to(x, dtype: tl.constexpr):
     :data:`E4M3_TO_BF16`, otherwise (and under the interpreter) by Triton's conversion. Exact either way."""
     if USE_ASM and dtype == tl.bfloat16:
         return tl.inline_asm_elementwise(
-            E4M3_TO_BF16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16, is_pure=True, pack=PACK
+            E4M3_TO_BF16, CONSTRAINTS, [x.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16, is_pure=True, pack=PACK
         )
     else:
         return x.to(tl.float8e4nv, bitcast=True).to(dtype)

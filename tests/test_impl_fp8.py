@@ -1,5 +1,6 @@
 """``mlaspec.impl.fp8.e4m3_to``: every byte's e4m3 value, exactly, in bf16 and fp16, NaN bytes to NaN. On a GPU
-the bf16 path is the inline PTX (integer moves into bf16's fields); under the interpreter Triton's conversion."""
+the bf16 path is the inline PTX (through fp16 and fp32, :mod:`mlaspec.impl.fp8`); under the interpreter Triton's
+conversion, so there only the sm_90 compile tests (``tests/test_impl_pipelining.py``) guard the PTX."""
 
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(16, 16), (64, 64)])
 def test_every_byte_converts_exactly(dtype, shape):
-    """All 256 bytes (subnormals, both zeros, +-448, the two NaNs), in every position of a 4-byte register."""
+    """All 256 bytes (subnormals, both zeros, +-448, the two NaNs), each at every offset in its group of four: at
+    64 x 64 a thread holds 16 bytes, so each value meets every position of a packed register; at 16 x 16 two, the
+    other two positions padding."""
     raw = torch.arange(shape[0] * shape[1], dtype=torch.int64).remainder(256).to(torch.uint8)
     for shift in range(4):  # each byte value at each offset within its group of four
         r = raw.roll(shift).reshape(shape).contiguous().to(DEVICE)
