@@ -199,6 +199,26 @@ def test_the_sparse_lead_probe_compiles_for_hopper():
     assert 3 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out
 
 
+@pytest.mark.parametrize("single", [True, False])
+def test_the_fp8_keys_as_rows_probe_compiles_for_hopper(single):
+    """``benchmarks/fp8_keys_probe.py`` (the fp8 decode at 16 rows with the keys as the MMAs' rows, not yet run on a
+    GPU, not wired in) builds for sm_90: ``m64n16k16`` MMAs only (no padded rows), the landed producer warpgroup
+    beside one consumer warpgroup (``setmaxnreg``), q of 16 rows, two key tiles and ``P`` well under 227 KB."""
+    from mlaspec.impl import decode_sm90
+
+    if not decode_sm90.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    mma = "wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16"
+    words = [mma.format(16), mma.format(64), "setmaxnreg.dec", *FP8_WORDS]
+    const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=64, BLOCK_N=64, SINGLE=single)
+    spec = dict(num_warps=4, num_stages=1, path=[str(Path(__file__).parents[1] / "benchmarks")], ptx_words=words)
+    out = compiled("fp8_keys_probe:split_kernel_fp8", dict(POINTERS, KV="*u8"), const, **spec)
+    has = out["ptx_has"]
+    assert has[mma.format(16)] and not has[mma.format(64)] and has["setmaxnreg.dec"], out
+    assert all(has[w] for w in FP8_WORDS), out
+    assert 2 * 64 * 576 * 2 < out["shared"] <= 2 * 64 * 576 * 2 + 32 * 1024, out
+
+
 def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
     """``benchmarks/decode_ablation.py`` switches parts of the Gluon decode (and of the seesaw probe) off by replacing
     their lines: each replacement still finds its lines in the kernel's source (else the tool would time a kernel it
