@@ -26,8 +26,8 @@ of the copy bandwidth brings a 36 KB fp8 tile. Whether the producer then keeps u
 (``benchmarks/decode_ablation.py --kernel fp8`` first tells which side bounds the landed kernel). One consumer
 warpgroup leaves the producer room for more registers than the landed kernel's 120, but not for the next tile's
 bytes beside this one's: written that way (the next tile loaded before this one is converted, 232 registers), the
-producer spilled 614 stores a thread under triton 3.6, its bytes held one to a register; loading them as 32-bit
-words would be the next form.
+producer spilled 614 stores a thread under triton 3.6 (two tiles' bytes take 160 registers, and a tile converted
+whole before its store 144 more); converting and storing a tile in parts would be the next form.
 
 ``python benchmarks/fp8_keys_probe.py`` (an H100/H200) runs it through :func:`mlaspec.impl.decode.mla_decode_paged`
 in ``split_kernel_fp8``'s place (same arguments, same grid; rows must be at most 16) beside the landed kernel, on
