@@ -27,7 +27,9 @@ of the copy bandwidth brings a 36 KB fp8 tile. Whether the producer then keeps u
 warpgroup leaves the producer room for more registers than the landed kernel's 120, but not for the next tile's
 bytes beside this one's: written that way (the next tile loaded before this one is converted, 232 registers), the
 producer spilled 614 stores a thread under triton 3.6 (two tiles' bytes take 160 registers, and a tile converted
-whole before its store 144 more); converting and storing a tile in parts would be the next form.
+whole before its store 144 more); a part at a time (value columns 0-255, 256-511, RoPE: each part's next bytes
+loaded once this tile's are stored) still spilled 500, so the next form must hold its bytes some other way (in shared
+memory, by ``cp.async``, where this kernel's 168 KB leaves room for one byte tile).
 
 ``python benchmarks/fp8_keys_probe.py`` (an H100/H200) runs it through :func:`mlaspec.impl.decode.mla_decode_paged`
 in ``split_kernel_fp8``'s place (same arguments, same grid; rows must be at most 16) beside the landed kernel, on
