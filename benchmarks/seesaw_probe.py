@@ -82,10 +82,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.language.core import _aggregate as aggregate
 
 from mlaspec.impl import decode_sm90
-from mlaspec.impl.decode_sm90 import _barrier, _copy_part, _tma_load
+from mlaspec.impl.decode_sm90 import _barrier, _copy_part, _tma_load, aggregate
 
 LOAD_V4 = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))
 QKL = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
@@ -148,11 +147,6 @@ class S:
     sa: gl.shared_memory_descriptor  # [2, 64] rescale factors
     sl: gl.shared_memory_descriptor  # [2, 64] row sums
     bars: gl.shared_memory_descriptor
-
-    @gluon.constexpr_function
-    def __init__(self, *values, _names=tuple(__annotations__)):
-        for name, value in zip(_names, values, strict=True):
-            setattr(self, name, value)
 
 
 @gluon.jit

@@ -43,7 +43,6 @@ if AVAILABLE:
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.language.core import _aggregate as aggregate
 
     # the barriers of decode_sm90's split_kernel_lead, whose leader steps this kernel shares: [2 buffers x 3 parts
     # (LEFT, RIGHT, ROPE)] a part landed, P and alpha published, P read, the final max and row sums published
@@ -66,6 +65,7 @@ if AVAILABLE:
         _lead_step,
         _publish_sums,
         _two_tiles,
+        aggregate,
     )
     from mlaspec.impl.sparse_sm90 import _gather, _row_tiles, _slots
 
@@ -90,11 +90,6 @@ if AVAILABLE:
         n_main: gl.tensor
         lo: gl.tensor
         hi: gl.tensor
-
-        @gluon.constexpr_function
-        def __init__(self, *values, _names=tuple(__annotations__)):
-            for name, value in zip(_names, values, strict=True):
-                setattr(self, name, value)
 
     @gluon.jit
     def _gather_part(p, t, PART: gl.constexpr):

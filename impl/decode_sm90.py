@@ -85,7 +85,7 @@ try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs ever
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from triton.language.core import _aggregate as aggregate
+    from triton.language.core import _aggregate
 
     # renamed after triton 3.6 (the H200 image's), same arguments: the cp.async copy, the CTA barrier
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -93,6 +93,20 @@ try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs ever
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # and the tensor-memory copy
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     _REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))  # `_reinterpret` in triton 3.6
+
+    def aggregate(cls):
+        """Triton's ``_aggregate`` of ``cls`` (fields: its annotations) with a constructor taking the fields in their
+        order, what the warp-specialized kernels' partitions share (:class:`_Split` here; ``sparse_sm90_producer``'s,
+        the probes')."""
+        names = tuple(cls.__annotations__)
+
+        @gluon.constexpr_function
+        def __init__(self, *values):
+            for name, value in zip(names, values, strict=True):
+                setattr(self, name, value)
+
+        cls.__init__ = __init__
+        return _aggregate(cls)
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed triton (a later rename)
     gluon = None
 
@@ -514,11 +528,6 @@ if AVAILABLE:
         p_smem: gl.shared_memory_descriptor
         rows: gl.shared_memory_descriptor  # [3, 64] fp32 (split_kernel_lead): alpha, then the final max and row sums
         bars: gl.shared_memory_descriptor
-
-        @gluon.constexpr_function
-        def __init__(self, *values, _names=tuple(__annotations__)):
-            for name, value in zip(_names, values, strict=True):
-                setattr(self, name, value)
 
     @gluon.jit
     def _load_bytes(KV, page, blk, seq_len, stride_kp, stride_ks, PAGE, n: gl.constexpr):

@@ -39,9 +39,8 @@ if AVAILABLE:
         fence_async_shared,
         mbarrier,
     )
-    from triton.language.core import _aggregate as aggregate
 
-    from .decode_sm90 import LOAD_R, LOAD_V, PV, QK, _barrier, _copy_rows
+    from .decode_sm90 import LOAD_R, LOAD_V, PV, QK, _barrier, _copy_rows, aggregate
     from .sparse_sm90 import _attend, _dequantize, _finish, _load_e4m3, _load_rope, _load_scales, _row_tiles, _slots
 
     PRODUCER_REGS = gl.constexpr(120)
@@ -89,11 +88,6 @@ if AVAILABLE:
         k_r: gl.shared_memory_descriptor  # [2, 64, 64]
         p_smem: gl.shared_memory_descriptor
         bars: gl.shared_memory_descriptor
-
-        @gluon.constexpr_function
-        def __init__(self, *values, _names=tuple(__annotations__)):
-            for name, value in zip(_names, values, strict=True):
-                setattr(self, name, value)
 
     @gluon.jit
     def _produce(p):
