@@ -15,6 +15,8 @@ copy of the kernel, before this script existed.
                                                              # the MMAs alone, one copy a tile
     python benchmarks/decode_ablation.py --kernel fp8        # split_kernel_fp8 (per-tensor fp8 cache): its producer's
                                                              # loads and conversion, its consumers' MMAs and softmax
+    python benchmarks/decode_ablation.py --kernel keys       # split_kernel_fp8_keys (the fp8 cache at <= 32 rows):
+                                                             # the same producer parts, its consumer's, the partials
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
     python benchmarks/decode_ablation.py --kernel sparse     # the sparse decode (mlaspec.impl.sparse_sm90), top-k 2048
     python benchmarks/decode_ablation.py --padded            # 16 heads on split_kernel, beside a plain read
@@ -153,6 +155,32 @@ FP8_ABLATIONS = {
 }
 FP8_PRODUCER = ("byte loads", "conversion")
 FP8_CONSUMER = ("q k^T", "softmax", "P @ V")
+# mlaspec.impl.decode_sm90.split_kernel_fp8_keys (the fp8 cache at 32 rows or fewer, the keys as the MMAs' rows): the
+# same producer, its one consumer warpgroup's parts
+KEYS_ABLATIONS = {
+    **{part: FP8_ABLATIONS[part] for part in FP8_PRODUCER},
+    "q k^T": [
+        (
+            "            s_t = warpgroup_mma(k_v, p.q_v.permute((1, 0)), zero_t, use_acc=False, is_async=True)\n"
+            "            s_t = warpgroup_mma(p.k_r.index(b), p.q_r.permute((1, 0)), s_t, is_async=True)\n"
+            "            s_t = warpgroup_mma_wait(0, deps=(s_t,))\n",
+            "            s_t = zero_t + 1.0\n",
+        )
+    ],
+    "softmax": [
+        (
+            "prob, alpha, m_i_new = _softmax_step(s, m_i)",
+            "prob, alpha, m_i_new = s, gl.full([R], 1.0, gl.float32, gl.SliceLayout(1, LOGITS)), m_i",
+        )
+    ],
+    "P @ V": [
+        (
+            "            acc_t = warpgroup_mma(k_v.permute((1, 0)), p.p_smem.permute((1, 0)), acc_t, is_async=True)\n"
+            "            acc_t = warpgroup_mma_wait(0, deps=(acc_t,))\n",
+            "",
+        )
+    ],
+}
 # mlaspec.impl.decode_sm90.split_kernel_lead (128 heads): its leader's softmax and both warpgroups' MMAs (its copy
 # waits stay: with three barriers a buffer, a copy issued before the last one landed would arrive twice); all three
 # off leave the copies and the handoffs, "copies" off the compute alone
@@ -230,6 +258,7 @@ LEAD_COMPUTE = ("softmax", "q k^T", "P @ V")
 # split_kernel's partials are stored from registers (_write_rows): the first of the lead kernel's two replacements
 # (so the default --kernel landed run times it too)
 ABLATIONS["partial stores"] = LEAD_ABLATIONS["partial stores"][:1]
+KEYS_ABLATIONS["partial stores"] = ABLATIONS["partial stores"]  # (so is split_kernel_fp8_keys's)
 # --padded (16 heads on split_kernel, rows padded to its 64-row tile): what its copies, launches and combine take alone
 PADDED_VARIANTS = [(), ("q k^T", "P @ V"), LEAD_COMPUTE, ("partial stores",), (*LEAD_COMPUTE, "partial stores")]
 GATHERS = ("byte copies", "scale loads", "RoPE loads")
@@ -257,6 +286,11 @@ KERNELS = {
         "impl/decode_sm90.py",
         FP8_ABLATIONS,
         [(), *((n,) for n in FP8_ABLATIONS), FP8_PRODUCER, ("q k^T", "P @ V"), FP8_CONSUMER],
+    ),
+    "keys": (
+        "impl/decode_sm90.py",
+        KEYS_ABLATIONS,
+        [(), *((n,) for n in KEYS_ABLATIONS), FP8_PRODUCER, ("q k^T", "P @ V"), FP8_CONSUMER, ("partial stores",)],
     ),
     "seesaw": ("benchmarks/seesaw_probe.py", SEESAW_ABLATIONS, [(), ("copies",)]),
     "sparse": (
@@ -299,6 +333,8 @@ def _in_place(module, landed, kernel: str = "landed"):
     if hasattr(module, "cache_descriptors"):
         if kernel == "landed":
             module.lead_applies = lambda row_blocks: False
+        if kernel == "fp8":  # split_kernel_fp8 at any row count, rows padded to its 64-row tile
+            module.keys_rows = lambda rows: None
         return module
     names = ("AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "cache_descriptors")
     return types.SimpleNamespace(
@@ -325,14 +361,14 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
         raise ValueError(f"padded runs the landed split_kernel, not {kernel!r}")
     if kernel == "sparse":
         return _sparse_rows(shapes)
-    fp8 = kernel == "fp8"  # vLLM's per-tensor fp8 cache (k_scale 0.5), FlashMLA's fp8 decode beside it
+    fp8 = kernel in ("fp8", "keys")  # vLLM's per-tensor fp8 cache (k_scale 0.5), FlashMLA's fp8 decode beside it
     landed, rows, fm = dec.decode_sm90, [], load_flashmla_fp8() if fp8 else load_flashmla()
     variants = [(kernel, parts) for parts in (PADDED_VARIANTS if padded else KERNELS[kernel][2])]
-    if kernel not in ("landed", "fp8"):  # (the fp8 cache runs split_kernel_fp8 whatever lead_applies says)
+    if kernel not in ("landed", "fp8", "keys"):  # (the fp8 cache runs its own kernels whatever lead_applies says)
         variants.insert(0, ("landed", ()))
     with tempfile.TemporaryDirectory() as folder:
         modules = {(k, parts): _in_place(load(parts, folder, k), landed, k) for k, parts in variants}
-        if kernel not in ("lead", "fp8"):  # (their unablated copies are the decode as called)
+        if kernel not in ("lead", "keys"):  # (their unablated copies are the decode as called)
             modules[("as called", ())] = landed  # split_kernel_lead where it applies (decode_sm90.lead_applies)
         for heads, batch, keys in shapes:
             cache, bt, sl = make_problem(batch, keys, torch.device("cuda"), fp8=fp8)
@@ -395,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shapes",
         help="HxBxS_kv, comma-separated (default: 128x64x8192,128x1x131072; sparse:"
-        " 128x64x8192,128x128x8192, top-k 2048; fp8: 128x64x8192,128x1x65536,16x64x4096,16x1x65536)",
+        " 128x64x8192,128x128x8192, top-k 2048; fp8: 128x64x8192,128x1x65536,16x64x4096,16x1x65536; keys:"
+        " 16x1x65536,16x2x131072,16x64x4096,32x64x4096)",
     )
     parser.add_argument("--kernel", choices=list(KERNELS), default="landed", help="whose parts to switch off")
     parser.add_argument(
@@ -405,14 +442,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", help="also write a bar chart here (.png)")
     args = parser.parse_args(argv)
-    default = {"sparse": "128x64x8192,128x128x8192", "fp8": "128x64x8192,128x1x65536,16x64x4096,16x1x65536"}.get(
-        args.kernel, "128x64x8192,128x1x131072"
-    )
+    default = {
+        "sparse": "128x64x8192,128x128x8192",
+        "fp8": "128x64x8192,128x1x65536,16x64x4096,16x1x65536",
+        "keys": "16x1x65536,16x2x131072,16x64x4096,32x64x4096",
+    }.get(args.kernel, "128x64x8192,128x1x131072")
     if args.padded:  # the 16-head targets of issue 18
         default = "16x1x65536,16x1x131072,16x2x65536,16x2x131072,16x1x8192"
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or default).split(",")]
     rows = run(shapes, args.kernel, padded=args.padded)
-    reference = "fp8" if args.kernel == "fp8" else "landed"
+    reference = args.kernel if args.kernel in ("fp8", "keys") else "landed"
     print_table(rows, {**REFERENCE, "decode": reference, "sparse_decode": "sparse"})
     if args.out:
         plot_bars(rows, args.out, title="the Gluon decode without one part (µs, lower is faster)")

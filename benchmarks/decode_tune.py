@@ -8,10 +8,14 @@ imports). Times are CUDA-graph replays (:func:`common.bench`), problems as :mod:
     python benchmarks/decode_tune.py --shapes 16x1x65536 --block-n 32,64 --stages 2,5 --waves 1,2,4
     python benchmarks/decode_tune.py --fp8 --block-n 32,64 --stages 2,5,7   # vLLM's per-tensor fp8 cache
     python benchmarks/decode_tune.py --shapes 128x1x65536 --kernels triton,sm90 --block-n 64 --stages 2 --warps 8
+    python benchmarks/decode_tune.py --fp8 --as-called --kernels triton,sm90 --shapes 16x1x1024,16x64x1024
 
 ``--kernels``: which split kernel runs a config (``mla_decode_paged``'s ``kernel``): ``auto`` (default) and
 ``triton`` the readable one (a tile override keeps it), ``sm90`` the Gluon one (:mod:`mlaspec.impl.decode_sm90`;
 64 x 64 tiles only, stages and warps ignored). Each row's ``default_us`` is the call without a config, as served.
+``--as-called``: each kernel as ``auto`` would call it (its own tile and split count, no config): where the choice
+between two kernels is a crossover (the fp8 cache at 16-32 rows: the readable kernel or the Gluon one), both sides of
+it.
 
 Importing this module runs nothing.
 """
@@ -29,13 +33,14 @@ from decode import D_QK, D_V, PAGE, _fn, make_problem
 
 
 def tune(
-    shape, *, block_ns, stages, warps, waves, block_ms=(None,), kernels=("auto",), fp8=False, fm=None
+    shape, *, block_ns, stages, warps, waves, block_ms=(None,), kernels=("auto",), fp8=False, fm=None, as_called=False
 ) -> list[dict]:
     """Time every config on one ``(H, B, S_kv)``; rows sorted fastest first, FlashMLA's and the default config's
     times in each row. ``waves``: programs per SM, from which the split count follows; ``block_ms``: query rows per
     program (None: :func:`~mlaspec.impl.decode.decode_config`'s); ``kernels``: ``mla_decode_paged``'s ``kernel``;
     ``fp8``: vLLM's per-tensor e4m3 cache (FlashMLA:
-    its dense fp8 decode, ``fm`` the extension)."""
+    its dense fp8 decode, ``fm`` the extension); ``as_called``: each kernel with no config (the tile arguments
+    ignored)."""
     from mlaspec.impl.decode import DecodeConfig, decode_config, mla_decode_paged
 
     H, B, S_kv = shape
@@ -50,10 +55,11 @@ def tune(
     default = bench(_fn("triton", fm, *problem), graph=True)
     call = functools.partial(mla_decode_paged, q, cache3, block_table, seq_lens, scale=scale, k_scale=k_scale)
     rows, sms = [], torch.cuda.get_device_properties(dev).multi_processor_count
-    for kernel, bm, bn, st, w, wv in itertools.product(kernels, block_ms, block_ns, stages, warps, waves):
+    configs = itertools.product(kernels, block_ms, block_ns, stages, warps, waves)
+    for kernel, bm, bn, st, w, wv in ((k, *(None,) * 5) for k in kernels) if as_called else configs:
         bm = bm or base.block_m
-        sp = max(1, wv * sms // (B * -(-H // bm)))  # wv programs per SM
-        cfg = DecodeConfig(bm, bn, w, st)
+        sp = None if as_called else max(1, wv * sms // (B * -(-H // bm)))  # wv programs per SM
+        cfg = None if as_called else DecodeConfig(bm, bn, w, st)
         fn = functools.partial(call, max_seq_len=S_kv, num_splits=sp, config=cfg, kernel=kernel)
         try:
             # once outside the graph first: a config that fails must fail here, not inside a capture (a capture that
@@ -81,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--waves", type=ints, default=[1, 2], help="programs per SM (the split count follows)")
     parser.add_argument("--kernels", default="auto", help="split kernels to time: auto, triton, sm90 (comma-separated)")
     parser.add_argument("--fp8", action="store_true", help="vLLM's per-tensor fp8 cache (FlashMLA: its fp8 decode)")
+    parser.add_argument("--as-called", action="store_true", help="each kernel with its own tile and splits (no config)")
     parser.add_argument("--out", default="decode_tune.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         shape = tuple(int(x) for x in text.split("x"))
         tiles = dict(block_ns=args.block_n, stages=args.stages, warps=args.warps, waves=args.waves)
         tiles.update(block_ms=args.block_m or (None,), kernels=args.kernels.split(","))
-        rows = tune(shape, **tiles, fp8=args.fp8, fm=fm)
+        rows = tune(shape, **tiles, fp8=args.fp8, fm=fm, as_called=args.as_called)
         results += rows
         for r in rows[:5]:
             print(f"best {shape}: {r}")

@@ -49,7 +49,8 @@ there, the next key tile streams in during this one's dots, which Triton's pipel
 ``q`` in 227 KB, and each logit is computed once (:func:`use_sm90`); where the rows are two or more 64-row blocks
 (128 heads) its ``split_kernel_lead``, whose leader warpgroup computes whole tiles' logits
 (:func:`mlaspec.impl.decode_sm90.lead_applies`). Over the fp8 cache its ``split_kernel_fp8``
-converts each tile in a producer warpgroup beside the MMAs, rows padded to 64 (:func:`fp8_rows_padded`).
+converts each tile in a producer warpgroup beside the MMAs, and at 32 rows or fewer its ``split_kernel_fp8_keys``
+multiplies with the keys as the MMAs' rows, no rows padded.
 """
 
 from __future__ import annotations
@@ -77,7 +78,6 @@ __all__ = [
     "combine_config",
     "compiled_capability",
     "decode_config",
-    "fp8_rows_padded",
     "gluon_runs",
     "hopper_why_not",
     "kernel_named",
@@ -290,8 +290,9 @@ def decode_config(
     rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False, *, gluon_fp8: bool = False
 ) -> DecodeConfig:
     """The tile for ``rows = S_q * H_q`` query rows (``fp8``: over the per-tensor fp8 cache; ``gluon_fp8``: that
-    cache on Hopper's Gluon kernel, :func:`mlaspec.impl.decode_sm90.split_kernel_fp8`, which pads any rows to one
-    ``64 x 64`` tile: at 16 heads 1.2x the readable kernel's 32-key tiles, two programs an SM, on an H100).
+    cache on Hopper's Gluon kernels, whose key tiles are 64 at any row count: :data:`GLUON_TILE`, 64 rows a program
+    in :func:`mlaspec.impl.decode_sm90.split_kernel_fp8` and 16 or 32 in ``split_kernel_fp8_keys``,
+    :func:`mlaspec.impl.decode_sm90.keys_rows`).
 
     bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys; 8 warps for 64 rows, so the ``[64, 512]``
     fp32 accumulator is 128 registers a thread. fp32 inputs (exact ``ieee`` dots, not tf32) take half-size tiles.
@@ -317,18 +318,6 @@ def decode_config(
     num_warps = 8 if block_m >= 64 else 4
     num_stages = 1 if big else 5 if block_m <= 32 and not fp8 else 2
     return DecodeConfig(block_m, block_n, num_warps, num_stages)
-
-
-def fp8_rows_padded(rows: int, batch: int, max_seq_len: int) -> bool:
-    """Whether ``rows = S_q * H_q`` query rows over vLLM's fp8 cache go to Hopper's Gluon kernel under ``auto``
-    (where it applies): more than 32 rows always; fewer (16 heads), padded to its 64-row tile, where the batch holds
-    at least 128 tiles of 64 keys. Measured on an H100 (2026-11-27, CUDA-graph replays, 16 heads, Gluon against the
-    readable kernel's 32-key tiles): B1 1K 9.7 / 7.9 us, B2 1K 9.9 / 8.3, B4 1K 10.2 / 9.3 (16-64 tiles), but B2 4K
-    11.3 / 12.2, B1 8K 11.6 / 12.4, B64 1K 40.3 / 46.7, B1 128K 72.2 / 82.6, B64 8K 254 / 296 (128 tiles and more).
-    Measured with Triton's e4m3-to-bf16 conversion, before :mod:`mlaspec.impl.fp8` (2026-11-29, evening), which sped
-    both kernels up, the Gluon one more; the crossover is not re-measured since.
-    """
-    return rows > 32 or batch * triton.cdiv(max_seq_len, GLUON_TILE.block_n) >= 128
 
 
 def num_splits_heuristic(
@@ -563,10 +552,10 @@ def mla_decode_paged(
     rows = S_q * H_q
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if B else 0
-    # vLLM's fp8 cache on Hopper: the Gluon kernel, whose tile is 64 x 64 at any row count (not where the readable
-    # kernel is asked for by name or by a tile override)
+    # vLLM's fp8 cache on Hopper: the Gluon kernels, 64-key tiles at any row count (not where the readable kernel is
+    # asked for by name or by a tile override); at 32 rows or fewer split_kernel_fp8_keys, 1.03-2.2x the readable
+    # kernel's 32-key tiles on an H200 from B1 1K up (2026-11-29, night: benchmarks/decode_tune.py --as-called)
     gluon_fp8 = fp8 and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
-    gluon_fp8 = gluon_fp8 and (kernel == "sm90" or fp8_rows_padded(rows, B, max_seq_len))
     gluon_fp8 = gluon_fp8 and use_sm90("auto", q, kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope)
     cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon_fp8=gluon_fp8)
     if page_size % cfg.block_n:
@@ -627,6 +616,10 @@ def mla_decode_paged(
         tile = dict(CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size, BLOCK_M=cfg.block_m)
         tile.update(BLOCK_N=cfg.block_n, SINGLE=num_splits == 1)
         grid = (row_blocks, num_splits, B)
+        if gluon and fp8 and decode_sm90.keys_rows(rows):  # no padded rows: the keys are the MMAs' rows
+            tile.update(BLOCK_M=decode_sm90.keys_rows(rows))
+            decode_sm90.split_kernel_fp8_keys[grid](*args, **tile, num_warps=decode_sm90.KEYS_WARPS)
+            return
         if gluon and fp8:
             decode_sm90.split_kernel_fp8[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
             return

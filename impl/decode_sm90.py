@@ -34,8 +34,8 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    into registers and convert them, exactly, into the second of two bf16 key tiles while the 8 warps above multiply
    the first (q, two key tiles and ``P``: 224 KB; consumers 192 registers a thread, the producer 120). ``k_scale``
    sits in the logits' scale and the epilogue, as in the readable kernel, so its outputs equal this file's bf16
-   kernel's on the cache converted to bf16, bit for bit (``tests/test_impl_decode_sm90.py``). Rows are padded to 64,
-   so it also takes 16-32 query rows (:func:`mlaspec.impl.decode.decode_config`). Measured on an H100 (2026-11-27,
+   kernel's on the cache converted to bf16, bit for bit (``tests/test_impl_decode_sm90.py``). Rows are padded to 64
+   (fewer rows take ``split_kernel_fp8_keys``, below). Measured on an H100 (2026-11-27,
    CUDA-graph replays, against the readable kernel's fp8 path): 128 heads 1.5-1.6x faster (B64 8K 768 -> 482 us),
    16 heads 1.2x (B64 8K 296 -> 254 us), with the conversion done by all 8 warps between the MMAs instead 3-8% slower
    than with the producer; still 0.45-0.72x FlashMLA's fp8 decode, which also rounds q and ``P`` to e4m3 and
@@ -43,8 +43,13 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    next tile's loads wait behind it, set the pace: 3.8 us a tile a program at 128 heads B64 8K, against 2.7 for the
    bf16 kernel. Since 2026-11-29 (evening) it converts through fp32 (:mod:`mlaspec.impl.fp8`), not through Triton's
    ``cvt.bf16.f16`` (an ``F2F`` a value): 1.05-1.34x faster on an H200 (128 heads B64 8K 493 -> 372 us), about 3 us
-   a tile at 16 and 128 heads alike, near this file's bf16 ``split_kernel``; which side binds now,
-   ``benchmarks/decode_ablation.py --kernel fp8`` is built to tell.
+   a tile at 16 and 128 heads alike, near this file's bf16 ``split_kernel``, and its consumers bind it
+   (``benchmarks/decode_ablation.py --kernel fp8``: both MMAs off 1.37-1.58x faster, the producer's loads off at most
+   1.05x). At 32 rows or fewer (:func:`keys_rows`) ``split_kernel_fp8_keys`` runs instead: the same producer beside
+   one consumer warpgroup that multiplies with the keys as the MMAs' 64 rows and the 16 or 32 query rows as their
+   ``N`` (``S^T = K q^T``, ``O^T += V^T P^T``; the softmax on the logits' transposed register view), so none of its
+   MMA work is padding: 1.28-1.33x faster than the padded kernel at 16 heads on an H200 (B1 64K 30.5 -> 23.5 us, B64
+   4K 102.1 -> 79.6), 1.15x at 32 rows; there both sides bound it about evenly.
 
 5. **Rows whose key tiles other programs read too** (``split_kernel_lead``: 128 heads are two 64-row blocks, each
    tile read by both programs, the second time from L2): there the tile's arithmetic sets the pace, and
@@ -114,18 +119,22 @@ __all__ = [
     "AVAILABLE",
     "BLOCK_M",
     "BLOCK_N",
+    "KEYS_WARPS",
     "LEAD_WARPS",
     "NUM_WARPS",
     "cache_descriptors",
+    "keys_rows",
     "lead_applies",
     "split_kernel",
     "split_kernel_fp8",
+    "split_kernel_fp8_keys",
     "split_kernel_lead",
 ]
 
 AVAILABLE = gluon is not None
 BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 8  # one warpgroup MMA tall; two warpgroups
 LEAD_WARPS = 4  # split_kernel_lead's launch: its leader warpgroup (the helper is the one worker partition)
+KEYS_WARPS = 4  # split_kernel_fp8_keys's launch: its consumer warpgroup (the producer is the one worker partition)
 D_LATENT = 512  # an entry: 512 latent values, then 64 RoPE values
 
 
@@ -159,6 +168,12 @@ def partial_descriptor(o_part):
 @functools.cache
 def _partial_layout():
     return gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_LATENT // 2], gl.float32)
+
+
+def keys_rows(rows: int) -> int | None:
+    """The query rows a program of :func:`split_kernel_fp8_keys` takes for ``rows = S_q * H_q`` over vLLM's fp8 cache
+    (16 or 32: its MMAs' ``N``), or ``None`` above 32, where :func:`split_kernel_fp8`'s 64-row tile wastes nothing."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else None
 
 
 def lead_applies(row_blocks: int) -> bool:
@@ -735,6 +750,81 @@ if AVAILABLE:
             gl.warp_specialize([(_consume_fp8_single, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])
         else:
             gl.warp_specialize([(_consume_fp8_split, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])
+
+    # -- the fp8 decode at 32 query rows or fewer: the keys as the MMAs' rows ---------------------------------------
+    @gluon.jit
+    def _consume_keys(p, SINGLE: gl.constexpr):
+        """One consumer warpgroup over the producer's tiles with the ``R`` query rows as the MMAs' ``N``: per tile the
+        logits transposed, ``S^T [64, R] = K q^T``, the online softmax on their transposed register view, and the output
+        transposed, ``O^T [512, R] += V^T P^T`` (``P`` through shared memory, viewed transposed); then the epilogue on
+        ``O^T`` viewed back."""
+        R: gl.constexpr = p.q_v.shape[0]
+        N: gl.constexpr = p.k_v.shape[1]
+        D: gl.constexpr = p.k_v.shape[2]
+        KEYS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])
+        _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * R, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V4, LOAD_R4))
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _barrier()
+        zero_t = gl.zeros([N, R], gl.float32, KEYS)  # not read (use_acc=False): the logits' register shape
+        LOGITS: gl.constexpr = gl.permute(zero_t, (1, 0)).type.layout  # [R, N]: rows, then keys (no data moved)
+        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, R, LOGITS)
+        m_i = gl.full([R], float("-inf"), gl.float32, gl.SliceLayout(1, LOGITS))
+        l_i = gl.zeros([R, N], gl.float32, LOGITS)  # row sums kept per key column, summed once at the end
+        acc_t = gl.zeros([D, R], gl.float32, KEYS)
+        for i in range(p.blk_hi - p.blk_lo):
+            b = i % 2
+            mbarrier.wait(p.bars.index(READY + b), (i // 2) & 1)
+            k_v = p.k_v.index(b)
+            s_t = warpgroup_mma(k_v, p.q_v.permute((1, 0)), zero_t, use_acc=False, is_async=True)
+            s_t = warpgroup_mma(p.k_r.index(b), p.q_r.permute((1, 0)), s_t, is_async=True)
+            s_t = warpgroup_mma_wait(0, deps=(s_t,))
+            s = _scale_and_mask(gl.permute(s_t, (1, 0)), p.blk_lo + i, p.qk_scale, p.seq_len, n_keys, n_seen)
+            prob, alpha, m_i_new = _softmax_step(s, m_i)
+            l_i = l_i * gl.expand_dims(alpha, 1) + prob
+            m_i = m_i_new
+            p.p_smem.store(prob.to(p.p_smem.dtype))  # P [R, N]; the MMA reads it as P^T
+            fence_async_shared()
+            _barrier()
+            acc_t = acc_t * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, KEYS)), 0)
+            acc_t = warpgroup_mma(k_v.permute((1, 0)), p.p_smem.permute((1, 0)), acc_t, is_async=True)
+            acc_t = warpgroup_mma_wait(0, deps=(acc_t,))
+            _barrier()  # the warpgroup is done with key tile b (and P)
+            mbarrier.arrive(p.bars.index(FREE + b), count=1)
+        acc = gl.permute(acc_t, (1, 0))  # [R, D]
+        ROW: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        m_o, l_o = gl.convert_layout(m_i, ROW), gl.convert_layout(gl.sum(l_i, 1), ROW)
+        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), 0, D, True,
+                    SINGLE)  # fmt: skip
+
+    @gluon.jit
+    def _consume_keys_single(p):
+        _consume_keys(p, True)
+
+    @gluon.jit
+    def _consume_keys_split(p):
+        _consume_keys(p, False)
+
+    @gluon.jit
+    def split_kernel_fp8_keys(
+        Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks,
+        stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale, S_Q, H_Q,
+        blocks_per_split, num_splits, CAUSAL: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr,
+        PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr,
+    ):  # fmt: skip
+        """:func:`split_kernel_fp8` for ``BLOCK_M`` (:func:`keys_rows`: 16 or 32) query rows a program, with the keys
+        as the MMAs' rows: one consumer warpgroup (:func:`_consume_keys`, the default partition: launch with 4 warps)
+        beside :func:`split_kernel_fp8`'s producer (q, two key tiles, ``P``: 165 KB at 16 rows, 185 at 32)."""
+        p = _split_state(
+            Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp,
+            stride_ks, stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale,
+            S_Q, H_Q, blocks_per_split, num_splits, CAUSAL, D_V, D_ROPE, PAGE, BLOCK_M, BLOCK_N, 4,
+        )  # fmt: skip
+        if SINGLE:
+            gl.warp_specialize([(_consume_keys_single, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])
+        else:
+            gl.warp_specialize([(_consume_keys_split, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])
 
     # -- the 64-row decode where each tile is read by two or more programs: a leader warpgroup ----------------------
     LEAD_REGS = gl.constexpr(248)  # registers a thread, both warpgroups (248 x 256 threads: an SM's 64 K)

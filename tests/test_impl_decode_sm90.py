@@ -17,7 +17,6 @@ from mlaspec.impl.decode import (
     GLUON_TILE,
     DecodeConfig,
     decode_config,
-    fp8_rows_padded,
     mla_decode_paged,
     sm90_why_not,
     use_sm90,
@@ -55,21 +54,11 @@ def test_where_the_gluon_kernel_applies(kw, why):
     assert got is None if why is None else re.search(why, got), got
 
 
-@pytest.mark.parametrize(
-    "rows, batch, keys, padded",
-    [
-        (128, 1, 64, True),  # 128 heads: the Gluon fp8 kernel at any size
-        (64, 4, 1024, True),
-        (16, 1, 1024, False),  # 16 heads, 16 tiles: the readable kernel's 32-key tiles were faster
-        (16, 4, 1024, False),  # 64 tiles
-        (16, 2, 4096, True),  # 128 tiles: the padded Gluon kernel was faster
-        (32, 64, 1024, True),
-        (16, 1, 8128, False),  # 127 tiles
-        (16, 1, 8129, True),
-    ],
-)
-def test_which_fp8_decodes_pad_their_rows(rows, batch, keys, padded):
-    assert fp8_rows_padded(rows, batch, keys) is padded
+@pytest.mark.parametrize("rows, keys", [(1, 16), (16, 16), (17, 32), (32, 32), (33, None), (64, None), (128, None)])
+def test_which_fp8_rows_take_the_keys_as_mma_rows(rows, keys):
+    """16 or 32 query rows a program of ``split_kernel_fp8_keys`` (the MMAs' ``N``) up to 32 rows; above,
+    ``split_kernel_fp8``'s 64-row tile, in :data:`GLUON_TILE` either way (its 64-key tiles)."""
+    assert decode_sm90.keys_rows(rows) == keys
     assert decode_config(rows, 64, torch.bfloat16, True, gluon_fp8=True) == DecodeConfig(64, 64, 8, 1) == GLUON_TILE
 
 
@@ -234,8 +223,11 @@ FP8_CASES = [
     (1, 1, 128, [1000], True, 64, None),
     (3, 1, 128, [0, 77, 4096], True, 64, None),  # an empty sequence; splits with nothing
     (2, 2, 64, [5, 300], True, 64, None),  # MTP: rows that see fewer keys
-    (2, 1, 16, [129, 64], True, 64, None),  # 16 heads: rows padded to the 64-row tile (sm90)
-    (2, 1, 16, [8192, 64], True, 64, None),  # ... which auto takes for a batch of 256 tiles
+    (2, 1, 16, [129, 64], True, 64, None),  # 16 heads: the keys as the MMAs' rows (sm90)
+    (2, 1, 16, [8192, 64], True, 64, None),
+    (2, 2, 16, [300, 1000], True, 64, None),  # 16 heads, MTP 2: 32 rows
+    (3, 1, 8, [0, 65, 2000], True, 128, None),  # 8 rows of 16, an empty sequence, two tiles a page
+    (1, 1, 16, [700], False, 64, 1),  # one split
     (2, 1, 128, [1000, 333], True, 128, None),  # two tiles a page
     (1, 1, 128, [700], True, 64, 1),  # one split: the kernel writes the result itself
     (1, 2, 64, [513], False, 64, None),
@@ -254,28 +246,36 @@ def test_fp8_equals_the_bf16_kernel_on_the_converted_cache(
 ):
     """``split_kernel_fp8`` converts each byte to bf16 exactly and keeps ``k_scale`` out of the tile: at ``k_scale
     = 1`` its outputs are the bf16 kernel's on the cache converted to bf16, bit for bit (same MMAs, same softmax: the
-    bf16 ``split_kernel``, which 128 heads leave for ``split_kernel_lead``, whose row sums round differently);
-    and ``auto`` takes it where :func:`fp8_rows_padded` says (16 heads: rows padded to the 64-row tile)."""
+    bf16 ``split_kernel``, which 128 heads leave for ``split_kernel_lead``, whose row sums round differently). At 32
+    rows or fewer ``split_kernel_fp8_keys`` runs instead (its MMAs add in another order: ``test_fp8_matches_spec``
+    judges it), and ``auto`` takes the same Gluon kernel at any size."""
     monkeypatch.setattr(decode_sm90, "lead_applies", lambda row_blocks: False)
     case = decode_case(B, S_q, H, seq_lens, torch.bfloat16, causal, seed=H + sum(seq_lens), page_size=page_size)
     q, _, cache, block_table, lens = (t.cuda() for t in case)
     c8 = _fp8(cache, 1.0)
-    kw = dict(scale=SCALE, causal=causal, num_splits=num_splits, kernel="sm90")
+    kw = dict(scale=SCALE, causal=causal, num_splits=num_splits)
     calls = []
-    real = decode_sm90.split_kernel_fp8
 
     class Recorded:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return real[grid]
+        def __init__(self, name):
+            self.name, self.real = name, getattr(decode_sm90, name)
 
-    got = mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, **kw)
-    if H * S_q > 32:  # the bf16 kernel takes more than 32 rows (16 heads: test_fp8_matches_spec)
-        want = mla_decode_paged(q, c8.view(torch.float8_e4m3fn).to(torch.bfloat16), block_table, lens, **kw)
+        def __getitem__(self, grid):
+            calls.append(self.name)
+            return self.real[grid]
+
+    for name in ("split_kernel_fp8", "split_kernel_fp8_keys"):
+        monkeypatch.setattr(decode_sm90, name, Recorded(name))
+    got = mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, kernel="sm90", **kw)
+    keys = decode_sm90.keys_rows(H * S_q) is not None
+    assert calls == ["split_kernel_fp8_keys" if keys else "split_kernel_fp8"], calls
+    if not keys:  # the bf16 kernel takes more than 32 rows
+        want = mla_decode_paged(q, c8.view(torch.float8_e4m3fn).to(torch.bfloat16), block_table, lens, kernel="sm90",
+                                **kw)  # fmt: skip
         assert torch.equal(got.out, want.out) and torch.equal(got.lse, want.lse)
-    monkeypatch.setattr(decode_sm90, "split_kernel_fp8", Recorded())
-    mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, scale=SCALE, causal=causal, num_splits=num_splits)
-    assert bool(calls) == fp8_rows_padded(H * S_q, B, max(seq_lens)), calls
+    calls.clear()
+    mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, **kw)
+    assert calls == ["split_kernel_fp8_keys" if keys else "split_kernel_fp8"], calls
 
 
 @pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")

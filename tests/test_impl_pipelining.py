@@ -199,24 +199,26 @@ def test_the_sparse_lead_probe_compiles_for_hopper():
     assert 3 * 64 * 576 * 2 < out["shared"] <= HOPPER_SHARED, out
 
 
-@pytest.mark.parametrize("single", [True, False])
-def test_the_fp8_keys_as_rows_probe_compiles_for_hopper(single):
-    """``benchmarks/fp8_keys_probe.py`` (the fp8 decode at 16 rows with the keys as the MMAs' rows, not yet run on a
-    GPU, not wired in) builds for sm_90: ``m64n16k16`` MMAs only (no padded rows), the landed producer warpgroup
-    beside one consumer warpgroup (``setmaxnreg``), q of 16 rows, two key tiles and ``P`` well under 227 KB."""
+@pytest.mark.parametrize("rows, single", [(16, True), (16, False), (32, False)])
+def test_the_fp8_decode_with_keys_as_rows_has_no_padded_mma(rows, single):
+    """``split_kernel_fp8_keys`` (vLLM's fp8 cache at 32 query rows or fewer) builds for sm_90 with ``m64n{rows}k16``
+    MMAs only, the keys as their 64 rows (none of ``split_kernel_fp8``'s 64-row MMAs, whose rows past 16 or 32 would
+    be padding), the producer warpgroup beside one consumer warpgroup (``setmaxnreg``), the exact conversion, and q,
+    two key tiles and ``P`` in shared memory."""
     from mlaspec.impl import decode_sm90
 
     if not decode_sm90.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     mma = "wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16"
-    words = [mma.format(16), mma.format(64), "setmaxnreg.dec", *FP8_WORDS]
-    const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=64, BLOCK_N=64, SINGLE=single)
-    spec = dict(num_warps=4, num_stages=1, path=[str(Path(__file__).parents[1] / "benchmarks")], ptx_words=words)
-    out = compiled("fp8_keys_probe:split_kernel_fp8", dict(POINTERS, KV="*u8"), const, **spec)
+    words = [mma.format(rows), mma.format(64), "setmaxnreg.dec", *FP8_WORDS, SLOW_CVT]
+    const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=rows, BLOCK_N=64, SINGLE=single)
+    spec = dict(num_warps=decode_sm90.KEYS_WARPS, num_stages=1, ptx_words=words)
+    out = compiled("mlaspec.impl.decode_sm90:split_kernel_fp8_keys", dict(POINTERS, KV="*u8"), const, **spec)
     has = out["ptx_has"]
-    assert has[mma.format(16)] and not has[mma.format(64)] and has["setmaxnreg.dec"], out
-    assert all(has[w] for w in FP8_WORDS), out
-    assert 2 * 64 * 576 * 2 < out["shared"] <= 2 * 64 * 576 * 2 + 32 * 1024, out
+    assert has[mma.format(rows)] and not has[mma.format(64)] and has["setmaxnreg.dec"], out
+    assert all(has[w] for w in FP8_WORDS) and not has[SLOW_CVT], out
+    tiles, q_and_p = 2 * 64 * 576 * 2, rows * (576 + 64) * 2
+    assert tiles + q_and_p <= out["shared"] <= tiles + q_and_p + 4 * 1024, out
 
 
 def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
@@ -251,7 +253,9 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
                     num_warps=decode_sm90.LEAD_WARPS, options=lead_options, **spec)  # fmt: skip
     fp8 = compiled("fp8_all:split_kernel_fp8", dict(POINTERS, KV="*u8"), dict(lead_const),
                    num_warps=decode_sm90.NUM_WARPS, **spec)  # fmt: skip
-    kernels = (landed, seesaw, sparse, lead, fp8)
+    keys = compiled("keys_all:split_kernel_fp8_keys", dict(POINTERS, KV="*u8"), dict(lead_const, BLOCK_M=16),
+                    num_warps=decode_sm90.KEYS_WARPS, **spec)  # fmt: skip
+    kernels = (landed, seesaw, sparse, lead, fp8, keys)
     assert all(k["shared"] <= HOPPER_SHARED for k in kernels), kernels
 
 
