@@ -134,8 +134,8 @@ FP8_ABLATIONS = {
         )
     ],
     "conversion": [  # each byte moved to a bf16's high byte: integer instructions only
-        ("_e4m3_to(raw, dtype)", "(raw.to(gl.int16) << 8).to(dtype, bitcast=True)"),
-        ("_e4m3_to(rope, dtype)", "(rope.to(gl.int16) << 8).to(dtype, bitcast=True)"),
+        ("_e4m3_to(raw, p.q_v.dtype)", "(raw.to(gl.int16) << 8).to(p.q_v.dtype, bitcast=True)"),
+        ("_e4m3_to(rope, p.q_v.dtype)", "(rope.to(gl.int16) << 8).to(p.q_v.dtype, bitcast=True)"),
     ],
     "q k^T": [
         (
@@ -155,10 +155,16 @@ FP8_ABLATIONS = {
 }
 FP8_PRODUCER = ("byte loads", "conversion")
 FP8_CONSUMER = ("q k^T", "softmax", "P @ V")
-# mlaspec.impl.decode_sm90.split_kernel_fp8_keys (the fp8 cache at 32 rows or fewer, the keys as the MMAs' rows): the
-# same producer, its one consumer warpgroup's parts
+# mlaspec.impl.decode_sm90.split_kernel_fp8_keys (the fp8 cache at 32 rows or fewer, the keys as the MMAs' rows): its
+# producer's byte copies and conversion (the latter shared with split_kernel_fp8), its one consumer warpgroup's parts
 KEYS_ABLATIONS = {
-    **{part: FP8_ABLATIONS[part] for part in FP8_PRODUCER},
+    "byte loads": [  # the copies into shared memory of every tile but the first (the bytes then stale)
+        (
+            "            if blk + 1 < p.blk_hi:\n                _copy_bytes(",
+            "            if blk < 0:  # ablated: no copy\n                _copy_bytes(",
+        )
+    ],
+    "conversion": FP8_ABLATIONS["conversion"],
     "q k^T": [
         (
             "            s_t = warpgroup_mma(k_v, p.q_v.permute((1, 0)), zero_t, use_acc=False, is_async=True)\n"

@@ -49,7 +49,9 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    one consumer warpgroup that multiplies with the keys as the MMAs' 64 rows and the 16 or 32 query rows as their
    ``N`` (``S^T = K q^T``, ``O^T += V^T P^T``; the softmax on the logits' transposed register view), so none of its
    MMA work is padding: 1.28-1.33x faster than the padded kernel at 16 heads on an H200 (B1 64K 30.5 -> 23.5 us, B64
-   4K 102.1 -> 79.6), 1.15x at 32 rows; there both sides bound it about evenly.
+   4K 102.1 -> 79.6), 1.15x at 32 rows. There both sides bound it about evenly, and its producer copies the next
+   tile's bytes into shared memory by ``cp.async`` (the room 64-row kernels lack) while it converts this one:
+   another 1.03-1.06x at B2 128K and B64 (4K-64K), 2.5% slower at B1 64K.
 
 5. **Rows whose key tiles other programs read too** (``split_kernel_lead``: 128 heads are two 64-row blocks, each
    tile read by both programs, the second time from L2): there the tile's arithmetic sets the pace, and
@@ -503,6 +505,10 @@ if AVAILABLE:
     READY = gl.constexpr(0)  # [2]: key tile b holds its tile
     FREE = gl.constexpr(2)  # [2]: the consumers are done with key tile b
     ROWS = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))  # [3, 64] fp32 per-row values (.index: rank 1)
+    # the staged bytes (split_kernel_fp8_keys), unswizzled: a warp's 16-byte reads in PRAW's order meet each bank
+    # slot once a 128-byte wavefront
+    RAW_SHARED = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+    RAW_SHARED_R = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
 
     @aggregate
     class _Split:  # what a warp-specialized kernel's partitions share: the split, its outputs, its shared memory
@@ -545,9 +551,32 @@ if AVAILABLE:
         bars: gl.shared_memory_descriptor
 
     @gluon.jit
+    def _byte_addresses(KV, page, blk, seq_len, stride_kp, stride_ks, PAGE, n: gl.constexpr, ROPE: gl.constexpr):
+        """Where key tile ``blk``'s e4m3 bytes (of physical page ``page``) are, in the producer's layouts, with their
+        mask (the slots before ``seq_len``): its values ``[n, 4, 128]`` (``PRAW``), or (``ROPE``) its RoPE part ``[n,
+        64]`` (``PRAW_R``)."""
+        slot0 = (blk % (PAGE // n)) * n
+        limit = slot0 + seq_len - blk * n
+        base = KV + page * stride_kp
+        if ROPE:
+            rr = slot0 + gl.arange(0, n, layout=gl.SliceLayout(1, PRAW_R))
+            cr = 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, PRAW_R))
+            return base + gl.expand_dims(rr.to(gl.int64) * stride_ks, 1) + gl.expand_dims(cr, 0), gl.expand_dims(
+                rr < limit, 1
+            )
+        else:
+            r = slot0 + gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, PRAW)))
+            g = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, PRAW)))
+            c = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, PRAW)))
+            row = gl.expand_dims(r.to(gl.int64) * stride_ks, 1) + gl.expand_dims(g * 128, 0)
+            ptrs = base + gl.expand_dims(row, 2) + gl.expand_dims(gl.expand_dims(c, 0), 1)
+            return ptrs, gl.expand_dims(gl.expand_dims(r < limit, 1), 2)
+
+    @gluon.jit
     def _load_bytes(KV, page, blk, seq_len, stride_kp, stride_ks, PAGE, n: gl.constexpr):
         """Key tile ``blk``'s e4m3 bytes (of physical page ``page``) into the producer's registers: values ``[n, 4,
-        128]``, RoPE ``[n, 64]``; 0 past ``seq_len``."""
+        128]``, RoPE ``[n, 64]``; 0 past ``seq_len``. (Its addresses are :func:`_byte_addresses`', computed here in
+        the order of the loads: as two calls, split_kernel_fp8's producer spills two more stores, triton 3.6.)"""
         slot0 = (blk % (PAGE // n)) * n
         limit = slot0 + seq_len - blk * n
         base = KV + page * stride_kp
@@ -564,6 +593,17 @@ if AVAILABLE:
         return raw, rope
 
     @gluon.jit
+    def _copy_bytes(raw_v, raw_r, KV, page, blk, seq_len, stride_kp, stride_ks, PAGE):
+        """Issue the copy (``cp.async``, one group) of key tile ``blk``'s e4m3 bytes into ``raw_v [n, 4, 128]`` /
+        ``raw_r [n, 64]``, zero-filled past ``seq_len``: each producer thread copies the bytes it later reads."""
+        n: gl.constexpr = raw_v.shape[0]
+        ptrs, mask = _byte_addresses(KV, page, blk, seq_len, stride_kp, stride_ks, PAGE, n, False)
+        _async_load(raw_v, ptrs, mask=mask)
+        ptrs, mask = _byte_addresses(KV, page, blk, seq_len, stride_kp, stride_ks, PAGE, n, True)
+        _async_load(raw_r, ptrs, mask=mask)
+        async_copy.commit_group()
+
+    @gluon.jit
     def _e4m3_to(x, dtype: gl.constexpr):
         """:func:`mlaspec.impl.fp8.e4m3_to` in Gluon: the e4m3 values of bytes ``x`` in ``dtype``."""
         if USE_ASM and dtype == gl.bfloat16:
@@ -574,23 +614,47 @@ if AVAILABLE:
     @gluon.jit
     def _produce_fp8(p):
         """Load, convert and hand over the split's tiles, one bf16 key tile of two at a time."""
-        dtype: gl.constexpr = p.q_v.dtype
         n: gl.constexpr = p.k_v.shape[1]
-        D: gl.constexpr = p.k_v.shape[2]
         sub = p.page // n
         page = gl.load(p.bt + p.blk_lo // sub, mask=p.blk_lo < p.blk_hi, other=0).to(gl.int64)
         for i in range(p.blk_hi - p.blk_lo):
             blk = p.blk_lo + i
-            b = i % 2
             raw, rope = _load_bytes(p.KV, page, blk, p.seq_len, p.stride_kp, p.stride_ks, p.page, n)
             page = gl.load(p.bt + (blk + 1) // sub, mask=blk + 1 < p.blk_hi, other=0).to(gl.int64)
-            # the loads are in flight while the consumers finish with this buffer's tile before last
-            mbarrier.wait(p.bars.index(FREE + b), ((i // 2) & 1) ^ 1, pred=i >= 2)
-            p.k_v.index(b).store(gl.reshape(_e4m3_to(raw, dtype), [n, D]))
-            p.k_r.index(b).store(_e4m3_to(rope, dtype))
-            fence_async_shared()
-            _barrier()
-            mbarrier.arrive(p.bars.index(READY + b), count=1)
+            _hand_over(p, raw, rope, i)  # the loads are in flight while the consumers finish with the buffer
+
+    @gluon.jit
+    def _produce_fp8_staged(p, raw_v, raw_r):
+        """:func:`_produce_fp8` with the bytes staged in shared memory (``raw_v [n, 4, 128]``, ``raw_r [n, 64]``):
+        the next tile's bytes are copied by ``cp.async`` while this one is converted and handed over."""
+        n: gl.constexpr = p.k_v.shape[1]
+        sub = p.page // n
+        page = gl.load(p.bt + p.blk_lo // sub, mask=p.blk_lo < p.blk_hi, other=0).to(gl.int64)
+        if p.blk_lo < p.blk_hi:
+            _copy_bytes(raw_v, raw_r, p.KV, page, p.blk_lo, p.seq_len, p.stride_kp, p.stride_ks, p.page)
+        for i in range(p.blk_hi - p.blk_lo):
+            blk = p.blk_lo + i
+            page = gl.load(p.bt + (blk + 1) // sub, mask=blk + 1 < p.blk_hi, other=0).to(gl.int64)
+            async_copy.wait_group(0)
+            raw, rope = raw_v.load(PRAW), raw_r.load(PRAW_R)
+            _barrier()  # the producer has read this tile's bytes: the next tile's may land
+            if blk + 1 < p.blk_hi:
+                _copy_bytes(raw_v, raw_r, p.KV, page, blk + 1, p.seq_len, p.stride_kp, p.stride_ks, p.page)
+            _hand_over(p, raw, rope, i)
+
+    @gluon.jit
+    def _hand_over(p, raw, rope, i):
+        """Tile ``i``'s bytes (``raw [n, 4, 128]``, ``rope [n, 64]``) converted into bf16 key tile ``i % 2`` once the
+        consumers are done with the tile it held, then announced to them."""
+        n: gl.constexpr = p.k_v.shape[1]
+        D: gl.constexpr = p.k_v.shape[2]
+        b = i % 2
+        mbarrier.wait(p.bars.index(FREE + b), ((i // 2) & 1) ^ 1, pred=i >= 2)
+        p.k_v.index(b).store(gl.reshape(_e4m3_to(raw, p.q_v.dtype), [n, D]))
+        p.k_r.index(b).store(_e4m3_to(rope, p.q_v.dtype))
+        fence_async_shared()
+        _barrier()
+        mbarrier.arrive(p.bars.index(READY + b), count=1)
 
     @gluon.jit
     def _consume_fp8(p, SINGLE: gl.constexpr):
@@ -815,16 +879,22 @@ if AVAILABLE:
     ):  # fmt: skip
         """:func:`split_kernel_fp8` for ``BLOCK_M`` (:func:`keys_rows`: 16 or 32) query rows a program, with the keys
         as the MMAs' rows: one consumer warpgroup (:func:`_consume_keys`, the default partition: launch with 4 warps)
-        beside :func:`split_kernel_fp8`'s producer (q, two key tiles, ``P``: 165 KB at 16 rows, 185 at 32)."""
+        beside :func:`split_kernel_fp8`'s producer with its bytes staged in shared memory
+        (:func:`_produce_fp8_staged`: the next tile's bytes travel while this one is converted; q, two key tiles,
+        ``P`` and one tile of bytes: 200 KB at 16 rows, 221 at 32)."""
         p = _split_state(
             Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp,
             stride_ks, stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale,
             S_Q, H_Q, blocks_per_split, num_splits, CAUSAL, D_V, D_ROPE, PAGE, BLOCK_M, BLOCK_N, 4,
         )  # fmt: skip
+        raw_v = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 4, 128], RAW_SHARED)  # the next tile's bytes: 36 KB
+        raw_r = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, D_ROPE], RAW_SHARED_R)
         if SINGLE:
-            gl.warp_specialize([(_consume_keys_single, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])
+            gl.warp_specialize([(_consume_keys_single, (p,)), (_produce_fp8_staged, (p, raw_v, raw_r))], [4],
+                               [FP8_PRODUCER_REGS])  # fmt: skip
         else:
-            gl.warp_specialize([(_consume_keys_split, (p,)), (_produce_fp8, (p,))], [4], [FP8_PRODUCER_REGS])
+            gl.warp_specialize([(_consume_keys_split, (p,)), (_produce_fp8_staged, (p, raw_v, raw_r))], [4],
+                               [FP8_PRODUCER_REGS])  # fmt: skip
 
     # -- the 64-row decode where each tile is read by two or more programs: a leader warpgroup ----------------------
     LEAD_REGS = gl.constexpr(248)  # registers a thread, both warpgroups (248 x 256 threads: an SM's 64 K)

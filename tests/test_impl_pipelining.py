@@ -203,22 +203,23 @@ def test_the_sparse_lead_probe_compiles_for_hopper():
 def test_the_fp8_decode_with_keys_as_rows_has_no_padded_mma(rows, single):
     """``split_kernel_fp8_keys`` (vLLM's fp8 cache at 32 query rows or fewer) builds for sm_90 with ``m64n{rows}k16``
     MMAs only, the keys as their 64 rows (none of ``split_kernel_fp8``'s 64-row MMAs, whose rows past 16 or 32 would
-    be padding), the producer warpgroup beside one consumer warpgroup (``setmaxnreg``), the exact conversion, and q,
-    two key tiles and ``P`` in shared memory."""
+    be padding), the producer warpgroup beside one consumer warpgroup (``setmaxnreg``), the exact conversion, the next
+    tile's bytes copied by ``cp.async`` (staged in shared memory, not loaded into registers), and q, two key tiles,
+    ``P`` and one tile of bytes within Hopper's shared memory."""
     from mlaspec.impl import decode_sm90
 
     if not decode_sm90.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     mma = "wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16"
-    words = [mma.format(rows), mma.format(64), "setmaxnreg.dec", *FP8_WORDS, SLOW_CVT]
+    words = [mma.format(rows), mma.format(64), "setmaxnreg.dec", "cp.async.cg.shared.global", *FP8_WORDS, SLOW_CVT]
     const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=rows, BLOCK_N=64, SINGLE=single)
     spec = dict(num_warps=decode_sm90.KEYS_WARPS, num_stages=1, ptx_words=words)
     out = compiled("mlaspec.impl.decode_sm90:split_kernel_fp8_keys", dict(POINTERS, KV="*u8"), const, **spec)
     has = out["ptx_has"]
     assert has[mma.format(rows)] and not has[mma.format(64)] and has["setmaxnreg.dec"], out
-    assert all(has[w] for w in FP8_WORDS) and not has[SLOW_CVT], out
-    tiles, q_and_p = 2 * 64 * 576 * 2, rows * (576 + 64) * 2
-    assert tiles + q_and_p <= out["shared"] <= tiles + q_and_p + 4 * 1024, out
+    assert all(has[w] for w in FP8_WORDS) and has["cp.async.cg.shared.global"] and not has[SLOW_CVT], out
+    tiles, q_and_p, staged = 2 * 64 * 576 * 2, rows * (576 + 64) * 2, 64 * 576
+    assert tiles + q_and_p + staged <= out["shared"] <= min(tiles + q_and_p + staged + 4 * 1024, HOPPER_SHARED), out
 
 
 def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
