@@ -72,9 +72,9 @@ ABLATIONS = {
             "                mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)\n",
             "",
         ),
-        (
-            "            if blk + 1 < blk_hi:\n                _issue_tile(",
-            "            if blk < 0:  # never\n                _issue_tile(",
+        (  # (split_kernel's: the line above it is its own)
+            "softmax --------------------\n            if blk + 1 < blk_hi:\n                _issue_tile(",
+            "softmax --------------------\n            if blk < 0:  # never\n                _issue_tile(",
         ),
     ],
 }
@@ -157,6 +157,7 @@ FP8_PRODUCER = ("byte loads", "conversion")
 FP8_CONSUMER = ("q k^T", "softmax", "P @ V")
 # mlaspec.impl.decode_sm90.split_kernel_fp8_keys (the fp8 cache at 32 rows or fewer, the keys as the MMAs' rows): its
 # producer's byte copies and conversion (the latter shared with split_kernel_fp8), its one consumer warpgroup's parts
+# (in _keys_step, which split_kernel_keys shares)
 KEYS_ABLATIONS = {
     "byte loads": [  # the copies into shared memory of every tile but the first (the bytes then stale)
         (
@@ -167,23 +168,23 @@ KEYS_ABLATIONS = {
     "conversion": FP8_ABLATIONS["conversion"],
     "q k^T": [
         (
-            "            s_t = warpgroup_mma(k_v, p.q_v.permute((1, 0)), zero_t, use_acc=False, is_async=True)\n"
-            "            s_t = warpgroup_mma(p.k_r.index(b), p.q_r.permute((1, 0)), s_t, is_async=True)\n"
-            "            s_t = warpgroup_mma_wait(0, deps=(s_t,))\n",
-            "            s_t = zero_t + 1.0\n",
+            "        s_t = warpgroup_mma(k_v, q_v.permute((1, 0)), zero_t, use_acc=False, is_async=True)\n"
+            "        s_t = warpgroup_mma(k_r, q_r.permute((1, 0)), s_t, is_async=True)\n"
+            "        s_t = warpgroup_mma_wait(0, deps=(s_t,))\n",
+            "        s_t = zero_t + 1.0\n",
         )
     ],
     "softmax": [
         (
-            "prob, alpha, m_i_new = _softmax_step(s, m_i)",
-            "prob, alpha, m_i_new = s, gl.full([R], 1.0, gl.float32, gl.SliceLayout(1, LOGITS)), m_i",
+            "prob, alpha, m_new = _softmax_step(s, m_i)",
+            "prob, alpha, m_new = s, gl.full([s.shape[0]], 1.0, gl.float32, gl.SliceLayout(1, s.type.layout)), m_i",
         )
     ],
     "P @ V": [
         (
-            "            acc_t = warpgroup_mma(k_v.permute((1, 0)), p.p_smem.permute((1, 0)), acc_t, is_async=True)\n"
-            "            acc_t = warpgroup_mma_wait(0, deps=(acc_t,))\n",
-            "",
+            "        acc_t = warpgroup_mma(k_v.permute((1, 0)), p_smem.permute((1, 0)), acc_t, is_async=True)\n"
+            "        return m_new, l_i, warpgroup_mma_wait(0, deps=(acc_t,))\n",
+            "        return m_new, l_i, acc_t\n",
         )
     ],
 }
@@ -354,8 +355,9 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
     """:class:`common.Row` s, one a variant of ``kernel`` and shape (provider ``kernel`` or ``"<kernel> without
     <parts>"``), the landed kernel's, and FlashMLA's where it imports. ``padded``: ``split_kernel`` at any head
     count, rows padded to its 64-row tile (``kernel="sm90"``, :data:`mlaspec.impl.decode.GLUON_TILE`; at 16 heads
-    the decode as called runs the readable kernel), the variants :data:`PADDED_VARIANTS`, and the plain read of the
-    same cache (``benchmarks/stream.py``): the floor of any kernel reading it once."""
+    the decode as called runs ``split_kernel_keys``, the readable kernel before 2026-11-29, night), the variants
+    :data:`PADDED_VARIANTS`, and the plain read of the same cache (``benchmarks/stream.py``): the floor of any kernel
+    reading it once."""
     import stream
     import torch
     from common import Row, bench, load_flashmla, load_flashmla_fp8

@@ -50,7 +50,8 @@ there, the next key tile streams in during this one's dots, which Triton's pipel
 (128 heads) its ``split_kernel_lead``, whose leader warpgroup computes whole tiles' logits
 (:func:`mlaspec.impl.decode_sm90.lead_applies`). Over the fp8 cache its ``split_kernel_fp8``
 converts each tile in a producer warpgroup beside the MMAs, and at 32 rows or fewer its ``split_kernel_fp8_keys``
-multiplies with the keys as the MMAs' rows, no rows padded.
+multiplies with the keys as the MMAs' rows, no rows padded; so does its ``split_kernel_keys`` over a 16-bit cache at 16
+rows or fewer (16 heads without MTP).
 """
 
 from __future__ import annotations
@@ -287,12 +288,12 @@ GLUON_TILE = DecodeConfig(decode_sm90.BLOCK_M, decode_sm90.BLOCK_N, decode_sm90.
 
 
 def decode_config(
-    rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False, *, gluon_fp8: bool = False
+    rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False, *, gluon: bool = False
 ) -> DecodeConfig:
-    """The tile for ``rows = S_q * H_q`` query rows (``fp8``: over the per-tensor fp8 cache; ``gluon_fp8``: that
-    cache on Hopper's Gluon kernels, whose key tiles are 64 at any row count: :data:`GLUON_TILE`, 64 rows a program
-    in :func:`mlaspec.impl.decode_sm90.split_kernel_fp8` and 16 or 32 in ``split_kernel_fp8_keys``,
-    :func:`mlaspec.impl.decode_sm90.keys_rows`).
+    """The tile for ``rows = S_q * H_q`` query rows (``fp8``: over the per-tensor fp8 cache; ``gluon``: on Hopper's
+    Gluon kernels where they take rows that the 64-row tile would pad, whose key tiles are 64: :data:`GLUON_TILE`, 64
+    rows a program in :func:`mlaspec.impl.decode_sm90.split_kernel_fp8`, 16 or 32 in ``split_kernel_fp8_keys`` and 16
+    in ``split_kernel_keys``, :func:`mlaspec.impl.decode_sm90.keys_rows`).
 
     bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys; 8 warps for 64 rows, so the ``[64, 512]``
     fp32 accumulator is 128 registers a thread. fp32 inputs (exact ``ieee`` dots, not tf32) take half-size tiles.
@@ -304,13 +305,14 @@ def decode_config(
     168 KB of shared memory at 16 rows, 188 KB at 32, one program per SM. Measured on an H200 (16 heads, bf16, one
     wave): B = 1, 64K keys 40.2 -> 31.8 us, 128K 65.2 -> 49.0 us; B = 64, 4K 86.7 -> 79.4 us. 64 rows keep
     2 stages (two 64-key buffers beside q do not fit in 227 KB; 32-key tiles, 5 stages, ran 97.7 us against
-    85.6 at 128 heads, B = 1, 64K); on Hopper, over a 16-bit cache, they run :mod:`mlaspec.impl.decode_sm90`.
+    85.6 at 128 heads, B = 1, 64K); on Hopper, over a 16-bit cache, they run :mod:`mlaspec.impl.decode_sm90`, and
+    so do 16 rows or fewer (``split_kernel_keys``, 1.02-1.14x these tiles on an H200, 2026-11-29, night).
     fp8 with <= 16 rows: 32-key tiles, whose byte-to-bf16 conversion fits the registers (64-key tiles spill ~500
     bytes a thread, triton 3.6): measured on an H200 at 16 heads, B = 1, 1K keys 35.7 -> 18.5 us, B = 64, 4K 185
     -> 158 us (64 rows keep 64 keys: 32-row or 32-key tiles ran 1.4-2.9x slower). The fp8 figures predate
     :mod:`mlaspec.impl.fp8` (2026-11-29, evening).
     """
-    if gluon_fp8:
+    if gluon:
         return GLUON_TILE
     big = dtype == torch.float32
     block_m = min(32 if big else 64, max(16, triton.next_power_of_2(rows)))
@@ -555,9 +557,11 @@ def mla_decode_paged(
     # vLLM's fp8 cache on Hopper: the Gluon kernels, 64-key tiles at any row count (not where the readable kernel is
     # asked for by name or by a tile override); at 32 rows or fewer split_kernel_fp8_keys, 1.03-2.2x the readable
     # kernel's 32-key tiles on an H200 from B1 1K up (2026-11-29, night: benchmarks/decode_tune.py --as-called)
-    gluon_fp8 = fp8 and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
-    gluon_fp8 = gluon_fp8 and use_sm90("auto", q, kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope)
-    cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon_fp8=gluon_fp8)
+    # and a 16-bit cache at 16 rows or fewer: split_kernel_keys, 1.02-1.15x the readable kernel on an H200 (16 heads,
+    # B1 8K-128K, B2 64K, B64 1K-4K; 2026-11-29, night)
+    narrow = (fp8 or rows <= 16) and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
+    narrow = narrow and use_sm90("auto", q, kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope)
+    cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon=narrow)
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
     row_blocks = triton.cdiv(rows, cfg.block_m)
@@ -622,6 +626,12 @@ def mla_decode_paged(
             return
         if gluon and fp8:
             decode_sm90.split_kernel_fp8[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
+            return
+        if gluon and narrow:  # a 16-bit cache, 16 rows or fewer: the keys are the MMAs' rows
+            descs = decode_sm90.cache_descriptors(kv_cache, page_size)
+            tile.update(BLOCK_M=16, TMA=descs is not None)
+            decode_sm90.split_kernel_keys[grid](*args, *(descs or (None, None)), **tile,
+                                                num_warps=decode_sm90.KEYS_WARPS)  # fmt: skip
             return
         if gluon and decode_sm90.lead_applies(row_blocks):
             halves = decode_sm90.cache_descriptors(kv_cache, page_size, 256)

@@ -59,7 +59,7 @@ def test_which_fp8_rows_take_the_keys_as_mma_rows(rows, keys):
     """16 or 32 query rows a program of ``split_kernel_fp8_keys`` (the MMAs' ``N``) up to 32 rows; above,
     ``split_kernel_fp8``'s 64-row tile, in :data:`GLUON_TILE` either way (its 64-key tiles)."""
     assert decode_sm90.keys_rows(rows) == keys
-    assert decode_config(rows, 64, torch.bfloat16, True, gluon_fp8=True) == DecodeConfig(64, 64, 8, 1) == GLUON_TILE
+    assert decode_config(rows, 64, torch.bfloat16, True, gluon=True) == DecodeConfig(64, 64, 8, 1) == GLUON_TILE
 
 
 def test_the_readable_kernel_when_asked_or_off_hopper():
@@ -104,6 +104,9 @@ def test_the_environment_picks_the_kernel(monkeypatch):
         (1, 1, 128, [700], torch.bfloat16, True, 64, 1),  # one split: the kernel writes the result itself
         (1, 2, 64, [513], torch.bfloat16, False, 64, None),
         (2, 1, 128, [64, 8192], torch.bfloat16, True, 64, 128),  # a sequence of one tile among 128 splits
+        (2, 1, 16, [129, 8192], torch.bfloat16, True, 64, None),  # 16 heads: the keys as the MMAs' rows
+        (3, 1, 8, [0, 65, 2000], torch.float16, True, 128, None),  # 8 rows of 16, an empty sequence, two tiles a page
+        (1, 1, 16, [700], torch.bfloat16, False, 64, 1),  # ... one split
     ],
 )
 def test_matches_spec(B, S_q, H, seq_lens, dtype, causal, page_size, num_splits):
@@ -116,6 +119,28 @@ def test_matches_spec(B, S_q, H, seq_lens, dtype, causal, page_size, num_splits)
         out, lse = mla_decode_paged(*args, scale=SCALE, causal=causal, num_splits=num_splits, kernel=kernel)
         assert_within(f"{kernel} out", out, ref_out, out_bound)
         assert_within(f"{kernel} lse", lse, ref_lse, lse_bound)
+
+
+@pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize("S_q, H, keys", [(1, 16, True), (2, 8, True), (1, 8, True), (2, 16, False), (1, 64, False)])
+def test_16_rows_or_fewer_take_the_keys_as_mma_rows(S_q, H, keys, monkeypatch):
+    """``auto`` sends a 16-bit cache at 16 query rows or fewer to ``split_kernel_keys`` (17-32 rows: the readable
+    kernel; 64: ``split_kernel``), and a tile override keeps the padded ``split_kernel``."""
+    q, _, cache, block_table, lens = (t.cuda() for t in decode_case(2, S_q, H, [300, 64], torch.bfloat16, True, seed=1))
+    calls = []
+    real = decode_sm90.split_kernel_keys
+
+    class Recorded:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(decode_sm90, "split_kernel_keys", Recorded())
+    mla_decode_paged(q, cache, block_table, lens, scale=SCALE)
+    assert bool(calls) is keys, calls
+    calls.clear()
+    mla_decode_paged(q, cache, block_table, lens, scale=SCALE, kernel="sm90", config=GLUON_TILE)
+    assert not calls
 
 
 @pytest.mark.skipif(not decode_sm90.AVAILABLE, reason="this Triton has no Gluon")
