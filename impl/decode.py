@@ -557,7 +557,7 @@ def mla_decode_paged(
     # vLLM's fp8 cache on Hopper: the Gluon kernels, 64-key tiles at any row count (not where the readable kernel is
     # asked for by name or by a tile override); at 32 rows or fewer split_kernel_fp8_keys, 1.03-2.2x the readable
     # kernel's 32-key tiles on an H200 from B1 1K up (2026-11-29, night: benchmarks/decode_tune.py --as-called)
-    # and a 16-bit cache at 16 rows or fewer: split_kernel_keys, 1.02-1.15x the readable kernel on an H200 (16 heads,
+    # and a 16-bit cache at 16 rows or fewer: split_kernel_keys, 1.02-1.14x the readable kernel on an H200 (16 heads,
     # B1 8K-128K, B2 64K, B64 1K-4K; 2026-11-29, night)
     narrow = (fp8 or rows <= 16) and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
     narrow = narrow and use_sm90("auto", q, kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope)

@@ -1,5 +1,6 @@
-"""The 64-row split kernels of :mod:`mlaspec.impl.decode` for Hopper, in Gluon (a 16-bit cache, with one or several
-64-row blocks, and vLLM's per-tensor fp8 cache): the next key tile streams in while this one is used.
+"""The split kernels of :mod:`mlaspec.impl.decode` for Hopper, in Gluon (a 16-bit cache, with one or several 64-row
+blocks, and vLLM's per-tensor fp8 cache; and at 16-32 rows the keys as the MMAs' rows, items 4 and 6): the next key
+tile streams in while this one is used.
 
 Same math and outputs as ``_mla_decode_split_kernel``, and its arguments less ``PRECISION`` and ``FP8`` (read
 that one first: it is the readable version); this one is what 64 query rows a program (128 heads, or 16 heads with
