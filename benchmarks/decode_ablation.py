@@ -334,9 +334,10 @@ def load(parts, folder: str, kernel: str = "landed"):
 
 def _in_place(module, landed, kernel: str = "landed"):
     """What ``mlaspec.impl.decode`` sees as ``decode_sm90``: ``module`` itself if it is a copy of the landed kernel's
-    module, running the kernel the ablations edit (``"landed"``: ``split_kernel`` at every row count; ``"lead"``:
-    ``split_kernel_lead`` where it applies), else the landed module with ``module``'s split kernel (the seesaw
-    probe)."""
+    module, running the kernel the ablations edit (``"landed"``: ``split_kernel`` at every row count, called with its
+    64-row tile; ``"lead"``: ``split_kernel_lead`` where it applies; ``"fp8"``: ``split_kernel_fp8`` at every row
+    count; ``"keys"``: ``split_kernel_fp8_keys`` at 32 rows or fewer), else the landed module with ``module``'s split
+    kernel (the seesaw probe)."""
     if hasattr(module, "cache_descriptors"):
         if kernel == "landed":
             module.lead_applies = lambda row_blocks: False
@@ -387,8 +388,10 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
                 rows.append(Row("decode", "flashmla", shape, bench(_fn("flashmla", fm, *problem), graph=True), 0, 0))
             if padded:
                 rows.append(Row("decode", "read", shape, stream.fastest(cache)[0], 0, 0, timer="graph"))
-            as_called = _fn("triton", fm, *problem, **({"kernel": "sm90"} if fp8 else {}))  # fp8: rows padded
-            call = _fn("triton", fm, *problem, kernel="sm90", config=dec.GLUON_TILE) if padded else as_called
+            as_called = _fn("triton", fm, *problem, **({"kernel": "sm90"} if fp8 else {}))  # fp8: the Gluon kernels
+            # split_kernel itself at any row count (16 bf16 rows as called take split_kernel_keys, not ablated here)
+            padded_call = padded or kernel == "landed"
+            call = _fn("triton", fm, *problem, kernel="sm90", config=dec.GLUON_TILE) if padded_call else as_called
             for (k, parts), module in modules.items():
                 dec.decode_sm90 = module
                 try:

@@ -13,9 +13,9 @@ imports). Times are CUDA-graph replays (:func:`common.bench`), problems as :mod:
 ``--kernels``: which split kernel runs a config (``mla_decode_paged``'s ``kernel``): ``auto`` (default) and
 ``triton`` the readable one (a tile override keeps it), ``sm90`` the Gluon one (:mod:`mlaspec.impl.decode_sm90`;
 64 x 64 tiles only, stages and warps ignored). Each row's ``default_us`` is the call without a config, as served.
-``--as-called``: each kernel as ``auto`` would call it (its own tile and split count, no config): where the choice
-between two kernels is a crossover (the fp8 cache at 16-32 rows: the readable kernel or the Gluon one), both sides of
-it.
+``--as-called``: each kernel as ``auto`` would call it (its own tile and split count, no config): both sides of a
+choice between two kernels (``--kernels auto,triton``: at 16 heads the keys kernels against the readable one, the
+measurement that moved the fp8 cache at 16-32 rows and a 16-bit cache at 16 rows to the Gluon kernels).
 
 Importing this module runs nothing.
 """

@@ -291,9 +291,9 @@ def decode_config(
     rows: int, page_size: int, dtype: torch.dtype, fp8: bool = False, *, gluon: bool = False
 ) -> DecodeConfig:
     """The tile for ``rows = S_q * H_q`` query rows (``fp8``: over the per-tensor fp8 cache; ``gluon``: on Hopper's
-    Gluon kernels where they take rows that the 64-row tile would pad, whose key tiles are 64: :data:`GLUON_TILE`, 64
-    rows a program in :func:`mlaspec.impl.decode_sm90.split_kernel_fp8`, 16 or 32 in ``split_kernel_fp8_keys`` and 16
-    in ``split_kernel_keys``, :func:`mlaspec.impl.decode_sm90.keys_rows`).
+    Gluon kernels at any row count over that cache, and over a 16-bit one at 16 rows or fewer, whose key tiles are 64:
+    :data:`GLUON_TILE`; 64 rows a program in :func:`mlaspec.impl.decode_sm90.split_kernel_fp8`, 16 or 32 in
+    ``split_kernel_fp8_keys`` and 16 in ``split_kernel_keys``, :func:`mlaspec.impl.decode_sm90.keys_rows`).
 
     bf16/fp16: up to 64 rows (a Hopper warpgroup MMA is 64 tall) x 64 keys; 8 warps for 64 rows, so the ``[64, 512]``
     fp32 accumulator is 128 registers a thread. fp32 inputs (exact ``ieee`` dots, not tf32) take half-size tiles.
@@ -386,16 +386,20 @@ def sm90_why_not(
 
     It needs Gluon in this Triton, a Hopper GPU (``capability``: the CUDA device's compute capability, ``None`` off
     CUDA or under the interpreter), a bf16 / fp16 query over a cache in its dtype or vLLM's per-tensor fp8 cache
-    (its ``split_kernel_fp8``), the ``64 x 64`` tile (a 16-bit cache: more than 32 query rows; pages of at least 64
-    slots), ``512 + 64`` entries, and (``aligned``) 16-byte-aligned tensors whose strides are multiples of 16
-    elements (what its ``cp.async`` copies are compiled for).
+    (its ``split_kernel_fp8``), the ``64 x 64`` tile (:data:`GLUON_TILE`: pages of at least 64 slots; a 16-bit cache
+    takes it at more than 32 query rows, or at 16 or fewer, where its keys kernels take 16 or 32 rows a program), ``512
+    + 64`` entries, and (``aligned``) 16-byte-aligned tensors whose strides are multiples of 16 elements (what its
+    ``cp.async`` copies are compiled for).
     """
     if why := hopper_why_not("decode_sm90", decode_sm90.AVAILABLE, capability):
         return why
     if dtype not in (torch.bfloat16, torch.float16):
         return f"decode_sm90 takes a bf16 / fp16 query, got {dtype}"
     if (cfg.block_m, cfg.block_n) != (decode_sm90.BLOCK_M, decode_sm90.BLOCK_N):
-        return f"decode_sm90 takes 64-row tiles of 64 keys (more than 32 query rows), got {cfg.block_m} x {cfg.block_n}"
+        return (
+            f"decode_sm90 takes 64-row tiles of 64 keys (a 16-bit cache: more than 32 or at most 16 query rows; pages"
+            f" of at least 64 slots), got {cfg.block_m} x {cfg.block_n}"
+        )
     if (d_v, d_rope) != (512, 64):
         return f"decode_sm90 takes entries of 512 + 64, got {d_v} + {d_rope}"
     if not aligned:
@@ -555,13 +559,14 @@ def mla_decode_paged(
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if B else 0
     # vLLM's fp8 cache on Hopper: the Gluon kernels, 64-key tiles at any row count (not where the readable kernel is
-    # asked for by name or by a tile override); at 32 rows or fewer split_kernel_fp8_keys, 1.03-2.2x the readable
+    # asked for by name or by a tile override); at 32 rows or fewer split_kernel_fp8_keys, 1.04-2.2x the readable
     # kernel's 32-key tiles on an H200 from B1 1K up (2026-11-29, night: benchmarks/decode_tune.py --as-called)
     # and a 16-bit cache at 16 rows or fewer: split_kernel_keys, 1.02-1.14x the readable kernel on an H200 (16 heads,
     # B1 8K-128K, B2 64K, B64 1K-4K; 2026-11-29, night)
     narrow = (fp8 or rows <= 16) and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
     narrow = narrow and use_sm90("auto", q, kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope)
     cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon=narrow)
+    keys = decode_sm90.keys_rows(rows) if narrow else None  # rows a program of a keys kernel (a tile override: none)
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
     row_blocks = triton.cdiv(rows, cfg.block_m)
@@ -620,16 +625,16 @@ def mla_decode_paged(
         tile = dict(CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size, BLOCK_M=cfg.block_m)
         tile.update(BLOCK_N=cfg.block_n, SINGLE=num_splits == 1)
         grid = (row_blocks, num_splits, B)
-        if gluon and fp8 and decode_sm90.keys_rows(rows):  # no padded rows: the keys are the MMAs' rows
-            tile.update(BLOCK_M=decode_sm90.keys_rows(rows))
+        if gluon and fp8 and keys:  # no padded rows: the keys are the MMAs' rows
+            tile.update(BLOCK_M=keys)
             decode_sm90.split_kernel_fp8_keys[grid](*args, **tile, num_warps=decode_sm90.KEYS_WARPS)
             return
         if gluon and fp8:
             decode_sm90.split_kernel_fp8[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
             return
-        if gluon and narrow:  # a 16-bit cache, 16 rows or fewer: the keys are the MMAs' rows
+        if gluon and keys:  # a 16-bit cache, 16 rows or fewer
             descs = decode_sm90.cache_descriptors(kv_cache, page_size)
-            tile.update(BLOCK_M=16, TMA=descs is not None)
+            tile.update(BLOCK_M=keys, TMA=descs is not None)
             decode_sm90.split_kernel_keys[grid](*args, *(descs or (None, None)), **tile,
                                                 num_warps=decode_sm90.KEYS_WARPS)  # fmt: skip
             return

@@ -1,6 +1,6 @@
 """The split kernels of :mod:`mlaspec.impl.decode` for Hopper, in Gluon (a 16-bit cache, with one or several 64-row
-blocks, and vLLM's per-tensor fp8 cache; and at 16-32 rows the keys as the MMAs' rows, items 4 and 6): the next key
-tile streams in while this one is used.
+blocks, and vLLM's per-tensor fp8 cache; and at 32 query rows or fewer over that cache, 16 or fewer over a 16-bit
+one, the keys as the MMAs' rows, items 4 and 6): the next key tile streams in while this one is used.
 
 Same math and outputs as ``_mla_decode_split_kernel``, and its arguments less ``PRECISION`` and ``FP8`` (read
 that one first: it is the readable version); this one is what 64 query rows a program (128 heads, or 16 heads with
@@ -145,7 +145,7 @@ __all__ = [
 AVAILABLE = gluon is not None
 BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 8  # one warpgroup MMA tall; two warpgroups
 LEAD_WARPS = 4  # split_kernel_lead's launch: its leader warpgroup (the helper is the one worker partition)
-KEYS_WARPS = 4  # split_kernel_fp8_keys's launch: its consumer warpgroup (the producer is the one worker partition)
+KEYS_WARPS = 4  # the keys kernels' launch: one warpgroup (split_kernel_fp8_keys's consumer; its producer a worker)
 D_LATENT = 512  # an entry: 512 latent values, then 64 RoPE values
 
 
@@ -182,8 +182,9 @@ def _partial_layout():
 
 
 def keys_rows(rows: int) -> int | None:
-    """The query rows a program of :func:`split_kernel_fp8_keys` takes for ``rows = S_q * H_q`` over vLLM's fp8 cache
-    (16 or 32: its MMAs' ``N``), or ``None`` above 32, where :func:`split_kernel_fp8`'s 64-row tile wastes nothing."""
+    """The query rows a program of the keys kernels (:func:`split_kernel_fp8_keys`; :func:`split_kernel_keys` at 16
+    rows or fewer) takes for ``rows = S_q * H_q``: 16 or 32, their MMAs' ``N``; ``None`` above 32, where
+    :func:`split_kernel_fp8`'s 64-row tile pads at most 31 rows of 64."""
     return 16 if rows <= 16 else 32 if rows <= 32 else None
 
 
@@ -508,6 +509,28 @@ if AVAILABLE:
         _write(acc, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE)
 
     @gluon.jit
+    def _keys_state(pid_m, seq_len, S_Q, H_Q, CAUSAL, R: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
+        """What a keys kernel's warpgroup starts its ``R`` query rows with, in its MMAs' layout (the keys as their 64
+        rows, the rows as ``N``): ``(zero_t [N, R]`` (not read: the logits' register shape), ``n_keys, n_seen``
+        (:func:`_keys_seen`), ``m_i [R]``, ``l_i [R, N]`` (row sums kept per key column), ``acc_t [D, R])``; ``m_i``
+        and ``l_i`` in the logits' transposed view."""
+        KEYS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])
+        zero_t = gl.zeros([N, R], gl.float32, KEYS)
+        LOGITS: gl.constexpr = gl.permute(zero_t, (1, 0)).type.layout  # [R, N]: rows, then keys (no data moved)
+        n_keys, n_seen = _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, R, LOGITS)
+        m_i = gl.full([R], float("-inf"), gl.float32, gl.SliceLayout(1, LOGITS))
+        return zero_t, n_keys, n_seen, m_i, gl.zeros([R, N], gl.float32, LOGITS), gl.zeros([D, R], gl.float32, KEYS)
+
+    @gluon.jit
+    def _write_keys(acc_t, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE: gl.constexpr):
+        """A keys kernel's epilogue: :func:`_write_rows` of ``O^T`` (``acc_t [D, R]``) viewed back as ``[R, D]``, the
+        row sums (``l_i [R, N]``) summed once."""
+        acc = gl.permute(acc_t, (1, 0))
+        ROW: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        m_o, l_o = gl.convert_layout(m_i, ROW), gl.convert_layout(gl.sum(l_i, 1), ROW)
+        _write_rows(acc, m_o, l_o, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, 0, acc.shape[1], True, SINGLE)
+
+    @gluon.jit
     def _keys_step(k_v, k_r, q_v, q_r, p_smem, zero_t, blk, qk_scale, seq_len, n_keys, n_seen, m_i, l_i, acc_t):
         """One key tile with the keys as the MMAs' rows (``k_v [64, 512]``, ``k_r [64, 64]``; the query rows ``R`` the
         MMAs' ``N``): the logits transposed, ``S^T [64, R] = K q^T``; the online softmax on their transposed register
@@ -541,8 +564,6 @@ if AVAILABLE:
         164 KB)."""
         dtype: gl.constexpr = Q.dtype.element_ty
         SUB: gl.constexpr = PAGE // BLOCK_N
-        KEYS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])  # fmt: skip
         pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
         seq_len = gl.load(SEQ_LENS + b)
         blk_lo = split * blocks_per_split
@@ -563,12 +584,7 @@ if AVAILABLE:
                         stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
         next_page = gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0).to(gl.int64)
 
-        zero_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, KEYS)  # not read (use_acc=False): the logits' shape
-        LOGITS: gl.constexpr = gl.permute(zero_t, (1, 0)).type.layout  # [BLOCK_M, BLOCK_N]: rows, then keys
-        n_keys, n_seen = _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M, LOGITS)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, LOGITS))
-        l_i = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, LOGITS)  # row sums per key column: summed once at the end
-        acc_t = gl.zeros([D_V, BLOCK_M], gl.float32, KEYS)
+        zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M, BLOCK_N, D_V)
         for blk in range(blk_lo, blk_hi):
             buf = (blk - blk_lo) % 2
             async_copy.wait_group(0)  # this tile (and q): issued one iteration ago
@@ -583,11 +599,8 @@ if AVAILABLE:
             m_i, l_i, acc_t = _keys_step(kv_v.index(buf), kv_r.index(buf), q_v, q_r, p_smem, zero_t, blk, qk_scale,
                                          seq_len, n_keys, n_seen, m_i, l_i, acc_t)  # fmt: skip
         async_copy.wait_group(0)
-        acc = gl.permute(acc_t, (1, 0))  # [BLOCK_M, D_V]
-        ROW: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-        m_o, l_o = gl.convert_layout(m_i, ROW), gl.convert_layout(gl.sum(l_i, 1), ROW)
         outs = (OUT, LSE, O_PART, LSE_PART, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls)
-        _write_rows(acc, m_o, l_o, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, 0, D_V, True, SINGLE)
+        _write_keys(acc_t, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE)
 
     # -- the fp8 decode with a producer warpgroup -----------------------------------------------------------------
     FP8_PRODUCER_REGS = gl.constexpr(120)
@@ -729,7 +742,7 @@ if AVAILABLE:
         for i in range(p.blk_hi - p.blk_lo):
             blk = p.blk_lo + i
             page = gl.load(p.bt + (blk + 1) // sub, mask=blk + 1 < p.blk_hi, other=0).to(gl.int64)
-            async_copy.wait_group(0)
+            async_copy.wait_group(0)  # this thread's copies: each thread reads only the bytes it copied (PRAW)
             raw, rope = raw_v.load(PRAW), raw_r.load(PRAW_R)
             _barrier()  # the producer has read this tile's bytes: the next tile's may land
             if blk + 1 < p.blk_hi:
@@ -919,18 +932,12 @@ if AVAILABLE:
         R: gl.constexpr = p.q_v.shape[0]
         N: gl.constexpr = p.k_v.shape[1]
         D: gl.constexpr = p.k_v.shape[2]
-        KEYS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])
         _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * R, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V4, LOAD_R4))
         async_copy.commit_group()
         async_copy.wait_group(0)
         fence_async_shared()
         _barrier()
-        zero_t = gl.zeros([N, R], gl.float32, KEYS)  # not read (use_acc=False): the logits' register shape
-        LOGITS: gl.constexpr = gl.permute(zero_t, (1, 0)).type.layout  # [R, N]: rows, then keys (no data moved)
-        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, R, LOGITS)
-        m_i = gl.full([R], float("-inf"), gl.float32, gl.SliceLayout(1, LOGITS))
-        l_i = gl.zeros([R, N], gl.float32, LOGITS)  # row sums kept per key column, summed once at the end
-        acc_t = gl.zeros([D, R], gl.float32, KEYS)
+        zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, R, N, D)
         for i in range(p.blk_hi - p.blk_lo):
             b = i % 2
             mbarrier.wait(p.bars.index(READY + b), (i // 2) & 1)
@@ -938,11 +945,7 @@ if AVAILABLE:
                                          p.qk_scale, p.seq_len, n_keys, n_seen, m_i, l_i, acc_t)  # fmt: skip
             _barrier()  # the warpgroup is done with key tile b (and P)
             mbarrier.arrive(p.bars.index(FREE + b), count=1)
-        acc = gl.permute(acc_t, (1, 0))  # [R, D]
-        ROW: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-        m_o, l_o = gl.convert_layout(m_i, ROW), gl.convert_layout(gl.sum(l_i, 1), ROW)
-        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), 0, D, True,
-                    SINGLE)  # fmt: skip
+        _write_keys(acc_t, m_i, l_i, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), SINGLE)
 
     @gluon.jit
     def _consume_keys_single(p):

@@ -26,6 +26,23 @@ from tests.kernel_checks import SCALE, assert_within, decode_case, decode_refere
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
+def record(monkeypatch, *names) -> list:
+    """Which of :mod:`mlaspec.impl.decode_sm90`'s kernels ``names`` launch, in order, from here on (each still runs)."""
+    ran = []
+
+    class Recorded:
+        def __init__(self, name):
+            self.name, self.real = name, getattr(decode_sm90, name)
+
+        def __getitem__(self, grid):
+            ran.append(self.name)
+            return self.real[grid]
+
+    for name in names:
+        monkeypatch.setattr(decode_sm90, name, Recorded(name))
+    return ran
+
+
 def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, d_rope=64, page_size=64, aligned=True):
     cfg = decode_config(rows, page_size, dtype, fp8)
     return sm90_why_not(capability, dtype, cfg, d_v=d_v, d_rope=d_rope, aligned=aligned)
@@ -107,6 +124,7 @@ def test_the_environment_picks_the_kernel(monkeypatch):
         (2, 1, 16, [129, 8192], torch.bfloat16, True, 64, None),  # 16 heads: the keys as the MMAs' rows
         (3, 1, 8, [0, 65, 2000], torch.float16, True, 128, None),  # 8 rows of 16, an empty sequence, two tiles a page
         (1, 1, 16, [700], torch.bfloat16, False, 64, 1),  # ... one split
+        (2, 2, 8, [40, 700], torch.bfloat16, True, 64, None),  # ... MTP 2: rows that see fewer keys
     ],
 )
 def test_matches_spec(B, S_q, H, seq_lens, dtype, causal, page_size, num_splits):
@@ -127,20 +145,12 @@ def test_16_rows_or_fewer_take_the_keys_as_mma_rows(S_q, H, keys, monkeypatch):
     """``auto`` sends a 16-bit cache at 16 query rows or fewer to ``split_kernel_keys`` (17-32 rows: the readable
     kernel; 64: ``split_kernel``), and a tile override keeps the padded ``split_kernel``."""
     q, _, cache, block_table, lens = (t.cuda() for t in decode_case(2, S_q, H, [300, 64], torch.bfloat16, True, seed=1))
-    calls = []
-    real = decode_sm90.split_kernel_keys
-
-    class Recorded:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(decode_sm90, "split_kernel_keys", Recorded())
+    ran = record(monkeypatch, "split_kernel_keys", "split_kernel", "split_kernel_lead")
     mla_decode_paged(q, cache, block_table, lens, scale=SCALE)
-    assert bool(calls) is keys, calls
-    calls.clear()
+    assert ran == (["split_kernel_keys"] if keys else ["split_kernel"] if S_q * H > 32 else []), ran
+    ran.clear()
     mla_decode_paged(q, cache, block_table, lens, scale=SCALE, kernel="sm90", config=GLUON_TILE)
-    assert not calls
+    assert ran == ["split_kernel"], ran
 
 
 @pytest.mark.skipif(not decode_sm90.AVAILABLE, reason="this Triton has no Gluon")
@@ -169,10 +179,12 @@ def test_split_partials_leave_by_tensor_memory_copies_in_whole_row_blocks():
 
 @pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
 @pytest.mark.parametrize("gap", [False, True])
-def test_both_copy_paths_match_spec(gap, monkeypatch):
+@pytest.mark.parametrize("heads", [128, 16])
+def test_both_copy_paths_match_spec(gap, heads, monkeypatch):
     """Tensor-memory copies (whole tiles; a sequence's last, part-filled tile by ``cp.async`` over NaN slots) where
-    the pages are one stride apart, ``cp.async`` throughout where a slot lies between pages (``gap``)."""
-    q, kv, cache, block_table, lens = decode_case(2, 1, 128, [1000, 4096], torch.bfloat16, True, seed=11)
+    the pages are one stride apart, ``cp.async`` throughout where a slot lies between pages (``gap``); 64-row blocks
+    (128 heads) and the keys as the MMAs' rows (16)."""
+    q, kv, cache, block_table, lens = decode_case(2, 1, heads, [1000, 4096], torch.bfloat16, True, seed=11)
     if gap:
         wide = torch.full((cache.shape[0], 65, 576), float("nan"), dtype=cache.dtype)
         wide[:, :64] = cache
@@ -224,18 +236,10 @@ def test_the_lead_kernel_takes_rows_whose_tiles_other_programs_read(S_q, H, lead
     96 heads: a part-filled row block, whose partials leave from registers, 128: as tensor-memory copies)."""
     q, kv, cache, block_table, lens = decode_case(2, S_q, H, [9000, 77], torch.bfloat16, True, seed=H + S_q)
     ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, [9000, 77], True, unit_roundoff(q.dtype))
-    ran, copied = [], []
+    copied = []
     real_descriptor = decode_sm90.partial_descriptor
     monkeypatch.setattr(decode_sm90, "partial_descriptor", lambda o: copied.append(real_descriptor(o)) or copied[-1])
-    for name in ("split_kernel", "split_kernel_lead"):
-        real = getattr(decode_sm90, name)
-
-        class Recorded:
-            def __getitem__(self, grid, name=name, real=real):
-                ran.append(name)
-                return real[grid]
-
-        monkeypatch.setattr(decode_sm90, name, Recorded())
+    ran = record(monkeypatch, "split_kernel", "split_kernel_lead")
     out, lse = mla_decode_paged(*(t.cuda() for t in (q, cache, block_table, lens)), scale=SCALE, kernel="sm90")
     assert ran == ["split_kernel_lead" if lead else "split_kernel"]
     assert [c is not None for c in copied] == ([S_q * H % 64 == 0] if lead else [])
@@ -251,6 +255,7 @@ FP8_CASES = [
     (2, 1, 16, [129, 64], True, 64, None),  # 16 heads: the keys as the MMAs' rows (sm90)
     (2, 1, 16, [8192, 64], True, 64, None),
     (2, 2, 16, [300, 1000], True, 64, None),  # 16 heads, MTP 2: 32 rows
+    (2, 2, 8, [40, 700], True, 64, None),  # MTP 2 at 16 rows: rows that see fewer keys, the keys as MMA rows
     (3, 1, 8, [0, 65, 2000], True, 128, None),  # 8 rows of 16, an empty sequence, two tiles a page
     (1, 1, 16, [700], False, 64, 1),  # one split
     (2, 1, 128, [1000, 333], True, 128, None),  # two tiles a page
@@ -272,29 +277,19 @@ def test_fp8_equals_the_bf16_kernel_on_the_converted_cache(
     """``split_kernel_fp8`` converts each byte to bf16 exactly and keeps ``k_scale`` out of the tile: at ``k_scale
     = 1`` its outputs are the bf16 kernel's on the cache converted to bf16, bit for bit (same MMAs, same softmax: the
     bf16 ``split_kernel``, which 128 heads leave for ``split_kernel_lead``, whose row sums round differently). At 32
-    rows or fewer ``split_kernel_fp8_keys`` runs instead (its MMAs add in another order: ``test_fp8_matches_spec``
-    judges it), and ``auto`` takes the same Gluon kernel at any size."""
+    rows or fewer ``split_kernel_fp8_keys`` runs instead, and at 16 or fewer equals ``split_kernel_keys`` on the
+    converted cache bit for bit (same tile step; at 17-32 the bf16 cache takes the readable kernel, whose MMAs add in
+    another order: ``test_fp8_matches_spec`` judges it there). ``auto`` takes the same Gluon kernel at any size."""
     monkeypatch.setattr(decode_sm90, "lead_applies", lambda row_blocks: False)
     case = decode_case(B, S_q, H, seq_lens, torch.bfloat16, causal, seed=H + sum(seq_lens), page_size=page_size)
     q, _, cache, block_table, lens = (t.cuda() for t in case)
     c8 = _fp8(cache, 1.0)
     kw = dict(scale=SCALE, causal=causal, num_splits=num_splits)
-    calls = []
-
-    class Recorded:
-        def __init__(self, name):
-            self.name, self.real = name, getattr(decode_sm90, name)
-
-        def __getitem__(self, grid):
-            calls.append(self.name)
-            return self.real[grid]
-
-    for name in ("split_kernel_fp8", "split_kernel_fp8_keys"):
-        monkeypatch.setattr(decode_sm90, name, Recorded(name))
+    calls = record(monkeypatch, "split_kernel_fp8", "split_kernel_fp8_keys")
     got = mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, kernel="sm90", **kw)
     keys = decode_sm90.keys_rows(H * S_q) is not None
     assert calls == ["split_kernel_fp8_keys" if keys else "split_kernel_fp8"], calls
-    if not keys:  # the bf16 kernel takes more than 32 rows
+    if H * S_q <= 16 or H * S_q > 32:  # the bf16 cache's Gluon kernel with the same tile step (17-32: the readable one)
         want = mla_decode_paged(q, c8.view(torch.float8_e4m3fn).to(torch.bfloat16), block_table, lens, kernel="sm90",
                                 **kw)  # fmt: skip
         assert torch.equal(got.out, want.out) and torch.equal(got.lse, want.lse)

@@ -129,9 +129,9 @@ def test_the_gluon_fp8_decode_converts_in_warps_of_its_own():
 
 @pytest.mark.parametrize("rows", [16, 32])
 def test_the_readable_fp8_decode_converts_through_fp32(rows):
-    """The readable decode over the fp8 cache (16-32 rows where the batch holds few tiles): each e4m3 pair to fp16,
-    each value to fp32, each pair packed to bf16 (``mlaspec.impl.fp8``), not Triton's ``cvt.bf16.f16`` (``F2F``),
-    which held the fp8 decodes to 12-29% of the copy bandwidth on an H200 (2026-11-29)."""
+    """The readable decode over the fp8 cache (16-32 rows; off Hopper, or asked for): each e4m3 pair to fp16, each
+    value to fp32, each pair packed to bf16 (``mlaspec.impl.fp8``), not Triton's ``cvt.bf16.f16`` (``F2F``), which
+    held the fp8 decodes to 12-29% of the copy bandwidth on an H200 (2026-11-29)."""
     cfg = decode_config(rows, 64, torch.bfloat16, True)
     const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     const.update(SINGLE=False, PRECISION="tf32", FP8=True)
