@@ -65,16 +65,16 @@ ABLATIONS = {
         ("        p_smem.store(p.to(p_smem.dtype))\n        fence_async_shared()\n        _barrier()\n", "")
     ],
     "copy waits": [
-        (
-            "            async_copy.wait_group(0)  # this tile (and q): issued one iteration ago, in flight during its"
+        (  # in _next_tile, which split_kernel_keys shares (not ablated: 16 rows run split_kernel here)
+            "        async_copy.wait_group(0)  # this tile (and q): issued one iteration ago, in flight during its"
             " work\n"
-            "            if TMA:\n"
-            "                mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)\n",
+            "        if TMA:\n"
+            "            mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)\n",
             "",
         ),
-        (  # (split_kernel's: the line above it is its own)
-            "softmax --------------------\n            if blk + 1 < blk_hi:\n                _issue_tile(",
-            "softmax --------------------\n            if blk < 0:  # never\n                _issue_tile(",
+        (
+            "        if blk + 1 < blk_hi:\n            _issue_tile(",
+            "        if blk < 0:  # never\n            _issue_tile(",
         ),
     ],
 }

@@ -406,6 +406,47 @@ if AVAILABLE:
         )
 
     @gluon.jit
+    def _tile_barriers(TMA: gl.constexpr):
+        """The two key tiles' mbarriers (a buffer's copy is in), initialised where tiles arrive by tensor-memory
+        copies."""
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        if TMA:
+            mbarrier.init(bars.index(0), count=1)
+            mbarrier.init(bars.index(1), count=1)
+            fence_async_shared()
+        return bars
+
+    @gluon.jit
+    def _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk_lo, blk_hi, seq_len, stride_kp, stride_ks,
+                    PAGE: gl.constexpr, TMA: gl.constexpr):  # fmt: skip
+        """Issue the split's first key tile into buffer 0 (``bt``: the sequence's block-table row); the physical page
+        of its second."""
+        SUB: gl.constexpr = PAGE // kv_v.shape[1]
+        if blk_lo < blk_hi:
+            page = gl.load(bt + blk_lo // SUB).to(gl.int64)
+            _issue_tile(kv_v.index(0), kv_r.index(0), bars.index(0), KV, DESC_V, DESC_R, page, blk_lo, seq_len,
+                        stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
+        return gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0).to(gl.int64)
+
+    @gluon.jit
+    def _next_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk, blk_lo, blk_hi, next_page, seq_len, stride_kp,
+                   stride_ks, PAGE: gl.constexpr, TMA: gl.constexpr):  # fmt: skip
+        """The top of tile ``blk``'s iteration: wait for it (issued one iteration ago), then issue tile ``blk + 1``
+        (of page ``next_page``) into the other buffer, in flight during this tile's work. ``(buf, the page of tile
+        blk + 2)``, ``buf`` the buffer holding tile ``blk``."""
+        SUB: gl.constexpr = PAGE // kv_v.shape[1]
+        buf = (blk - blk_lo) % 2
+        async_copy.wait_group(0)  # this tile (and q): issued one iteration ago, in flight during its work
+        if TMA:
+            mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)
+        fence_async_shared()
+        _barrier()  # every thread's part of the tile is in; every warpgroup is done with the other buffer and P
+        if blk + 1 < blk_hi:
+            _issue_tile(kv_v.index(1 - buf), kv_r.index(1 - buf), bars.index(1 - buf), KV, DESC_V, DESC_R, next_page,
+                        blk + 1, seq_len, stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
+        return buf, gl.load(bt + (blk + 2) // SUB, mask=blk + 2 < blk_hi, other=0).to(gl.int64)
+
+    @gluon.jit
     def split_kernel(
         Q,
         KV,
@@ -446,7 +487,6 @@ if AVAILABLE:
     ):
         dtype: gl.constexpr = Q.dtype.element_ty
         ROW_QK: gl.constexpr = gl.SliceLayout(1, QK)
-        SUB: gl.constexpr = PAGE // BLOCK_N
 
         pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
         R = S_Q * H_Q
@@ -457,21 +497,14 @@ if AVAILABLE:
         bt = BLOCK_TABLE + b * stride_btb
 
         q_v, q_r, kv_v, kv_r, p_smem = _two_tiles(dtype, BLOCK_M, BLOCK_N, D_V, D_ROPE)  # 224 KB
-        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # a tile buffer's copy is in
-        if TMA:
-            mbarrier.init(bars.index(0), count=1)
-            mbarrier.init(bars.index(1), count=1)
-            fence_async_shared()
+        bars = _tile_barriers(TMA)
 
         # -- copy group 0: the query block (rows (s, h) in q's order; rows past R are zeros) and the first tile ------
         q_b = Q + b.to(gl.int64) * stride_qb
         _copy_rows(q_v, q_r, q_b, pid_m * BLOCK_M, R, H_Q, stride_qs, stride_qh, (LOAD_V, LOAD_R))
         async_copy.commit_group()
-        if blk_lo < blk_hi:
-            page = gl.load(bt + blk_lo // SUB).to(gl.int64)
-            _issue_tile(kv_v.index(0), kv_r.index(0), bars.index(0), KV, DESC_V, DESC_R, page, blk_lo, seq_len,
-                        stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
-        next_page = gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0).to(gl.int64)
+        next_page = _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk_lo, blk_hi, seq_len, stride_kp, stride_ks,
+                                PAGE, TMA)  # fmt: skip
 
         n_keys, n_seen = _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M, QK)
 
@@ -480,17 +513,8 @@ if AVAILABLE:
         acc = gl.zeros([BLOCK_M, D_V], gl.float32, PV)
         zero_qk = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, QK)
         for blk in range(blk_lo, blk_hi):
-            buf = (blk - blk_lo) % 2
-            async_copy.wait_group(0)  # this tile (and q): issued one iteration ago, in flight during its work
-            if TMA:
-                mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)
-            fence_async_shared()
-            _barrier()  # every thread's part of the tile is in; every warpgroup is done with the other buffer and P
-            # -- tile blk + 1 into the other buffer, in flight during this tile's dots and softmax --------------------
-            if blk + 1 < blk_hi:
-                _issue_tile(kv_v.index(1 - buf), kv_r.index(1 - buf), bars.index(1 - buf), KV, DESC_V, DESC_R,
-                            next_page, blk + 1, seq_len, stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
-            next_page = gl.load(bt + (blk + 2) // SUB, mask=blk + 2 < blk_hi, other=0).to(gl.int64)
+            buf, next_page = _next_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk, blk_lo, blk_hi, next_page,
+                                        seq_len, stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
 
             # -- logits in base 2, fp32: each warpgroup 32 of the 64 keys -------------------------------------------
             k_v = kv_v.index(buf)
@@ -563,39 +587,23 @@ if AVAILABLE:
         ``S^T = K q^T``, the softmax on the transposed register view, ``O^T += V^T P^T`` (q, two tiles and ``P``:
         164 KB)."""
         dtype: gl.constexpr = Q.dtype.element_ty
-        SUB: gl.constexpr = PAGE // BLOCK_N
         pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
         seq_len = gl.load(SEQ_LENS + b)
         blk_lo = split * blocks_per_split
         blk_hi = gl.minimum(blk_lo + blocks_per_split, gl.cdiv(seq_len, BLOCK_N))
         bt = BLOCK_TABLE + b * stride_btb
         q_v, q_r, kv_v, kv_r, p_smem = _two_tiles(dtype, BLOCK_M, BLOCK_N, D_V, D_ROPE)
-        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        if TMA:
-            mbarrier.init(bars.index(0), count=1)
-            mbarrier.init(bars.index(1), count=1)
-            fence_async_shared()
+        bars = _tile_barriers(TMA)
         q_b = Q + b.to(gl.int64) * stride_qb
         _copy_rows(q_v, q_r, q_b, pid_m * BLOCK_M, S_Q * H_Q, H_Q, stride_qs, stride_qh, (LOAD_V4, LOAD_R4))
         async_copy.commit_group()
-        if blk_lo < blk_hi:
-            page = gl.load(bt + blk_lo // SUB).to(gl.int64)
-            _issue_tile(kv_v.index(0), kv_r.index(0), bars.index(0), KV, DESC_V, DESC_R, page, blk_lo, seq_len,
-                        stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
-        next_page = gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0).to(gl.int64)
+        next_page = _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk_lo, blk_hi, seq_len, stride_kp, stride_ks,
+                                PAGE, TMA)  # fmt: skip
 
         zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M, BLOCK_N, D_V)
         for blk in range(blk_lo, blk_hi):
-            buf = (blk - blk_lo) % 2
-            async_copy.wait_group(0)  # this tile (and q): issued one iteration ago
-            if TMA:
-                mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)
-            fence_async_shared()
-            _barrier()  # the tile is in; the warpgroup is done with the other buffer and P
-            if blk + 1 < blk_hi:
-                _issue_tile(kv_v.index(1 - buf), kv_r.index(1 - buf), bars.index(1 - buf), KV, DESC_V, DESC_R,
-                            next_page, blk + 1, seq_len, stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
-            next_page = gl.load(bt + (blk + 2) // SUB, mask=blk + 2 < blk_hi, other=0).to(gl.int64)
+            buf, next_page = _next_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk, blk_lo, blk_hi, next_page,
+                                        seq_len, stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
             m_i, l_i, acc_t = _keys_step(kv_v.index(buf), kv_r.index(buf), q_v, q_r, p_smem, zero_t, blk, qk_scale,
                                          seq_len, n_keys, n_seen, m_i, l_i, acc_t)  # fmt: skip
         async_copy.wait_group(0)
