@@ -590,8 +590,10 @@ def mla_decode_paged(
     else:  # unused by the kernel
         o_part, lse_part = out, lse
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
-    # a tile override keeps the readable kernel unless the Gluon one is asked for by name
-    sm90 = (config is None or kernel == "sm90") and use_sm90(kernel, q, kv_cache, cfg, d_v=d_v, d_rope=d_rope)
+    # a tile override keeps the readable kernel unless the Gluon one is asked for by name (narrow: already checked)
+    sm90 = narrow or (
+        (config is None or kernel == "sm90") and use_sm90(kernel, q, kv_cache, cfg, d_v=d_v, d_rope=d_rope)
+    )
 
     def launch(gluon: bool, stages: int) -> None:
         args = (
@@ -632,12 +634,6 @@ def mla_decode_paged(
         if gluon and fp8:
             decode_sm90.split_kernel_fp8[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
             return
-        if gluon and keys:  # a 16-bit cache, 16 rows or fewer
-            descs = decode_sm90.cache_descriptors(kv_cache, page_size)
-            tile.update(BLOCK_M=keys, TMA=descs is not None)
-            decode_sm90.split_kernel_keys[grid](*args, *(descs or (None, None)), **tile,
-                                                num_warps=decode_sm90.KEYS_WARPS)  # fmt: skip
-            return
         if gluon and decode_sm90.lead_applies(row_blocks):
             halves = decode_sm90.cache_descriptors(kv_cache, page_size, 256)
             if halves is not None:  # each tile read by several programs: the leader warpgroup's kernel
@@ -646,10 +642,12 @@ def mla_decode_paged(
                 decode_sm90.split_kernel_lead[grid](*args, *halves, o_desc, **tile, num_warps=decode_sm90.LEAD_WARPS,
                                                     maxnreg=maxnreg)  # fmt: skip
                 return
-        if gluon:
+        if gluon:  # 16 rows or fewer (keys): the keys as the MMAs' rows, the same arguments
             descs = decode_sm90.cache_descriptors(kv_cache, page_size)
-            tile.update(TMA=descs is not None)
-            decode_sm90.split_kernel[grid](*args, *(descs or (None, None)), **tile, num_warps=decode_sm90.NUM_WARPS)
+            tile.update(TMA=descs is not None, BLOCK_M=keys or cfg.block_m)
+            split, warps = (decode_sm90.split_kernel_keys, decode_sm90.KEYS_WARPS) if keys else (
+                decode_sm90.split_kernel, decode_sm90.NUM_WARPS)  # fmt: skip
+            split[grid](*args, *(descs or (None, None)), **tile, num_warps=warps)
             return
         _mla_decode_split_kernel[grid](
             *args, **tile, PRECISION=precision, FP8=fp8, num_warps=cfg.num_warps, num_stages=stages

@@ -772,24 +772,44 @@ if AVAILABLE:
         mbarrier.arrive(p.bars.index(READY + b), count=1)
 
     @gluon.jit
+    def _tile_ready(p, i):
+        """The consumers' side of :func:`_hand_over`: wait until the split's tile ``i`` is in its bf16 key tile; that
+        tile's index."""
+        b = i % 2
+        mbarrier.wait(p.bars.index(READY + b), (i // 2) & 1)
+        return b
+
+    @gluon.jit
+    def _tile_done(p, b):
+        """The consumers are done with key tile ``b`` (and ``P``): the producer may refill it."""
+        _barrier()
+        mbarrier.arrive(p.bars.index(FREE + b), count=1)
+
+    @gluon.jit
+    def _load_q(p, LAYOUTS: gl.constexpr):
+        """Copy this program's query rows into ``p.q_v`` / ``p.q_r`` and wait for them (``LAYOUTS``: the copying
+        partition's, as :func:`_copy_rows` takes them)."""
+        R: gl.constexpr = p.q_v.shape[0]
+        _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * R, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, LAYOUTS)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _barrier()
+
+    @gluon.jit
     def _consume_fp8(p, SINGLE: gl.constexpr):
         """:func:`split_kernel`'s tile step on the ready tiles, then its epilogue."""
         M: gl.constexpr = p.q_v.shape[0]
         N: gl.constexpr = p.k_v.shape[1]
         D: gl.constexpr = p.k_v.shape[2]
-        _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * M, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V, LOAD_R))
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        fence_async_shared()
-        _barrier()
+        _load_q(p, (LOAD_V, LOAD_R))
         n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M, QK)
         m_i = gl.full([M], float("-inf"), gl.float32, gl.SliceLayout(1, QK))
         l_i = gl.zeros([M, N], gl.float32, QK)
         acc = gl.zeros([M, D], gl.float32, PV)
         zero_qk = gl.zeros([M, N], gl.float32, QK)
         for i in range(p.blk_hi - p.blk_lo):
-            b = i % 2
-            mbarrier.wait(p.bars.index(READY + b), (i // 2) & 1)
+            b = _tile_ready(p, i)
             k_v = p.k_v.index(b)
             qk = warpgroup_mma(p.q_v, k_v.permute((1, 0)), zero_qk, use_acc=False, is_async=True)
             qk = warpgroup_mma(p.q_r, p.k_r.index(b).permute((1, 0)), qk, is_async=True)
@@ -799,8 +819,7 @@ if AVAILABLE:
             l_i = l_i * gl.expand_dims(alpha, 1) + prob
             m_i = m_i_new
             acc = _p_times_v(prob, alpha, acc, p.p_smem, k_v)
-            _barrier()  # both warpgroups are done with key tile b (and P)
-            mbarrier.arrive(p.bars.index(FREE + b), count=1)
+            _tile_done(p, b)
         _write(acc, m_i, l_i, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), SINGLE)
 
     # the consumers, one function a SINGLE: constexprs do not cross warp_specialize in triton 3.6 (they arrive as
@@ -940,19 +959,13 @@ if AVAILABLE:
         R: gl.constexpr = p.q_v.shape[0]
         N: gl.constexpr = p.k_v.shape[1]
         D: gl.constexpr = p.k_v.shape[2]
-        _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * R, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V4, LOAD_R4))
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        fence_async_shared()
-        _barrier()
+        _load_q(p, (LOAD_V4, LOAD_R4))
         zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, R, N, D)
         for i in range(p.blk_hi - p.blk_lo):
-            b = i % 2
-            mbarrier.wait(p.bars.index(READY + b), (i // 2) & 1)
+            b = _tile_ready(p, i)
             m_i, l_i, acc_t = _keys_step(p.k_v.index(b), p.k_r.index(b), p.q_v, p.q_r, p.p_smem, zero_t, p.blk_lo + i,
                                          p.qk_scale, p.seq_len, n_keys, n_seen, m_i, l_i, acc_t)  # fmt: skip
-            _barrier()  # the warpgroup is done with key tile b (and P)
-            mbarrier.arrive(p.bars.index(FREE + b), count=1)
+            _tile_done(p, b)
         _write_keys(acc_t, m_i, l_i, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), SINGLE)
 
     @gluon.jit
@@ -1099,11 +1112,7 @@ if AVAILABLE:
             if t < n:
                 _issue_part(p, DESC_H, DESC_R, t, ROPE)
                 _issue_part(p, DESC_H, DESC_R, t, LEFT)
-        _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * M, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V4, LOAD_R4))
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        fence_async_shared()
-        _barrier()
+        _load_q(p, (LOAD_V4, LOAD_R4))
 
         n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M, QK1)
         m_i = gl.full([M], float("-inf"), gl.float32, ROW)
