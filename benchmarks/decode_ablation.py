@@ -15,6 +15,8 @@ copy of the kernel, before this script existed.
                                                              # the MMAs alone, one copy a tile
     python benchmarks/decode_ablation.py --kernel fp8        # split_kernel_fp8 (per-tensor fp8 cache): its producer's
                                                              # loads and conversion, its consumers' MMAs and softmax
+    python benchmarks/decode_ablation.py --kernel fp8lead    # split_kernel_lead over the fp8 cache (128 heads): its
+                                                             # compute, partials and producer
     python benchmarks/decode_ablation.py --kernel keys       # split_kernel_fp8_keys (the fp8 cache at <= 32 rows):
                                                              # the same producer parts, its consumer's, the partials
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
@@ -269,6 +271,12 @@ KEYS_ABLATIONS["partial stores"] = ABLATIONS["partial stores"]  # (so is split_k
 # --padded (16 heads on split_kernel, rows padded to its 64-row tile): what its copies, launches and combine take alone
 PADDED_VARIANTS = [(), ("q k^T", "P @ V"), LEAD_COMPUTE, ("partial stores",), (*LEAD_COMPUTE, "partial stores")]
 GATHERS = ("byte copies", "scale loads", "RoPE loads")
+# split_kernel_lead over the fp8 cache: its leader's and helper's compute, its partials and the producer's loads
+# and conversion (split_kernel_fp8's, shared; its tiles are then garbage, the handoffs stay)
+FP8_LEAD_ABLATIONS = {
+    **{part: LEAD_ABLATIONS[part] for part in (*LEAD_COMPUTE, "partial stores")},
+    **{part: FP8_ABLATIONS[part] for part in FP8_PRODUCER},
+}
 # kernel -> (its source file, its ablations, the variants timed by default: as it is, each part alone, ...)
 KERNELS = {
     "landed": ("impl/decode_sm90.py", ABLATIONS, [(), *((n,) for n in ABLATIONS), ("copy waits", "q k^T", "P @ V")]),
@@ -298,6 +306,11 @@ KERNELS = {
         "impl/decode_sm90.py",
         KEYS_ABLATIONS,
         [(), *((n,) for n in KEYS_ABLATIONS), FP8_PRODUCER, ("q k^T", "P @ V"), FP8_CONSUMER, ("partial stores",)],
+    ),
+    "fp8lead": (
+        "impl/decode_sm90.py",
+        FP8_LEAD_ABLATIONS,
+        [(), *((n,) for n in FP8_LEAD_ABLATIONS), FP8_PRODUCER, ("q k^T", "P @ V"), LEAD_COMPUTE],
     ),
     "seesaw": ("benchmarks/seesaw_probe.py", SEESAW_ABLATIONS, [(), ("copies",)]),
     "sparse": (
@@ -335,14 +348,15 @@ def load(parts, folder: str, kernel: str = "landed"):
 def _in_place(module, landed, kernel: str = "landed"):
     """What ``mlaspec.impl.decode`` sees as ``decode_sm90``: ``module`` itself if it is a copy of the landed kernel's
     module, running the kernel the ablations edit (``"landed"``: ``split_kernel`` at every row count, called with its
-    64-row tile; ``"lead"``: ``split_kernel_lead`` where it applies; ``"fp8"``: ``split_kernel_fp8`` at every row
-    count; ``"keys"``: ``split_kernel_fp8_keys`` at 32 rows or fewer), else the landed module with ``module``'s split
-    kernel (the seesaw probe)."""
+    64-row tile; ``"lead"``, ``"fp8lead"``: ``split_kernel_lead`` where it applies (over the 16-bit or the fp8
+    cache); ``"fp8"``: ``split_kernel_fp8`` at every row count; ``"keys"``: ``split_kernel_fp8_keys`` at 32 rows or
+    fewer), else the landed module with ``module``'s split kernel (the seesaw probe)."""
     if hasattr(module, "cache_descriptors"):
         if kernel == "landed":
             module.lead_applies = lambda row_blocks: False
         if kernel == "fp8":  # split_kernel_fp8 at any row count, rows padded to its 64-row tile
             module.keys_rows = lambda rows: None
+            module.lead_applies = lambda row_blocks: False
         return module
     names = ("AVAILABLE", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "cache_descriptors")
     return types.SimpleNamespace(
@@ -370,14 +384,14 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
         raise ValueError(f"padded runs the landed split_kernel, not {kernel!r}")
     if kernel == "sparse":
         return _sparse_rows(shapes)
-    fp8 = kernel in ("fp8", "keys")  # vLLM's per-tensor fp8 cache (k_scale 0.5), FlashMLA's fp8 decode beside it
+    fp8 = kernel in ("fp8", "keys", "fp8lead")  # vLLM's per-tensor fp8 cache (k_scale 0.5), FlashMLA's fp8 beside
     landed, rows, fm = dec.decode_sm90, [], load_flashmla_fp8() if fp8 else load_flashmla()
     variants = [(kernel, parts) for parts in (PADDED_VARIANTS if padded else KERNELS[kernel][2])]
-    if kernel not in ("landed", "fp8", "keys"):  # (the fp8 cache runs its own kernels whatever lead_applies says)
+    if kernel not in ("landed", "fp8", "keys", "fp8lead"):  # (the fp8 kernels are judged against FlashMLA's)
         variants.insert(0, ("landed", ()))
     with tempfile.TemporaryDirectory() as folder:
         modules = {(k, parts): _in_place(load(parts, folder, k), landed, k) for k, parts in variants}
-        if kernel not in ("lead", "keys"):  # (their unablated copies are the decode as called)
+        if kernel not in ("lead", "keys", "fp8lead"):  # (their unablated copies are the decode as called)
             modules[("as called", ())] = landed  # split_kernel_lead where it applies (decode_sm90.lead_applies)
         for heads, batch, keys in shapes:
             cache, bt, sl = make_problem(batch, keys, torch.device("cuda"), fp8=fp8)
@@ -443,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         "--shapes",
         help="HxBxS_kv, comma-separated (default: 128x64x8192,128x1x131072; sparse:"
         " 128x64x8192,128x128x8192, top-k 2048; fp8: 128x64x8192,128x1x65536,16x64x4096,16x1x65536; keys:"
-        " 16x1x65536,16x2x131072,16x64x4096,32x64x4096)",
+        " 16x1x65536,16x2x131072,16x64x4096,32x64x4096; fp8lead: 128x64x8192,128x1x65536,128x2x131072)",
     )
     parser.add_argument("--kernel", choices=list(KERNELS), default="landed", help="whose parts to switch off")
     parser.add_argument(
@@ -457,12 +471,13 @@ def main(argv: list[str] | None = None) -> int:
         "sparse": "128x64x8192,128x128x8192",
         "fp8": "128x64x8192,128x1x65536,16x64x4096,16x1x65536",
         "keys": "16x1x65536,16x2x131072,16x64x4096,32x64x4096",
+        "fp8lead": "128x64x8192,128x1x65536,128x2x131072",
     }.get(args.kernel, "128x64x8192,128x1x131072")
     if args.padded:  # the 16-head targets of issue 18
         default = "16x1x65536,16x1x131072,16x2x65536,16x2x131072,16x1x8192"
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or default).split(",")]
     rows = run(shapes, args.kernel, padded=args.padded)
-    reference = args.kernel if args.kernel in ("fp8", "keys") else "landed"
+    reference = args.kernel if args.kernel in ("fp8", "keys", "fp8lead") else "landed"
     print_table(rows, {**REFERENCE, "decode": reference, "sparse_decode": "sparse"})
     if args.out:
         plot_bars(rows, args.out, title="the Gluon decode without one part (µs, lower is faster)")

@@ -631,17 +631,19 @@ def mla_decode_paged(
             tile.update(BLOCK_M=keys)
             decode_sm90.split_kernel_fp8_keys[grid](*args, **tile, num_warps=decode_sm90.KEYS_WARPS)
             return
+        if gluon and decode_sm90.lead_applies(row_blocks):
+            # each tile read by several programs: the leader warpgroup's kernel (over the fp8 cache a producer
+            # converts its tiles: no copy descriptors, and the launch's registers are the three partitions')
+            halves = (None, None) if fp8 else decode_sm90.cache_descriptors(kv_cache, page_size, 256)
+            if halves is not None:
+                regs = {} if fp8 else {"maxnreg": decode_sm90.LEAD_REGS.value}
+                o_desc = decode_sm90.partial_descriptor(o_part) if num_splits > 1 else None
+                decode_sm90.split_kernel_lead[grid](*args, *halves, o_desc, **tile, num_warps=decode_sm90.LEAD_WARPS,
+                                                    **regs)  # fmt: skip
+                return
         if gluon and fp8:
             decode_sm90.split_kernel_fp8[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
             return
-        if gluon and decode_sm90.lead_applies(row_blocks):
-            halves = decode_sm90.cache_descriptors(kv_cache, page_size, 256)
-            if halves is not None:  # each tile read by several programs: the leader warpgroup's kernel
-                maxnreg = decode_sm90.LEAD_REGS.value
-                o_desc = decode_sm90.partial_descriptor(o_part) if num_splits > 1 else None
-                decode_sm90.split_kernel_lead[grid](*args, *halves, o_desc, **tile, num_warps=decode_sm90.LEAD_WARPS,
-                                                    maxnreg=maxnreg)  # fmt: skip
-                return
         if gluon:  # 16 rows or fewer (keys): the keys as the MMAs' rows, the same arguments
             descs = decode_sm90.cache_descriptors(kv_cache, page_size)
             tile.update(TMA=descs is not None, BLOCK_M=keys or cfg.block_m)

@@ -618,7 +618,8 @@ if AVAILABLE:
     PRAW = gl.constexpr(gl.BlockedLayout([1, 1, 16], [4, 1, 8], [4, 1, 1], [2, 1, 0]))
     PRAW_R = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
     READY = gl.constexpr(0)  # [2]: key tile b holds its tile
-    FREE = gl.constexpr(2)  # [2]: the consumers are done with key tile b
+    FREE = gl.constexpr(2)  # [2]: the consumers (split_kernel_lead's leader) are done with key tile b
+    FREE_HELP = gl.constexpr(4)  # [2]: split_kernel_lead's helper is done with key tile b (its fp8 cache only)
     ROWS = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))  # [3, 64] fp32 per-row values (.index: rank 1)
     # the staged bytes (split_kernel_fp8_keys), unswizzled: a warp's 16-byte reads in PRAW's order meet each bank
     # slot once a 128-byte wavefront
@@ -765,6 +766,8 @@ if AVAILABLE:
         D: gl.constexpr = p.k_v.shape[2]
         b = i % 2
         mbarrier.wait(p.bars.index(FREE + b), ((i // 2) & 1) ^ 1, pred=i >= 2)
+        if p.bars.shape[0] > FREE_HELP:  # split_kernel_lead's barriers: two warpgroups read each tile
+            mbarrier.wait(p.bars.index(FREE_HELP + b), ((i // 2) & 1) ^ 1, pred=i >= 2)
         p.k_v.index(b).store(gl.reshape(_e4m3_to(raw, p.q_v.dtype), [n, D]))
         p.k_r.index(b).store(_e4m3_to(rope, p.q_v.dtype))
         fence_async_shared()
@@ -782,8 +785,13 @@ if AVAILABLE:
     @gluon.jit
     def _tile_done(p, b):
         """The consumers are done with key tile ``b`` (and ``P``): the producer may refill it."""
+        _release(p, FREE + b)
+
+    @gluon.jit
+    def _release(p, bar):
+        """Arrive on barrier ``bar`` once every thread of this partition got there."""
         _barrier()
-        mbarrier.arrive(p.bars.index(FREE + b), count=1)
+        mbarrier.arrive(p.bars.index(bar), count=1)
 
     @gluon.jit
     def _load_q(p, LAYOUTS: gl.constexpr):
@@ -1004,6 +1012,7 @@ if AVAILABLE:
 
     # -- the 64-row decode where each tile is read by two or more programs: a leader warpgroup ----------------------
     LEAD_REGS = gl.constexpr(248)  # registers a thread, both warpgroups (248 x 256 threads: an SM's 64 K)
+    HELP_REGS = gl.constexpr(160)  # the helper's over the fp8 cache, beside the producer's 120: the leader's 224
     LOAD_V4 = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))  # LOAD_V, LOAD_R over one warpgroup
     LOAD_R4 = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
     # one warpgroup's MMAs: a whole tile's logits [64, 64], half the output [64, 256]
@@ -1062,16 +1071,22 @@ if AVAILABLE:
         M: gl.constexpr = p.q_v.shape[0]
         N: gl.constexpr = p.k_v.shape[1]
         HALF: gl.constexpr = p.k_v.shape[2] // 2
+        FED: gl.constexpr = p.KV.dtype.element_ty == gl.uint8  # a producer converts whole tiles (:func:`_hand_over`)
         phase = (t // 2) & 1
         k_v = p.k_v.index(t % 2)
         s = gl.zeros([M, N], gl.float32, QK1)  # not read (use_acc=False): the MMA's register shape
-        mbarrier.wait(p.bars.index(LANDED + (t % 2) * 3 + LEFT), phase)
+        if FED:
+            mbarrier.wait(p.bars.index(READY + t % 2), phase)
+        else:
+            mbarrier.wait(p.bars.index(LANDED + (t % 2) * 3 + LEFT), phase)
         s = warpgroup_mma(p.q_v.slice(0, HALF, dim=1), k_v.slice(0, HALF, dim=1).permute((1, 0)), s, use_acc=False,
                           is_async=True)  # fmt: skip
-        mbarrier.wait(p.bars.index(LANDED + (t % 2) * 3 + RIGHT), phase)
+        if not FED:
+            mbarrier.wait(p.bars.index(LANDED + (t % 2) * 3 + RIGHT), phase)
         s = warpgroup_mma(p.q_v.slice(HALF, HALF, dim=1), k_v.slice(HALF, HALF, dim=1).permute((1, 0)), s,
                           is_async=True)  # fmt: skip
-        mbarrier.wait(p.bars.index(LANDED + (t % 2) * 3 + ROPE), phase)
+        if not FED:
+            mbarrier.wait(p.bars.index(LANDED + (t % 2) * 3 + ROPE), phase)
         return warpgroup_mma(p.q_r, p.k_r.index(t % 2).permute((1, 0)), s, is_async=True)
 
     @gluon.jit
@@ -1107,9 +1122,10 @@ if AVAILABLE:
         N: gl.constexpr = p.k_v.shape[1]
         HALF: gl.constexpr = p.k_v.shape[2] // 2
         ROW: gl.constexpr = gl.SliceLayout(1, QK1)
+        FED: gl.constexpr = p.KV.dtype.element_ty == gl.uint8  # the producer's tiles, not copies issued here
         n = p.blk_hi - p.blk_lo
         for t in gl.static_range(2):
-            if t < n:
+            if t < n and not FED:
                 _issue_part(p, DESC_H, DESC_R, t, ROPE)
                 _issue_part(p, DESC_H, DESC_R, t, LEFT)
         _load_q(p, (LOAD_V4, LOAD_R4))
@@ -1122,7 +1138,7 @@ if AVAILABLE:
         if n > 0:
             first = _whole_tile_logits(p, 0)
             s = warpgroup_mma_wait(0, deps=(first,))
-            if n > 2:
+            if n > 2 and not FED:
                 _issue_part(p, DESC_H, DESC_R, 2, ROPE)
         for i in range(n):
             # -- tile i's softmax (base 2), P rounded to q's dtype ----------------------------------------------------
@@ -1132,10 +1148,12 @@ if AVAILABLE:
             if i + 1 < n:
                 nxt = _whole_tile_logits(p, i + 1)
                 acc = warpgroup_mma_wait(3, deps=(pv,))
-                if i + 2 < n:  # this buffer's left half is read: the tile after next
+                if FED:  # the leader is done with this tile
+                    _release(p, FREE + i % 2)
+                elif i + 2 < n:  # this buffer's left half is read: the tile after next
                     _issue_part(p, DESC_H, DESC_R, i + 2, LEFT)
                 s = warpgroup_mma_wait(0, deps=(nxt,))
-                if i + 3 < n:  # the other buffer's RoPE part is read
+                if i + 3 < n and not FED:  # the other buffer's RoPE part is read
                     _issue_part(p, DESC_H, DESC_R, i + 3, ROPE)
             else:
                 acc = warpgroup_mma_wait(0, deps=(pv,))
@@ -1149,20 +1167,25 @@ if AVAILABLE:
         M: gl.constexpr = p.q_v.shape[0]
         HALF: gl.constexpr = p.k_v.shape[2] // 2
         ROW: gl.constexpr = gl.SliceLayout(1, PV1)
+        FED: gl.constexpr = p.KV.dtype.element_ty == gl.uint8
         n = p.blk_hi - p.blk_lo
         for t in gl.static_range(2):
-            if t < n:
+            if t < n and not FED:
                 _issue_part(p, DESC_H, DESC_R, t, RIGHT)
         acc = gl.zeros([M, HALF], gl.float32, PV1)
         for i in range(n):
             mbarrier.wait(p.bars.index(P_READY), i & 1)
-            mbarrier.wait(p.bars.index(LANDED + (i % 2) * 3 + RIGHT), (i // 2) & 1)
+            if FED:
+                mbarrier.wait(p.bars.index(READY + i % 2), (i // 2) & 1)
+            else:
+                mbarrier.wait(p.bars.index(LANDED + (i % 2) * 3 + RIGHT), (i // 2) & 1)
             acc = acc * gl.expand_dims(p.rows.index(0).load(ROW), 1)
             pv = warpgroup_mma(p.p_smem, p.k_v.index(i % 2).slice(HALF, HALF, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(pv,))
-            _barrier()
-            mbarrier.arrive(p.bars.index(P_FREE), count=1)
-            if i + 2 < n:  # this buffer's right half is read
+            _release(p, P_FREE)
+            if FED:
+                mbarrier.arrive(p.bars.index(FREE_HELP + i % 2), count=1)
+            elif i + 2 < n:  # this buffer's right half is read
                 _issue_part(p, DESC_H, DESC_R, i + 2, RIGHT)
         mbarrier.wait(p.bars.index(SUMS_READY), 0)
         m_o, l_o = p.rows.index(1).load(ROW), p.rows.index(2).load(ROW)
@@ -1238,9 +1261,15 @@ if AVAILABLE:
             stride_ks, stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale,
             S_Q, H_Q, blocks_per_split, num_splits, CAUSAL, D_V, D_ROPE, PAGE, BLOCK_M, BLOCK_N, LEAD_BARRIERS,
         )  # fmt: skip
-        if SINGLE:
-            parts = (p, DESC_H, DESC_R, None)  # one split: its output in q's dtype, from registers
+        parts = (p, DESC_H, DESC_R, None if SINGLE else DESC_O)  # one split: its output in q's dtype, from registers
+        FP8: gl.constexpr = KV.dtype.element_ty == gl.uint8  # vLLM's fp8 cache: split_kernel_fp8's producer converts
+        if FP8 and SINGLE:
+            gl.warp_specialize([(_lead_single, parts), (_help_single, parts), (_produce_fp8, (p,))], [4, 4],
+                               [HELP_REGS, FP8_PRODUCER_REGS])  # fmt: skip
+        elif FP8:
+            gl.warp_specialize([(_lead_split, parts), (_help_split, parts), (_produce_fp8, (p,))], [4, 4],
+                               [HELP_REGS, FP8_PRODUCER_REGS])  # fmt: skip
+        elif SINGLE:
             gl.warp_specialize([(_lead_single, parts), (_help_single, parts)], [4], [LEAD_REGS])
         else:
-            parts = (p, DESC_H, DESC_R, DESC_O)
             gl.warp_specialize([(_lead_split, parts), (_help_split, parts)], [4], [LEAD_REGS])

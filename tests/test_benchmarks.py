@@ -499,13 +499,13 @@ def _census(tmp_path, *args):
 
 def test_compile_census_launches_picks_and_compiles_the_hopper_kernels_without_a_gpu(tmp_path):
     """``--launches``: the tiny decodes' launches as on an H200, where the dispatch picks the Gluon kernels (the
-    16-head, 128-head and fp8 ones); ``--compile NAMES`` compiles those variants for sm_90 here and reads their
-    resources (the 16-head and fp8 kernels spill nothing; the structure of every Gluon kernel is
-    ``test_impl_pipelining.py``'s)."""
-    gluon = "split_kernel,split_kernel_fp8"
+    16-head, 128-head and fp8 ones: 128 heads over either cache run ``split_kernel_lead``, 16 over the fp8 one
+    ``split_kernel_fp8_keys``); ``--compile NAMES`` compiles those variants for sm_90 here and reads their resources
+    (they spill nothing; the structure of every Gluon kernel is ``test_impl_pipelining.py``'s)."""
+    gluon = "split_kernel,split_kernel_lead"
     page = _census(tmp_path, "--launches", "tiny", "--ops", "mla_decode,mla_decode_fp8", "--compile", gluon)
     kernels = {k["name"]: k for k in page["kernels"]}
-    assert {"split_kernel", "split_kernel_lead", "split_kernel_fp8", "_mla_decode_combine_kernel"} <= set(kernels)
+    assert {"split_kernel", "split_kernel_lead", "split_kernel_fp8_keys", "_mla_decode_combine_kernel"} <= set(kernels)
     compiled = page["compiled"]
     assert {name: len(c) for name, c in compiled.items()} == {k: kernels[k]["variants"] for k in gluon.split(",")}
     for name in gluon.split(","):

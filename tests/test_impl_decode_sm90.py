@@ -270,32 +270,39 @@ def _fp8(cache, k_scale):
 
 
 @pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize("lead", [True, False])
 @pytest.mark.parametrize("B, S_q, H, seq_lens, causal, page_size, num_splits", FP8_CASES)
 def test_fp8_equals_the_bf16_kernel_on_the_converted_cache(
-    B, S_q, H, seq_lens, causal, page_size, num_splits, monkeypatch
+    B, S_q, H, seq_lens, causal, page_size, num_splits, lead, monkeypatch
 ):
-    """``split_kernel_fp8`` converts each byte to bf16 exactly and keeps ``k_scale`` out of the tile: at ``k_scale
-    = 1`` its outputs are the bf16 kernel's on the cache converted to bf16, bit for bit (same MMAs, same softmax: the
-    bf16 ``split_kernel``, which 128 heads leave for ``split_kernel_lead``, whose row sums round differently). At 32
+    """The fp8 kernels convert each byte to bf16 exactly and keep ``k_scale`` out of the tile: at ``k_scale = 1``
+    their outputs are the bf16 kernels' on the cache converted to bf16, bit for bit (same MMAs, same softmax).
+    Two or more 64-row blocks run ``split_kernel_lead`` over either cache (over the fp8 one with a producer), one
+    block (or ``lead_applies`` off: ``lead=False``) ``split_kernel_fp8`` against the bf16 ``split_kernel``. At 32
     rows or fewer ``split_kernel_fp8_keys`` runs instead, and at 16 or fewer equals ``split_kernel_keys`` on the
     converted cache bit for bit (same tile step; at 17-32 the bf16 cache takes the readable kernel, whose MMAs add in
     another order: ``test_fp8_matches_spec`` judges it there). ``auto`` takes the same Gluon kernel at any size."""
-    monkeypatch.setattr(decode_sm90, "lead_applies", lambda row_blocks: False)
+    if not lead:
+        monkeypatch.setattr(decode_sm90, "lead_applies", lambda row_blocks: False)
     case = decode_case(B, S_q, H, seq_lens, torch.bfloat16, causal, seed=H + sum(seq_lens), page_size=page_size)
     q, _, cache, block_table, lens = (t.cuda() for t in case)
     c8 = _fp8(cache, 1.0)
     kw = dict(scale=SCALE, causal=causal, num_splits=num_splits)
-    calls = record(monkeypatch, "split_kernel_fp8", "split_kernel_fp8_keys")
+    calls = record(monkeypatch, "split_kernel_fp8", "split_kernel_fp8_keys", "split_kernel_lead")
     got = mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, kernel="sm90", **kw)
     keys = decode_sm90.keys_rows(H * S_q) is not None
-    assert calls == ["split_kernel_fp8_keys" if keys else "split_kernel_fp8"], calls
+    blocks = -(-H * S_q // decode_sm90.BLOCK_M)
+    kernel = "split_kernel_fp8_keys" if keys else "split_kernel_lead" if lead and blocks > 1 else "split_kernel_fp8"
+    assert calls == [kernel], calls
     if H * S_q <= 16 or H * S_q > 32:  # the bf16 cache's Gluon kernel with the same tile step (17-32: the readable one)
+        calls.clear()
         want = mla_decode_paged(q, c8.view(torch.float8_e4m3fn).to(torch.bfloat16), block_table, lens, kernel="sm90",
                                 **kw)  # fmt: skip
+        assert calls == (["split_kernel_lead"] if kernel == "split_kernel_lead" else []), calls
         assert torch.equal(got.out, want.out) and torch.equal(got.lse, want.lse)
     calls.clear()
     mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, **kw)
-    assert calls == ["split_kernel_fp8_keys" if keys else "split_kernel_fp8"], calls
+    assert calls == [kernel], calls
 
 
 @pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
