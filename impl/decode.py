@@ -49,7 +49,8 @@ there, the next key tile streams in during this one's dots, which Triton's pipel
 ``q`` in 227 KB, and each logit is computed once (:func:`use_sm90`); where the rows are two or more 64-row blocks
 (128 heads) its ``split_kernel_lead``, whose leader warpgroup computes whole tiles' logits
 (:func:`mlaspec.impl.decode_sm90.lead_applies`). Over the fp8 cache its ``split_kernel_fp8``
-converts each tile in a producer warpgroup beside the MMAs, and at 32 rows or fewer its ``split_kernel_fp8_keys``
+converts each tile in a producer warpgroup beside the MMAs (at two or more 64-row blocks that producer feeds
+``split_kernel_lead``), and at 32 rows or fewer its ``split_kernel_fp8_keys``
 multiplies with the keys as the MMAs' rows, no rows padded; so does its ``split_kernel_keys`` over a 16-bit cache at 16
 rows or fewer (16 heads without MTP).
 """

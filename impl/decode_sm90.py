@@ -66,7 +66,10 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    B1 64K 1.24x -> 1.33x, B2 128K 0.89x -> 1.04x (``benchmarks/suite.py``). What it leaves: the leader's softmax,
    during which only the helper's half of ``P @ V`` can run. One 64-row block (16 heads, or 64 without MTP)
    streams its tiles from memory, and there ``split_kernel``, whose copies lead by a whole tile step, stays 2-7%
-   faster (:func:`lead_applies`).
+   faster (:func:`lead_applies`). Over the fp8 cache the same two warpgroups take their tiles from
+   ``split_kernel_fp8``'s producer, a third warpgroup (registers 224 / 160 / 120 a thread): 1.09-1.15x faster than
+   ``split_kernel_fp8`` at 128 heads on an H200 from B1 4K up (B64 8K 376 -> 338 us, B1 64K 60.8 -> 54.0;
+   ``docs/bench/fp8``), and its outputs are the bf16 lead kernel's on the converted cache, bit for bit.
 
 6. **16 query rows or fewer over a 16-bit cache** (``split_kernel_keys``: 16 heads without MTP): ``split_kernel``'s
    loop run by one warpgroup whose MMAs take the keys as their 64 rows and the query rows as ``N``
@@ -1251,6 +1254,12 @@ if AVAILABLE:
         the cache from DRAM once (4.84 GB: the second head block's reads hit L2); tensor pipes active 50% of the
         time against FlashMLA's 74%. Rounding as :func:`split_kernel`'s, but the row sums are summed a tile at a
         time (not per key column), so the last bits of the output differ.
+
+        Over vLLM's per-tensor fp8 cache (``KV`` of bytes; ``DESC_H = DESC_R = None``) a third warpgroup, the producer
+        of :func:`split_kernel_fp8` (:func:`_produce_fp8`), converts each tile into the two bf16 buffers, and hands it
+        over whole (one ``READY`` barrier a buffer, freed by the leader after its ``P @ V`` and by the helper after
+        its half: :func:`_hand_over`); ``k_scale`` sits in ``qk_scale`` and the epilogue. Registers: leader 224, helper
+        ``HELP_REGS`` (160; 152 spills), producer 120, of the launch's 168 x 384 threads.
 
         A split's fp32 partial (64 KB a warpgroup) goes out as one tensor-memory copy from shared memory it is done
         with (q's, and the tile buffer the last tile left). All 132 programs write theirs at once, 17 MB at 128 heads,
