@@ -261,6 +261,7 @@ FP8_CASES = [
     (2, 1, 128, [1000, 333], True, 128, None),  # two tiles a page
     (1, 1, 128, [700], True, 64, 1),  # one split: the kernel writes the result itself
     (1, 2, 64, [513], False, 64, None),
+    (2, 4, 16, [300, 2000], True, 64, None),  # 64 rows, one block: split_kernel_fp8 as called
 ]
 
 
