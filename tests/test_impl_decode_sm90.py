@@ -292,8 +292,8 @@ def test_fp8_equals_the_bf16_kernel_on_the_converted_cache(
     calls = record(monkeypatch, "split_kernel_fp8", "split_kernel_fp8_keys", "split_kernel_lead")
     got = mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, kernel="sm90", **kw)
     keys = decode_sm90.keys_rows(H * S_q) is not None
-    blocks = -(-H * S_q // decode_sm90.BLOCK_M)
-    kernel = "split_kernel_fp8_keys" if keys else "split_kernel_lead" if lead and blocks > 1 else "split_kernel_fp8"
+    shared = decode_sm90.lead_applies(-(-H * S_q // decode_sm90.BLOCK_M))  # (patched off above at lead=False)
+    kernel = "split_kernel_fp8_keys" if keys else "split_kernel_lead" if shared else "split_kernel_fp8"
     assert calls == [kernel], calls
     if H * S_q <= 16 or H * S_q > 32:  # the bf16 cache's Gluon kernel with the same tile step (17-32: the readable one)
         calls.clear()
