@@ -12,7 +12,7 @@ copy of the kernel, before this script existed.
     python benchmarks/decode_ablation.py                                 # 128 heads: B64 8K and B1 128K
     python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
     python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead: softmax, MMAs, partials, copies,
-                                                             # the MMAs alone, one copy a tile
+                                                             # block-table reads, the MMAs alone, one copy a tile
     python benchmarks/decode_ablation.py --kernel fp8        # split_kernel_fp8 (per-tensor fp8 cache): its producer's
                                                              # loads and conversion, its consumers' MMAs and softmax
     python benchmarks/decode_ablation.py --kernel fp8lead    # split_kernel_lead over the fp8 cache (128 heads): its
@@ -262,6 +262,14 @@ LEAD_ABLATIONS["second copies"] = [
         f"                _tma_load({d}, [row, {c}], bar, dst, pred=p.pid_m % 2 == 0)\n",
     )
     for d, c in (("DESC_R", "2 * HALF"), ("DESC_H", "PART * HALF"))
+]
+# the block-table reads on the copies' path: each sequence's pages taken in order instead (the benchmark's caches
+# hold B whole sequences of pages; the keys then differ, the bytes read do not)
+LEAD_ABLATIONS["block-table reads"] = [
+    (
+        "        page = gl.load(p.bt + blk // (p.page // n)).to(gl.int64)\n",
+        "        page = (blk // (p.page // n) + p.b * gl.cdiv(p.seq_len, p.page)).to(gl.int64)\n",
+    )
 ]
 LEAD_COMPUTE = ("softmax", "q k^T", "P @ V")
 # split_kernel's partials are stored from registers (_write_rows): the first of the lead kernel's two replacements
