@@ -12,7 +12,8 @@ copy of the kernel, before this script existed.
     python benchmarks/decode_ablation.py                                 # 128 heads: B64 8K and B1 128K
     python benchmarks/decode_ablation.py --shapes 128x2x65536 --out /tmp/ablation.png
     python benchmarks/decode_ablation.py --kernel lead       # split_kernel_lead: softmax, MMAs, partials, copies,
-                                                             # block-table reads, the MMAs alone, one copy a tile
+                                                             # block-table reads, the MMAs alone, one copy a tile,
+                                                             # copies from L2 (benchmarks/power.py: their energy)
     python benchmarks/decode_ablation.py --kernel fp8        # split_kernel_fp8 (per-tensor fp8 cache): its producer's
                                                              # loads and conversion, its consumers' MMAs and softmax
     python benchmarks/decode_ablation.py --kernel fp8lead    # split_kernel_lead over the fp8 cache (128 heads): its
@@ -271,6 +272,9 @@ LEAD_ABLATIONS["block-table reads"] = [
         "        page = (blk // (p.page // n) + p.b * gl.cdiv(p.seq_len, p.page)).to(gl.int64)\n",
     )
 ]
+# every copy of a split reads the split's first tile again (from L2 after its first read): the same shared-memory
+# writes and barriers, no DRAM stream; the outputs then wrong
+LEAD_ABLATIONS["L2 copies"] = [("        blk = p.blk_lo + t\n", "        blk = p.blk_lo + t * 0  # ablated\n")]
 LEAD_COMPUTE = ("softmax", "q k^T", "P @ V")
 # split_kernel's partials are stored from registers (_write_rows): the first of the lead kernel's two replacements
 # (so the default --kernel landed run times it too)
@@ -303,6 +307,7 @@ KERNELS = {
             ("softmax", "P @ V"),  # q k^T alone beside the copies: does it lose the overlap when it is short?
             ("copies", "softmax", "P @ V"),  # q k^T alone
             (*LEAD_COMPUTE, "second copies"),  # the copies alone, each tile into one SM of the two that read it
+            (*LEAD_COMPUTE, "L2 copies"),  # the copies alone, from L2: what the stream from memory adds
         ],
     ),
     "fp8": (

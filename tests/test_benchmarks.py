@@ -24,6 +24,7 @@ SCRIPTS = (
     "stream",
     "warm_timeline",
     "compile_census",
+    "power",
 )
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -510,3 +511,36 @@ def test_compile_census_launches_picks_and_compiles_the_hopper_kernels_without_a
     assert {name: len(c) for name, c in compiled.items()} == {k: kernels[k]["variants"] for k in gluon.split(",")}
     for name in gluon.split(","):
         assert all(c["local"] == 0 and 0 < c["registers"] <= 255 for c in compiled[name]), compiled[name]
+
+
+def test_power_reads_nvidia_smi_and_puts_a_decodes_energy_beside_its_time(bench, tmp_path):
+    """``benchmarks/power.py`` on samples as ``nvidia-smi`` writes them: the clock-event bits by name, the samples
+    inside a variant's span summarized (a line it cannot read skipped), and a table whose energy over the power
+    limit is the time a capped decode takes; the figure is a PNG."""
+    power = bench["power"]
+    assert power.reasons(0) == "none" and power.reasons(0x5) == "idle, power cap"
+    lines = [
+        "2026/11/30 03:01:02.100, 1980, 505.0, 0x0000000000000000",
+        "2026/11/30 03:01:02.150, 1700, 699.0, 0x0000000000000004",
+        "2026/11/30 03:01:02.200, 1600, 701.0, 0x0000000000000004",
+        "[N/A], 1980, 500.0, 0x0",
+    ]
+    samples = power.parse(lines)
+    assert [s.mhz for s in samples] == [1980, 1700, 1600]
+    assert samples[1].t - samples[0].t == pytest.approx(0.05, abs=1e-3)
+    spans = power.summarize(samples, samples[1].t, samples[2].t)
+    assert spans == dict(mhz=1650, mhz_min=1600, watts=700.0, reasons="power cap")
+    assert power.summarize(samples, 0, 1) is None
+    shape, ramp = "H128 B2 128K", [140e-6, 145e-6, 150e-6, 151e-6]
+    rows = [
+        dict(shape=shape, variant="as landed", seconds=150e-6, mj=105.0, burst=ramp, **spans),
+        dict(shape=shape, variant="compute alone", seconds=124e-6, mj=62.6, burst=None, mhz=1980, mhz_min=1980,
+             watts=505.0, reasons="none"),
+    ]  # fmt: skip
+    text = power.table(rows, 700.0)
+    assert "| H128 B2 128K | as landed | 150.0 | 1650 / 1600 | 700 | 105.0 | 150.0 | power cap |" in text
+    assert "| 89.4 | none |" in text  # 62.6 mJ at 700 W: 89.4 us, under its 124 us
+    assert "| H128 B2 128K | as landed | 140.0 | 145.0 | 150.0 | 151.0 |" in text
+    out = tmp_path / "power.png"
+    power.plot(rows, 700.0, str(out))
+    assert out.read_bytes().startswith(PNG)
