@@ -274,7 +274,13 @@ LEAD_ABLATIONS["block-table reads"] = [
 ]
 # every copy of a split reads the split's first tile again (from L2 after its first read): the same shared-memory
 # writes and barriers, no DRAM stream; the outputs then wrong
-LEAD_ABLATIONS["L2 copies"] = [("        blk = p.blk_lo + t\n", "        blk = p.blk_lo + t * 0  # ablated\n")]
+LEAD_ABLATIONS["L2 copies"] = [
+    (  # (the page read above is then dead: the compiler drops it)
+        "        slot0 = (blk % (p.page // n)) * n\n",
+        "        page = gl.load(p.bt + p.blk_lo // (p.page // n)).to(gl.int64)  # ablated\n"
+        "        slot0 = (p.blk_lo % (p.page // n)) * n\n",
+    )
+]
 LEAD_COMPUTE = ("softmax", "q k^T", "P @ V")
 # split_kernel's partials are stored from registers (_write_rows): the first of the lead kernel's two replacements
 # (so the default --kernel landed run times it too)
