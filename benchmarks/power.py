@@ -102,23 +102,26 @@ def _graph(fn, calls: int):
 
 
 def sustained(fn, seconds: float, calls: int = 20) -> tuple[float, float, float]:
-    """``(start, stop, seconds a call)``: ``fn`` replayed back to back for ``seconds`` after 1 s idle; ``start``
-    is 1 s into the replays (the clock has settled by then)."""
+    """``(start, stop, seconds a call)``: ``fn`` replayed back to back for ``seconds`` after 1 s idle, timed from
+    ``start``, 1 s into the replays (the clock has settled by then), to ``stop``."""
     import torch
 
     graph = _graph(fn, calls)
     time.sleep(1.0)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0, reps = time.time(), 0
-    begin.record()
+    t0, start, reps = time.time(), None, 0
     while time.time() - t0 < seconds:
+        if start is None and time.time() - t0 >= 1.0:
+            torch.cuda.synchronize()
+            start, reps = time.time(), 0
+            begin.record()
         graph.replay()
         reps += 1
         if reps % 8 == 0:
             torch.cuda.synchronize()  # keep the host within a few replays of the GPU
     end.record()
     torch.cuda.synchronize()
-    return t0 + 1.0, time.time(), begin.elapsed_time(end) * 1e-3 / (reps * calls)
+    return start, time.time(), begin.elapsed_time(end) * 1e-3 / (reps * calls)
 
 
 def burst(fn, per_call: float, calls: int = 10) -> list[float]:
@@ -261,10 +264,12 @@ def plot(rows: list[dict], limit: float, path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="HxBxS_kv, comma-separated")
-    parser.add_argument("--seconds", type=float, default=4.0, help="replayed back to back for this long a variant")
+    parser.add_argument("--seconds", type=float, default=4.0, help="replayed back to back this long a variant (> 1)")
     parser.add_argument("--burst", action="store_true", help="also time the first milliseconds after idle")
     parser.add_argument("--out", default="power.png", help="the figure (.png)")
     args = parser.parse_args(argv)
+    if args.seconds <= 1.0:
+        parser.error("--seconds: more than 1 (the first second is left out)")
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     rows, limit = run(shapes, args.seconds, args.burst)
     print(f"power limit {limit:.0f} W; {_smi(['--query-gpu=name,driver_version', '--format=csv,noheader']).strip()}")
