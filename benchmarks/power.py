@@ -174,12 +174,13 @@ def run(shapes, seconds: float = 4.0, with_burst: bool = False) -> tuple[list[di
 
     import mlaspec.impl.decode as dec
 
-    limit = float(_smi(["--query-gpu=power.limit", "--format=csv,noheader,nounits"]).split()[0])
+    smi = ["nvidia-smi", "--format=csv,noheader,nounits"]
+    limits = subprocess.run([*smi, "--query-gpu=power.limit"], capture_output=True, text=True, check=True).stdout
+    limit = float(limits.split()[0])  # (a line a GPU: the first's)
     landed, fm, rows, named = dec.decode_sm90, load_flashmla(), [], variants()
-    query = ["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits", "-lms", "50"]
     with tempfile.TemporaryDirectory() as folder, open(f"{folder}/smi.csv", "w+") as log:
         modules = {n: _in_place(load(parts, folder, "lead"), landed, "lead") for n, parts in named.items() if parts}
-        sampler = subprocess.Popen(query, stdout=log, text=True)
+        sampler = subprocess.Popen([*smi, f"--query-gpu={FIELDS}", "-lms", "50"], stdout=log, text=True)
         try:
             for heads, batch, keys in shapes:
                 cache, bt, sl = make_problem(batch, keys, torch.device("cuda"))
@@ -209,10 +210,6 @@ def run(shapes, seconds: float = 4.0, with_burst: bool = False) -> tuple[list[di
         row.update(summarize(samples, *row.pop("span")) or dict(mhz=0, mhz_min=0, watts=0, reasons="-"))
         row["mj"] = row["seconds"] * row["watts"] * 1e3
     return rows, limit
-
-
-def _smi(args) -> str:
-    return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, check=True).stdout
 
 
 def table(rows: list[dict], limit: float) -> str:
@@ -262,6 +259,8 @@ def plot(rows: list[dict], limit: float, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common import environment
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="HxBxS_kv, comma-separated")
     parser.add_argument("--seconds", type=float, default=4.0, help="replayed back to back this long a variant (> 1)")
@@ -272,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seconds: more than 1 (the first second is left out)")
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     rows, limit = run(shapes, args.seconds, args.burst)
-    print(f"power limit {limit:.0f} W; {_smi(['--query-gpu=name,driver_version', '--format=csv,noheader']).strip()}")
+    env = ", ".join(f"{k} {v}" for k, v in environment().items())
+    print(f"power limit {limit:.0f} W; {env}")
     print(table(rows, limit))
     plot(rows, limit, args.out)
     return 0
