@@ -170,7 +170,7 @@ def _check_cases(args: argparse.Namespace, started) -> int:
     backend = _load(
         args.backend, isolated=args.isolation == "process", timeout=args.timeout, dcp=args.dcp, started=started
     )
-    warm = None
+    warm = ahead = None
     try:
         device = getattr(backend, "device", None)
         jit = bool(getattr(backend, "jit", False))
@@ -180,6 +180,7 @@ def _check_cases(args: argparse.Namespace, started) -> int:
 
             lazy = args.warm == "auto" and not compile_cache_empty()  # a cold cache: every kernel compiles, start now
             warm = backend.beside = WarmUp(args.backend, cases, workers, device, lazy=lazy)
+        ahead = _ahead(args, backend, cases, references)
         out_dir = Path(args.report)
         for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
             stale.unlink()
@@ -216,15 +217,16 @@ def _check_cases(args: argparse.Namespace, started) -> int:
                 scale=args.scale,
                 timeout=args.timeout,
                 on_result=after,
-                before=progress.before if warm is None else lambda i, c: (warm.reached(i), progress.before(i, c)),
+                before=lambda i, c: [x.reached(i) for x in (warm, ahead) if x is not None] + [progress.before(i, c)],
                 stop=context_lost,
                 header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
                 strict_numerics=args.strict_numerics,
                 **references,
             )
     finally:
-        if warm is not None:
-            warm.stop()
+        for helper in (warm, ahead):
+            if helper is not None:
+                helper.stop()
         if hasattr(backend, "close"):
             backend.close()
     (out_dir / "environment.json").write_text(json.dumps({"backend": args.backend, "version": backend.version, **env}))
@@ -282,6 +284,30 @@ def _dcp_ops(args: argparse.Namespace, ops: tuple[str, ...] | None) -> tuple[str
     if ops is not None and not set(ops) <= set(DECODES):
         raise UsageError(f"--dcp runs {' and '.join(DECODES)} only, got --ops {','.join(ops)}")
     return tuple(ops or DECODES)
+
+
+def _ahead(args: argparse.Namespace, backend, cases: list, references: dict):
+    """The process computing this run's references backwards from its last case, where it helps
+    (:func:`mlaspec.conformance.ahead.wanted`; the cases the backend runs, with the numerics it declares), else None."""
+    from .ahead import Ahead, wanted
+    from .numerics import declared
+    from .references import reference_device
+
+    def numerics(c) -> tuple[str, ...] | None:  # None: a case the backend skips or errs on, no reference
+        if c.op not in getattr(backend, "ops", ()) or c.dtype not in getattr(backend, "dtypes", ()):
+            return None
+        try:
+            return () if args.strict_numerics else declared(backend, c.op)
+        except ValueError:  # unknown numerics
+            return None
+
+    items = [(c, numerics(c)) for c in cases]
+    device = reference_device(references["reference_device"], backend)
+    if getattr(backend, "unavailable", None) or not wanted(
+        items, scale=args.scale, cache=references["cache"], device=device
+    ):
+        return None
+    return Ahead(items, scale=args.scale, cache=references["cache"])
 
 
 def _reference_options(args: argparse.Namespace) -> dict:

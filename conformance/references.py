@@ -140,12 +140,12 @@ class ReferenceCache:
             return None
 
     def store(self, key: dict, ref: tuple, bounds: tuple | None) -> None:
-        """Write ``(ref, bounds)`` under ``key``: a temporary file renamed into place, so a reader never sees half
-        of one; a cache that cannot be written is no error (the run goes on uncached)."""
+        """Write ``(ref, bounds)`` under ``key``: a temporary file (``.tmp-<pid>-*``) renamed into place, so a reader
+        never sees half of one; a cache that cannot be written is no error (the run goes on uncached)."""
         path = self.path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pt")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{os.getpid()}-", suffix=".pt")
             try:
                 with os.fdopen(fd, "wb") as f:
                     torch.save(dict(key=key, ref=_compact(ref), bounds=_compact(bounds)), f)

@@ -11,7 +11,9 @@ is written. The events:
 * each judged case, by its id, and seconds: in the judged worker ``inputs ID S`` (building the inputs), ``call ID S``
   (the backend's call, as the result's ``seconds``) and ``reply ID S`` (the outputs to the CPU and packed); in the
   run's process (:func:`~mlaspec.conformance.runner.run_case`) ``reference ID S`` (the reference and budgets, or
-  reading them from the cache), ``wait ID S`` (then waiting for the worker's answer) and ``judge ID S``.
+  reading them from the cache), ``wait ID S`` (then waiting for the worker's answer) and ``judge ID S``;
+* in the fork that computes references ahead of the run (:mod:`~mlaspec.conformance.ahead`): ``ahead ID S``, a
+  reference it stored.
 """
 
 from __future__ import annotations
