@@ -277,6 +277,8 @@ def run_cases(
             sink.write(header + "\n")
             sink.flush()
     cases = list(cases)
+    if isinstance(backend, WorkerBackend):  # it builds each case's inputs while it runs the one before
+        backend.plan(cases)
     try:
         for i, case in enumerate(cases):
             if before is not None:

@@ -8,7 +8,10 @@ is written. The events:
   loaded the backend), ``spawn K START`` and ``kill K`` (a keeper starts process ``K`` from case ``START``, kills it),
   ``halt`` (all are stopped: a case runs again alone, or the run ends), ``reached I`` (the judged worker takes case
   ``I``), ``up K`` (process ``K`` has loaded the backend), ``begin K I`` and ``end K I`` (it runs case ``I``);
-* each judged case, by its id, and seconds: in the judged worker ``inputs ID S`` (building the inputs), ``call ID S``
+* the judged worker: ``plan N`` (it has the run's ``N`` cases, :class:`~mlaspec.conformance.worker.InputsAhead`;
+  again in a worker started after a crash);
+* each judged case, by its id, and seconds: in the judged worker ``inputs ID S`` (building the inputs, or waiting
+  for those built ahead on its thread), ``call ID S``
   (the backend's call, as the result's ``seconds``) and ``reply ID S`` (the outputs to the CPU and packed); in the
   run's process (:func:`~mlaspec.conformance.runner.run_case`) ``reference ID S`` (the reference and budgets, or
   reading them from the cache), ``wait ID S`` (then waiting for the worker's answer) and ``judge ID S``;

@@ -13,11 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from mlaspec.conformance.cases import curated_cases
+from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.cli import EXIT_EMPTY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from mlaspec.conformance.heap import applies
+from mlaspec.conformance.ops import OPS
 from mlaspec.conformance.report import load_run, read_jsonl
+from mlaspec.conformance.worker import InputsAhead
 
 TESTS = Path(__file__).resolve().parent
 BAD = "attention[gqa-noncausal-float32]"
@@ -87,6 +90,51 @@ def test_a_misbehaving_backend_fails_only_its_case(misbehaving, adapter, verdict
     assert list(by_case) == CASES  # every planned case has exactly one verdict, the ones after the bad one too
     assert by_case[BAD]["verdict"] == verdict and reason in by_case[BAD]["reason"], by_case[BAD]
     assert {by_case[c]["verdict"] for c in CASES if c != BAD} == {"pass"}
+
+
+def test_a_worker_started_after_a_crash_is_told_the_plan_again(misbehaving, monkeypatch):
+    monkeypatch.setenv("MLASPEC_WARM_TRACE", str(misbehaving / "trace"))
+    status, by_case = _check("Segfault", misbehaving / "report")
+    assert status == EXIT_FAILED and {r["verdict"] for c, r in by_case.items() if c != BAD} == {"pass"}
+    plans = [line.split()[2] for line in (misbehaving / "trace").read_text().splitlines() if line.split()[1] == "plan"]
+    assert plans == [str(len(CASES))] * 2  # the first worker's, and the one after the crash
+
+
+class _Runs:
+    """A backend's description: it runs ``attention`` in float32."""
+
+    ops, dtypes = frozenset({"attention"}), frozenset({"float32"})
+
+
+def _same(x, y) -> bool:
+    if isinstance(x, torch.Tensor):
+        return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+    if isinstance(x, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    return x == y
+
+
+def test_inputs_built_ahead_are_the_inputs_built_in_turn():
+    plan = curated_cases(ops=("attention", "merge_attn_states"), dtypes=("float32", "bfloat16"))
+    runs = [c for c in plan if c.op == "attention" and c.dtype == "float32"]
+    ahead = InputsAhead(_Runs())
+    ahead.plan = plan
+    for c, after in zip(runs, [*runs[1:], None]):
+        assert _same(ahead.inputs(c), OPS[c.op].make_inputs(c))
+        assert ahead.building == (after and after.id)  # the next case the backend runs, skipping the others
+    outside = Case("attention", "not-planned", "float32", runs[0].params)
+    assert _same(ahead.inputs(outside), OPS["attention"].make_inputs(outside)) and ahead.building is None
+
+
+def test_inputs_that_cannot_be_built_ahead_raise_when_taken():
+    good = curated_cases(ops=("attention",), dtypes=("float32",))[0]
+    bad = Case("attention", "no-sizes", "float32", {})
+    ahead = InputsAhead(_Runs())
+    ahead.plan = [good, bad]
+    ahead.inputs(good)
+    assert ahead.building == bad.id
+    with pytest.raises(KeyError):  # as make_inputs raises in turn: the case's error
+        ahead.inputs(bad)
 
 
 def test_the_honest_adapter_passes_with_exit_0(misbehaving):
