@@ -27,6 +27,7 @@ import torch
 REFERENCE = {
     "decode": "flashmla",
     "decode_fp8": "flashmla",
+    "decode_sustained": "flashmla",
     "sparse_decode": "flashmla",
     "sparse_prefill": "flashmla",
     "indexer": "deepgemm",
@@ -50,6 +51,43 @@ def bench(fn: Callable[[], object], *, graph: bool = False) -> float:
     if graph:
         return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e-3
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
+
+
+def graphed(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` calls of ``fn`` (after three calls outside it: compiles, allocator pools)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def sustained(fn: Callable[[], object], seconds: float, *, settle: float = 1.0, calls: int = 20):
+    """``(start, stop, seconds a call)``: ``fn`` replayed from a graph of ``calls`` calls back to back after 1 s
+    idle, ``settle`` seconds untimed (the clock settles where the card's power limit holds it: ``power.py``,
+    ``docs/bench/power.md``), then ``seconds`` timed on the GPU, from wall time ``start`` to ``stop``."""
+    graph = graphed(fn, calls)
+    time.sleep(1.0)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0, start, reps = time.time(), None, 0
+    while time.time() - t0 < settle + seconds:
+        if start is None and time.time() - t0 >= settle:
+            torch.cuda.synchronize()
+            start, reps = time.time(), 0
+            begin.record()
+        graph.replay()
+        reps += 1
+        if reps % 8 == 0:
+            torch.cuda.synchronize()  # keep the host within a few replays of the GPU
+    end.record()
+    torch.cuda.synchronize()
+    return start, time.time(), begin.elapsed_time(end) * 1e-3 / (reps * calls)
 
 
 def host_seconds(fn: Callable[[], object], calls: int = 200) -> float:
@@ -195,7 +233,7 @@ class Row:
     seconds: float
     bytes: float
     flops: float
-    timer: str = ""  # "graph" (CUDA graph replay) or "do_bench"
+    timer: str = ""  # "graph" (CUDA graph replay), "do_bench" or "sustained" (graph replays under a lasting load)
     ratio: float | None = None
 
     @property
@@ -234,15 +272,17 @@ def measure(
     nbytes: float,
     flops: float,
     graph: bool = False,
+    sustain: float = 0.0,
 ) -> Row | None:
-    """Time ``fn`` (:func:`bench`), append its :class:`Row` to ``rows`` and print it; a failure is printed and
-    leaves no row (the other providers go on)."""
+    """Time ``fn`` (:func:`bench`; ``sustain`` seconds > 0: :func:`sustained`, a lasting load), append its
+    :class:`Row` to ``rows`` and print it; a failure is printed and leaves no row (the other providers go on)."""
     try:
-        t = bench(fn, graph=graph)
+        t = sustained(fn, sustain)[2] if sustain else bench(fn, graph=graph)
     except Exception as exc:  # report and go on
         print(f"  {kernel:<14} {shape_str(shape):<30} {provider:<12} failed: {type(exc).__name__}: {_first_line(exc)}")
         return None
-    row = Row(kernel, provider, dict(shape), t, nbytes, flops, "graph" if graph else "do_bench")
+    timer = "sustained" if sustain else "graph" if graph else "do_bench"
+    row = Row(kernel, provider, dict(shape), t, nbytes, flops, timer)
     rows.append(row)
     print(
         f"  {kernel:<14} {shape_str(shape):<30} {provider:<12} {row.us:10.1f} us {row.gbps:7.0f} GB/s "

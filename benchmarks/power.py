@@ -85,51 +85,13 @@ def summarize(samples: list[Sample], start: float, stop: float) -> dict | None:
     )
 
 
-def _graph(fn, calls: int):
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
-    return graph
-
-
-def sustained(fn, seconds: float, calls: int = 20) -> tuple[float, float, float]:
-    """``(start, stop, seconds a call)``: ``fn`` replayed back to back for ``seconds`` after 1 s idle, timed from
-    ``start``, 1 s into the replays (the clock has settled by then), to ``stop``."""
-    import torch
-
-    graph = _graph(fn, calls)
-    time.sleep(1.0)
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0, start, reps = time.time(), None, 0
-    while time.time() - t0 < seconds:
-        if start is None and time.time() - t0 >= 1.0:
-            torch.cuda.synchronize()
-            start, reps = time.time(), 0
-            begin.record()
-        graph.replay()
-        reps += 1
-        if reps % 8 == 0:
-            torch.cuda.synchronize()  # keep the host within a few replays of the GPU
-    end.record()
-    torch.cuda.synchronize()
-    return start, time.time(), begin.elapsed_time(end) * 1e-3 / (reps * calls)
-
-
 def burst(fn, per_call: float, calls: int = 10) -> list[float]:
     """Seconds a call in each window of :data:`WINDOWS_MS` after 2 s idle (replays of ``calls`` calls, timed on
     the GPU, queued ahead so none waits for the host; ``per_call``: about how long a call takes, for how many)."""
     import torch
+    from common import graphed
 
-    graph = _graph(fn, calls)
+    graph = graphed(fn, calls)
     time.sleep(2.0)
     replays = max(8, min(4000, int(WINDOWS_MS[-1] * 1.2e-3 / (per_call * calls))))
     events = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
@@ -168,7 +130,7 @@ def variants() -> dict:
 def run(shapes, seconds: float = 4.0, with_burst: bool = False) -> tuple[list[dict], float]:
     """One dict a (shape, variant): time, clock, power, energy, reasons (and ``burst``); and the power limit."""
     import torch
-    from common import load_flashmla
+    from common import load_flashmla, sustained
     from decode import D_QK, _fn, make_problem
     from decode_ablation import _in_place, load
 
@@ -193,7 +155,7 @@ def run(shapes, seconds: float = 4.0, with_burst: bool = False) -> tuple[list[di
                     fn = _fn("flashmla" if name == "flashmla" else "triton", fm, *problem)
                     dec.decode_sm90 = modules.get(name, landed)
                     try:
-                        start, stop, per_call = sustained(fn, seconds)
+                        start, stop, per_call = sustained(fn, seconds - 1.0)
                         windows = burst(fn, per_call) if with_burst and name in ("flashmla", "as landed") else None
                     finally:
                         dec.decode_sm90 = landed

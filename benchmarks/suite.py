@@ -4,7 +4,9 @@ card's roofline measured first in the same run.
 Kernels (``--kernels``, comma list; default all), each with its providers and counts as its script documents:
 
 * ``decode``, ``decode_fp8`` (:mod:`decode`): dense paged decode over a bf16 / per-tensor fp8 cache, heads 16 and
-  128, batch 1..128, context 1K..128K; ``triton``, ``flashmla``, ``torch``;
+  128, batch 1..128, context 1K..128K; ``triton``, ``flashmla``, ``torch``; with ``decode``, the rows of
+  ``decode_sustained``: the 128-head decode at B 1-2 from 64K keys timed again under a lasting load
+  (:func:`decode.power_bound`);
 * ``sparse_decode``, ``sparse_prefill`` (:mod:`sparse`): top-k 2048 over a 656-byte fp8 or bf16 cache, and the
   prefill over bf16 ``kv``; ``triton(-fp8|-bf16)``, ``flashmla``, ``torch``;
 * ``indexer``, ``indexer_graph``, ``topk`` (:mod:`indexer`): fp8 causal logits, H 64, D 128; ``triton``,
@@ -42,7 +44,7 @@ import sparse
 import torch
 from common import REFERENCE, Row, describe_roofline, environment, markdown_table, measure_roofline, plot_roofline
 
-KERNELS = tuple(REFERENCE)
+KERNELS = tuple(k for k in REFERENCE if k != "decode_sustained")  # decode_sustained: rows of decode
 GRIDS = {
     "full": dict(
         decode=dict(batches=[1, 2, 4, 64, 128], contexts=[1024, 4096, 8192, 65536, 131072], heads=[16, 128]),

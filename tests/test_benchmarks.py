@@ -61,7 +61,27 @@ def _rows(common):
 def test_scripts_import_without_running(bench):
     for name in ("decode", "sparse", "indexer", "suite", "dcp"):
         assert callable(bench[name].main)
-    assert set(bench["suite"].KERNELS) == set(bench["common"].REFERENCE)
+    assert set(bench["suite"].KERNELS) == set(bench["common"].REFERENCE) - {"decode_sustained"}  # decode's rows
+
+
+def test_the_sustained_rows_are_the_power_bound_targets_against_flashmla_sustained(bench, monkeypatch):
+    """``decode_sustained`` times the 128-head decode at B <= 2 from 64K keys with ``common.sustained`` and takes
+    its ratio from FlashMLA's sustained row of the same shape, never from a 50 ms graph timing."""
+    common, decode = bench["common"], bench["decode"]
+    shapes = [dict(H=h, B=b, S_kv=s) for h in (16, 128) for b in (1, 2, 4, 64) for s in (8192, 65536, 131072)]
+    assert [x for x in shapes if decode.power_bound(x)] == [
+        dict(H=128, B=b, S_kv=s) for b in (1, 2) for s in (65536, 131072)
+    ]
+    assert not decode.power_bound(dict(H=128, B=1, S_kv=65536, S_q=2))  # MTP: not the target's decode
+    timed = []
+    monkeypatch.setattr(common, "sustained", lambda fn, seconds: timed.append(seconds) or (0.0, 1.0, 2e-6))
+    monkeypatch.setattr(common, "bench", lambda fn, graph: 1e-6)
+    rows, shape = [], dict(H=128, B=1, S_kv=65536)
+    for kernel, sustain, provider in [("decode", 0, "flashmla"), ("decode_sustained", 3.0, "flashmla")]:
+        common.measure(rows, kernel, provider, shape, None, nbytes=1.0, flops=1.0, graph=True, sustain=sustain)
+    rows.append(common.Row("decode_sustained", "triton", shape, 1.6e-6, 1.0, 1.0, "sustained"))
+    assert timed == [3.0] and [r.timer for r in rows] == ["graph", "sustained", "sustained"]
+    assert common.add_ratios(rows)[-1].ratio == 2e-6 / 1.6e-6  # FlashMLA sustained, not its 1e-6 graph row
 
 
 def test_table_ratios_come_from_the_same_run_reference(bench):
