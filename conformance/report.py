@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import importlib.metadata
 import json
 import math
 import platform
@@ -38,12 +39,12 @@ def environment() -> dict[str, str]:
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
         env["cuda"] = str(torch.version.cuda)
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        pass
+    for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm"):  # its metadata: importing triton takes 0.4 s
+        try:
+            env["triton"] = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
     return env
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-from hypothesis.strategies import SearchStrategy
 
 from mlaspec.spec.attention import attention
 
@@ -17,6 +17,33 @@ from ..cases import Case
 from ..cpus import usable_cpus
 from ..numerics import accumulation_roundoff
 from ..verdict import judge
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+
+class _Strategies:
+    """``hypothesis.strategies``, imported at its first use: the ops' case generators draw only in a generated run
+    or test, and the import takes ~0.25 s of each process's start (a run's and its worker's)."""
+
+    def __getattr__(self, name: str):
+        from hypothesis import strategies
+
+        return getattr(strategies, name)
+
+
+st = _Strategies()
+
+
+def composite(fn: Callable) -> Callable:
+    """hypothesis's ``@composite`` on ``fn``, applied when the strategy is first built (:data:`st`)."""
+
+    @functools.wraps(fn)
+    def strategy(*args, **kwargs):
+        return st.composite(fn)(*args, **kwargs)
+
+    return strategy
+
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 EPS32 = 2.0**-24

@@ -31,7 +31,6 @@ nats at DeepSeek's logit sizes, and so ``e^(2δ)`` this budget vacuous: docs/dcp
 from __future__ import annotations
 
 import torch
-from hypothesis import strategies as st
 
 from mlaspec.spec.config import MLAConfig
 from mlaspec.spec.dcp import (
@@ -46,7 +45,7 @@ from mlaspec.spec.forms import mqa_latent_attention
 
 from ..cases import Case
 from ..numerics import lse_rounded
-from .common import EPS32, LIMITS, Op, Scale, randn
+from .common import EPS32, LIMITS, Op, Scale, composite, randn, st
 from .fp8_decode import dequantized_entries, fp8_decode_inputs, latent_bounds, mla_decode_fp8_reference
 
 _V3_SCALE = MLAConfig.deepseek_v3().softmax_scale
@@ -185,7 +184,7 @@ def _cases(scale: Scale) -> list[tuple[str, dict]]:
     ]
 
 
-@st.composite
+@composite
 def _params(draw) -> dict:
     b, s_kv = draw(st.integers(1, LIMITS["B"])), draw(st.integers(1, LIMITS["S_kv"]))
     return dict(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import strategies as st
 
 from mlaspec.spec.attention import attention, causal_mask, seq_lens_mask
 from mlaspec.spec.config import MLAConfig, make_weights
@@ -21,10 +20,12 @@ from .common import (
     Scale,
     abs_logits_max,
     attention_bounds,
+    composite,
     logit_error,
     prefix_lse_match,
     projection_error,
     randn,
+    st,
     unit_roundoff,
     worst_rows,
 )
@@ -274,7 +275,7 @@ def _attention_cases(scale: Scale) -> list[tuple[str, dict]]:
     ]
 
 
-@st.composite
+@composite
 def _attention_params(draw) -> dict:
     h_kv = draw(st.integers(1, LIMITS["H_kv"]))
     return dict(
@@ -331,7 +332,7 @@ def _mla_decode_cases(scale: Scale) -> list[tuple[str, dict]]:
     ]
 
 
-@st.composite
+@composite
 def _mla_decode_params(draw) -> dict:
     return dict(
         B=draw(st.integers(1, LIMITS["B"])),
@@ -371,7 +372,7 @@ def _mla_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
     ]
 
 
-@st.composite
+@composite
 def _mla_prefill_params(draw) -> dict:
     s_q = draw(st.integers(1, LIMITS["S_q"]))
     return dict(
@@ -425,7 +426,7 @@ def _merge_attn_states_cases(scale: Scale) -> list[tuple[str, dict]]:
     ]
 
 
-@st.composite
+@composite
 def _merge_attn_states_params(draw) -> dict:
     return dict(
         T=draw(st.integers(1, LIMITS["T"])),

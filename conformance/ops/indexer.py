@@ -40,7 +40,6 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import strategies as st
 
 from mlaspec.spec.indexer import (
     IndexerCacheLayout,
@@ -59,7 +58,7 @@ from mlaspec.spec.topk import topk_agreement, topk_indices
 from ..cases import Case
 from ..numerics import accumulation_roundoff
 from ..verdict import Metric
-from .common import DTYPES, EPS32, LIMITS, Op, Scale, normal, worst_rows
+from .common import DTYPES, EPS32, LIMITS, Op, Scale, composite, normal, st, worst_rows
 
 FP8_NAN = 0x7F  # e4m3fn NaN bit pattern
 
@@ -421,7 +420,7 @@ def _topk_indices_cases(scale: Scale) -> list[tuple[str, dict]]:
     ]
 
 
-@st.composite
+@composite
 def _topk_indices_params(draw) -> dict:
     """Prefill (ragged spans, relative indices) or decode rows (some shorter than ``K``); the case's inputs put
     logits on a coarse grid with a tie straddling the ``K``-th position."""

@@ -54,7 +54,6 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import strategies as st
 
 from mlaspec.spec import cache_layouts as cl
 from mlaspec.spec.attention import attention
@@ -85,9 +84,11 @@ from .common import (
     Scale,
     abs_logits_max,
     attention_bounds,
+    composite,
     normal,
     projection_error,
     randn,
+    st,
     worst_rows,
 )
 from .dense import V3_SCALE, _absorbed_bounds
@@ -913,7 +914,7 @@ def _concat_and_cache_mla_cases(scale: Scale) -> list[tuple[str, dict]]:
     ]
 
 
-@st.composite
+@composite
 def _concat_and_cache_mla_params(draw) -> dict:
     """A paged cache of a few blocks, ``T`` tokens of which the last ``pad`` are padding (slot ``-1``), in every
     cache dtype (the per-tensor fp8 ones with a drawn scale, ``fp8_ds_mla`` with a drawn ``writer``)."""
@@ -1105,7 +1106,7 @@ def _chunked_prefill_attention_cases(scale: Scale) -> list[tuple[str, dict]]:
     ]
 
 
-@st.composite
+@composite
 def _chunked_prefill_attention_params(draw) -> dict:
     """Requests with and without context, a workspace from one page per prefill with context up to a few, so the
     plan runs one to several chunks."""

@@ -61,7 +61,6 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import strategies as st
 
 from mlaspec.spec.attention import causal_mask
 from mlaspec.spec.config import MLAConfig
@@ -76,7 +75,7 @@ from mlaspec.spec.sparse import global_slot_indices, indices_to_mask, sparse_dec
 
 from .. import numerics
 from ..cases import Case
-from .common import EPS32, LIMITS, Op, Scale, gamma, normal, randn, underflow_floor, worst_rows
+from .common import EPS32, LIMITS, Op, Scale, composite, gamma, normal, randn, st, underflow_floor, worst_rows
 from .writers import read_as, written
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -668,7 +667,7 @@ def _sparse_prefill_cases(scale: Scale) -> list[tuple[str, dict]]:
     ]
 
 
-@st.composite
+@composite
 def _sparse_prefill_params(draw) -> dict:
     """FlashMLA's widths (576 / 512, or V4's 512 / 512) and one KV head; ``K <= S_kv - 2`` distinct keys per row
     (rows 0 and ``S_kv - 1`` stay NaN), invalid sentinels at a drawn rate, optional ``topk_length``, empty rows
