@@ -36,7 +36,7 @@ from .cases import Case
 from .references import ReferenceCache, cache_key
 from .trace import trace
 
-__all__ = ["MIN_MISSING", "Ahead", "missing", "wanted"]
+__all__ = ["MIN_MISSING", "Ahead", "missing", "start_ahead", "wanted"]
 
 MIN_MISSING = 64
 """The fewest references the cache must lack for :class:`Ahead` to start (a fork of a run's ~0.5 GB process, and
@@ -77,6 +77,36 @@ def wanted(items: Items, *, scale: str, cache: ReferenceCache | None, device) ->
     if not hasattr(os, "fork") or not hasattr(os, "sched_setscheduler"):
         return False
     return missing(items, scale=scale, cache=cache) >= MIN_MISSING
+
+
+def start_ahead(
+    backend: object,
+    cases: list[Case],
+    *,
+    scale: str,
+    strict_numerics: bool,
+    cache: ReferenceCache | None,
+    reference_device: str = "auto",
+) -> Ahead | None:
+    """The fork computing the references of ``cases`` (a run's, in its order) on ``backend``, started where it helps
+    (:func:`wanted`; the cases the backend runs, with the numerics it declares, or none under ``strict_numerics``;
+    ``reference_device``: :func:`~mlaspec.conformance.references.reference_device`'s option), else None."""
+    from .numerics import declared
+    from .references import reference_device as resolve
+
+    def numerics(c: Case) -> tuple[str, ...] | None:  # None: a case the backend skips or errs on, no reference
+        if c.op not in getattr(backend, "ops", ()) or c.dtype not in getattr(backend, "dtypes", ()):
+            return None
+        try:
+            return () if strict_numerics else declared(backend, c.op)
+        except ValueError:  # unknown numerics
+            return None
+
+    items = [(c, numerics(c)) for c in cases]
+    device = resolve(reference_device, backend)
+    if getattr(backend, "unavailable", None) or not wanted(items, scale=scale, cache=cache, device=device):
+        return None
+    return Ahead(items, scale=scale, cache=cache)
 
 
 class Ahead:

@@ -170,6 +170,8 @@ def _check_cases(args: argparse.Namespace, started) -> int:
     backend = _load(
         args.backend, isolated=args.isolation == "process", timeout=args.timeout, dcp=args.dcp, started=started
     )
+    from .ahead import start_ahead
+
     warm = ahead = None
     try:
         device = getattr(backend, "device", None)
@@ -180,7 +182,7 @@ def _check_cases(args: argparse.Namespace, started) -> int:
 
             lazy = args.warm == "auto" and not compile_cache_empty()  # a cold cache: every kernel compiles, start now
             warm = backend.beside = WarmUp(args.backend, cases, workers, device, lazy=lazy)
-        ahead = _ahead(args, backend, cases, references)
+        ahead = start_ahead(backend, cases, scale=args.scale, strict_numerics=args.strict_numerics, **references)
         out_dir = Path(args.report)
         for stale in out_dir.glob("results-*.jsonl"):  # a sharded pytest run's files would merge into this report
             stale.unlink()
@@ -284,30 +286,6 @@ def _dcp_ops(args: argparse.Namespace, ops: tuple[str, ...] | None) -> tuple[str
     if ops is not None and not set(ops) <= set(DECODES):
         raise UsageError(f"--dcp runs {' and '.join(DECODES)} only, got --ops {','.join(ops)}")
     return tuple(ops or DECODES)
-
-
-def _ahead(args: argparse.Namespace, backend, cases: list, references: dict):
-    """The process computing this run's references backwards from its last case, where it helps
-    (:func:`mlaspec.conformance.ahead.wanted`; the cases the backend runs, with the numerics it declares), else None."""
-    from .ahead import Ahead, wanted
-    from .numerics import declared
-    from .references import reference_device
-
-    def numerics(c) -> tuple[str, ...] | None:  # None: a case the backend skips or errs on, no reference
-        if c.op not in getattr(backend, "ops", ()) or c.dtype not in getattr(backend, "dtypes", ()):
-            return None
-        try:
-            return () if args.strict_numerics else declared(backend, c.op)
-        except ValueError:  # unknown numerics
-            return None
-
-    items = [(c, numerics(c)) for c in cases]
-    device = reference_device(references["reference_device"], backend)
-    if getattr(backend, "unavailable", None) or not wanted(
-        items, scale=args.scale, cache=references["cache"], device=device
-    ):
-        return None
-    return Ahead(items, scale=args.scale, cache=references["cache"])
 
 
 def _reference_options(args: argparse.Namespace) -> dict:

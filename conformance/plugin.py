@@ -27,6 +27,7 @@ usage error that says how to name one (as array-api-tests does with ``ARRAY_API_
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -157,12 +158,14 @@ class _State:
     reference_device: str = "auto"
     use_cache: bool = True  # False: --mla-no-cache, or the ini option mla_cache = false
     planned: list[str] = field(default_factory=list)
+    cases: list = field(default_factory=list)  # the curated cases collected, in the order they run
     markers_registered: bool = False
     _backend: Any = None
     _load_error: str | None = None
     _started: Any = None  # the worker process start() began, until backend() takes it
     _share: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)  # the parent's threads
     _sink: Any = field(default=None, repr=False)
+    _ahead: Any = None  # the fork computing references ahead (conformance.ahead), or None
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> _State:
@@ -245,6 +248,36 @@ class _State:
             pytest.fail(self._load_error, pytrace=False)
         return self._backend
 
+    def run_ahead(self, sharded: bool) -> None:
+        """Once the cases are collected, unless the run is ``sharded`` (pytest-xdist's workers take the tests in an
+        order of its choosing): tell the judged worker the cases in their order, so that it builds each one's inputs
+        while it runs the one before (:meth:`~mlaspec.conformance.worker.WorkerBackend.plan`), and start the fork
+        that computes their references from the last backwards (:func:`~mlaspec.conformance.ahead.start_ahead`), as
+        ``mlaspec check`` does."""
+        backend = self._backend
+        if sharded or self.worker is not None or not self.cases or not hasattr(backend, "plan"):
+            return
+        from .ahead import start_ahead
+
+        backend.plan(self.cases)
+        self._ahead = start_ahead(
+            backend,
+            self.cases,
+            scale=self.scale,
+            strict_numerics=self.strict_numerics,
+            cache=self.reference_cache(),
+            reference_device=self.reference_device,
+        )
+
+    def reached(self, case) -> None:
+        """The run takes ``case``: the fork computing references ahead stops before it."""
+        if self._ahead is not None and case.id in self._index:
+            self._ahead.reached(self._index[case.id])
+
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:
+        return {c.id: i for i, c in enumerate(self.cases)}
+
     def record(self, result) -> None:
         """Stream one verdict to ``results.jsonl`` (``results-<worker>.jsonl`` under xdist)."""
         if self.report_dir is None:
@@ -261,6 +294,9 @@ class _State:
         self._sink.flush()
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.stop()
+            self._ahead = None
         if self._sink is not None:
             self._sink.close()
             self._sink = None
@@ -365,8 +401,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             params = getattr(getattr(item, "callspec", None), "params", {})
             if "mla_case" in params:
                 state.planned.append(params["mla_case"].id)
+                state.cases.append(params["mla_case"])
             elif "mla_op" in params:
                 state.planned.append(f"{params['mla_op']}[generated]")
+        state.run_ahead(sharded=bool(getattr(config.option, "numprocesses", None)))
         return
     if any("mla_backend" in getattr(item, "fixturenames", ()) for item in items):
         raise pytest.UsageError(_missing_backend())
@@ -482,6 +520,7 @@ def mla_check(request: pytest.FixtureRequest, mla_backend):
         __tracebackhide__ = True
         from .runner import run_case
 
+        state.reached(case)
         result = run_case(
             mla_backend,
             case,

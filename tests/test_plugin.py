@@ -291,3 +291,24 @@ def test_the_reference_cache_and_its_off_switches(suite, pytester, monkeypatch):
     pytester.makeini("[pytest]\n")
     suite(*args).assert_outcomes(passed=len(curated))
     assert len(list(cache.rglob("*.pt"))) == len(curated)
+
+
+def test_the_plugin_plans_the_worker_and_computes_references_ahead(suite, pytester, monkeypatch):
+    """Without xdist the plugin does what ``mlaspec check`` does: the worker is told the cases in their order
+    (``plan``), and a fork computes references from the last backwards (``ahead``) into the files the run reads."""
+    from mlaspec.conformance import ahead, cpus
+
+    monkeypatch.setenv("MLASPEC_CACHE_DIR", str(pytester.path / "cache"))
+    monkeypatch.setenv("MLASPEC_WARM_TRACE", str(pytester.path / "trace"))
+    monkeypatch.setattr(ahead, "MIN_MISSING", 1)
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 2)
+    forked, init = [], ahead.Ahead.__init__
+    record = lambda self, items, **kw: forked.append(items) or init(self, items, **kw)
+    monkeypatch.setattr(ahead.Ahead, "__init__", record)
+    curated = curated_cases(dtypes=("bfloat16",), ops=("dcp_decode",))
+    args = ("--mla-backend", "torch", "-m", "dcp_decode", "-k", "test_curated", "--mla-dtypes", "bfloat16")
+    suite(*args).assert_outcomes(passed=len(curated))
+    events = [line.split()[1:] for line in (pytester.path / "trace").read_text().splitlines()]
+    assert ["plan", str(len(curated))] in events
+    assert [[c.id for c, _ in items] for items in forked] == [[c.id for c in curated]]  # in the order they ran
+    assert len(list((pytester.path / "cache").rglob("*.pt"))) == len(curated)  # the fork's files are the run's
