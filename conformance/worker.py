@@ -222,7 +222,8 @@ class InputsAhead:
 
     The parent sends the run's cases once (:meth:`WorkerBackend.plan`); when the worker takes a case, :meth:`inputs`
     gives its inputs (built ahead, else built now) and starts building those of the next planned case the backend
-    runs (its ``ops`` and ``dtypes``; one its ``unsupported`` skips is built for nothing). Warm on 2 cores the worker
+    runs (its ``ops`` and ``dtypes``; one its ``unsupported`` skips is built for nothing: asked here, ahead of its
+    turn, an ``unsupported`` that crashes would take the case in flight with it). Warm on 2 cores the worker
     is the run's path (its inputs 3.3 s and calls 2.5 s of the default run, traced, while the run's process waits),
     and the run's process leaves the other core idle. ``make_inputs`` is a function of the case alone (its own
     seeded generators), so inputs built ahead are the inputs built in turn, bit for bit."""
