@@ -126,6 +126,18 @@ def test_inputs_built_ahead_are_the_inputs_built_in_turn():
     assert _same(ahead.inputs(outside), OPS["attention"].make_inputs(outside)) and ahead.building is None
 
 
+def test_after_a_skipped_case_the_next_is_built_in_turn_then_ahead_again():
+    a, b, c, d, e = curated_cases(ops=("attention",), dtypes=("float32",))[:5]
+    ahead = InputsAhead(_Runs())
+    ahead.plan = [a, b, c, d, e]
+    ahead.inputs(a)
+    assert ahead.building == b.id
+    assert _same(ahead.inputs(c), OPS[c.op].make_inputs(c))  # the parent skipped b: c built now
+    assert ahead.building is None  # skips may go on: nothing built for nothing
+    ahead.inputs(d)  # in turn again
+    assert ahead.building == e.id
+
+
 def test_inputs_that_cannot_be_built_ahead_raise_when_taken():
     good = curated_cases(ops=("attention",), dtypes=("float32",))[0]
     bad = Case("attention", "no-sizes", "float32", {})
