@@ -205,6 +205,12 @@ def _check_cases(args: argparse.Namespace, started) -> int:
                 progress.write(lost[0])
             return bool(broken)
 
+        def before(i: int, c) -> None:
+            for helper in (warm, ahead):  # they go no further than the case the run takes
+                if helper is not None:
+                    helper.reached(i)
+            progress.before(i, c)
+
         def after(i: int, r) -> None:
             if warm is not None:
                 warm.judged(r.seconds)  # --warm auto starts them at the first call that compiled
@@ -219,7 +225,7 @@ def _check_cases(args: argparse.Namespace, started) -> int:
                 scale=args.scale,
                 timeout=args.timeout,
                 on_result=after,
-                before=lambda i, c: [x.reached(i) for x in (warm, ahead) if x is not None] + [progress.before(i, c)],
+                before=before,
                 stop=context_lost,
                 header=header_line(args.backend, backend.version, env, [c.id for c in cases]),
                 strict_numerics=args.strict_numerics,

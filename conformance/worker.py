@@ -234,10 +234,19 @@ class InputsAhead:
         from concurrent.futures import ThreadPoolExecutor
 
         self.backend = backend
-        self.plan: list[Case] = []
+        self.plan = []
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlaspec-inputs")
         self._pending = None  # (case id, the future of its inputs)
         self._expected = None  # the next planned case the backend runs, after the last one taken
+
+    @property
+    def plan(self) -> list[Case]:
+        """The run's cases in their order (the parent's ``("plan", cases)``)."""
+        return self._plan
+
+    @plan.setter
+    def plan(self, cases: list[Case]) -> None:
+        self._plan, self._position = list(cases), {c.id: i for i, c in enumerate(cases)}
 
     @property
     def building(self) -> str | None:
@@ -245,11 +254,11 @@ class InputsAhead:
         return None if self._pending is None else self._pending[0]
 
     def _next(self, case: Case) -> Case | None:
-        ids = [c.id for c in self.plan]
-        if case.id not in ids:
+        if case.id not in self._position:
             return None
         ops, dtypes = getattr(self.backend, "ops", ()), getattr(self.backend, "dtypes", ())
-        return next((c for c in self.plan[ids.index(case.id) + 1 :] if c.op in ops and c.dtype in dtypes), None)
+        after = self._plan[self._position[case.id] + 1 :]
+        return next((c for c in after if c.op in ops and c.dtype in dtypes), None)
 
     def inputs(self, case: Case) -> dict:
         """``case``'s inputs (an exception building them is raised here, as when built in turn); the next planned
