@@ -52,7 +52,7 @@ from common import (
 )
 
 D_QK, D_V, PAGE = 576, 512, 64
-PROVIDERS = ("triton", "flashmla", "torch", "read")
+PROVIDERS = ("triton", "triton-e4m3", "flashmla", "torch", "read")  # triton-e4m3: the fp8 cache only
 FP8 = torch.float8_e4m3fn
 SUSTAIN = 1.0
 """Seconds each ``decode_sustained`` row is timed, after 1 s idle and 1 s of replays untimed."""
@@ -130,6 +130,13 @@ def _fn(p: str, fm, q, cache, block_table, seq_lens, S_kv: int, scale: float, k_
             q, cache3, block_table, seq_lens, d_v=D_V, scale=scale, causal=True, k_scale=k_scale, max_seq_len=S_kv,
             **options,
         )  # fmt: skip
+    if p == "triton-e4m3":  # q quantized as for FlashMLA's fp8 kernel, before timing
+        q_scale = float(q.abs().amax()) / 448
+        q8 = (q.float() / q_scale).to(FP8)
+        return lambda: mla_decode_paged(
+            q8, cache3, block_table, seq_lens, d_v=D_V, scale=scale, causal=True, k_scale=k_scale, q_scale=q_scale,
+            max_seq_len=S_kv, **options,
+        )  # fmt: skip
     if p == "flashmla":
         if k_scale is None:
             return _flashmla_fn(fm, q, cache, block_table, seq_lens, scale)
@@ -158,7 +165,7 @@ def run(
     device = torch.device(device)
     kernel = "decode_fp8" if fp8 else "decode"
     fm = (load_flashmla_fp8() if fp8 else load_flashmla()) if "flashmla" in providers else None
-    providers = [p for p in providers if p != "flashmla" or fm is not None]
+    providers = [p for p in providers if (p != "flashmla" or fm is not None) and (p != "triton-e4m3" or fp8)]
     scale, k_scale, elt = 192**-0.5, 0.05 if fp8 else None, 1 if fp8 else 2
     rows: list[Row] = []
     for B, S_kv in itertools.product(batches, contexts):

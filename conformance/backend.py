@@ -72,6 +72,7 @@ BUILTIN = {
     "torch": "mlaspec.conformance.backends.torch_eager:TorchBackend",
     "torch_sdpa": "mlaspec.conformance.backends.torch_sdpa:TorchSDPABackend",
     "triton": "mlaspec.conformance.backends.triton:TritonBackend",
+    "triton-e4m3": "mlaspec.conformance.backends.triton:TritonE4m3Backend",
     "flashmla": "mlaspec.conformance.backends.flashmla:FlashMLABackend",
     "deepgemm": "mlaspec.conformance.backends.deepgemm:DeepGEMMBackend",
     "flashinfer": "mlaspec.conformance.backends.flashinfer:FlashInferBackend",

@@ -69,7 +69,7 @@ import triton.language as tl
 from mlaspec.spec.paged_cache import page_entries
 
 from . import decode_sm90
-from .fp8 import e4m3_to
+from .fp8 import e4m3_round, e4m3_to
 
 __all__ = [
     "GLUON_TILE",
@@ -133,6 +133,7 @@ def _mla_decode_split_kernel(
     SINGLE: tl.constexpr,
     PRECISION: tl.constexpr,
     FP8: tl.constexpr,
+    E4M3: tl.constexpr = False,  # q in e4m3 too: both products in e4m3, P rounded to e4m3 (the e4m3 path)
 ):
     pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     R = S_Q * H_Q
@@ -160,8 +161,11 @@ def _mla_decode_split_kernel(
 
     # -- load the query block once: read BLOCK_M * 576 (the 576 split as 512 nope + 64 rope for tl.dot) ------------
     q_base = Q + b.to(tl.int64) * stride_qb + s * stride_qs + h * stride_qh
-    q_nope = tl.load(q_base[:, None] + offs_v[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D_V]
-    q_rope = tl.load(q_base[:, None] + D_V + offs_r[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D_ROPE]
+    q_nope = tl.load(q_base[:, None] + offs_v[None, :], mask=row_ok[:, None], other=0)  # [BLOCK_M, D_V]
+    q_rope = tl.load(q_base[:, None] + D_V + offs_r[None, :], mask=row_ok[:, None], other=0)  # [BLOCK_M, D_ROPE]
+    if E4M3:  # e4m3 bytes: multiplied as they are (their descale q_scale sits in qk_scale)
+        q_nope = q_nope.to(tl.float8e4nv, bitcast=True)
+        q_rope = q_rope.to(tl.float8e4nv, bitcast=True)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of the base-2 logits
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(logit - m_i)
@@ -178,13 +182,20 @@ def _mla_decode_split_kernel(
         # read BLOCK_N * 576: the entries; their first D_V columns are also the values
         kv_nope = tl.load(kv_ptr + offs_v[None, :], mask=key_ok[:, None], other=0)  # [BLOCK_N, D_V]
         kv_rope = tl.load(kv_ptr + D_V + offs_r[None, :], mask=key_ok[:, None], other=0)  # [BLOCK_N, D_ROPE]
-        if FP8:  # e4m3 bytes -> q's dtype, exact; k_scale sits in qk_scale and in the epilogue
+        if E4M3:  # the bytes as they are, for e4m3 products
+            kv_nope = kv_nope.to(tl.float8e4nv, bitcast=True)
+            kv_rope = kv_rope.to(tl.float8e4nv, bitcast=True)
+        elif FP8:  # e4m3 bytes -> q's dtype, exact; k_scale sits in qk_scale and in the epilogue
             kv_nope = e4m3_to(kv_nope, Q.dtype.element_ty)
             kv_rope = e4m3_to(kv_rope, Q.dtype.element_ty)
 
         # -- logits in base 2: (q . k) * scale * log2(e), fp32 accumulation -----------------------------------------
-        qk = tl.dot(q_nope, tl.trans(kv_nope), input_precision=PRECISION)
-        qk = tl.dot(q_rope, tl.trans(kv_rope), qk, input_precision=PRECISION)
+        if E4M3:  # each 128 products added in fp32 (Hopper's fp8 MMA accumulates in ~14 bits), as DeepGEMM does
+            qk = tl.dot(q_nope, tl.trans(kv_nope), max_num_imprecise_acc=128)
+            qk = tl.dot(q_rope, tl.trans(kv_rope), qk, max_num_imprecise_acc=64)
+        else:
+            qk = tl.dot(q_nope, tl.trans(kv_nope), input_precision=PRECISION)
+            qk = tl.dot(q_rope, tl.trans(kv_rope), qk, input_precision=PRECISION)
         qk = qk * qk_scale
         allowed = key_ok[None, :] & (keys[None, :] < n_keys[:, None])
         qk = tl.where(allowed, qk, float("-inf"))
@@ -196,7 +207,11 @@ def _mla_decode_split_kernel(
         p = tl.exp2(qk - m_use[:, None])  # masked keys: exp2(-inf) = 0
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- P @ V with P rounded to the cache dtype (as the MMA takes it), accumulated in fp32 ---------------------
-        acc = tl.dot(p.to(kv_nope.dtype), kv_nope, acc * alpha[:, None], input_precision=PRECISION)
+        if E4M3:  # P exact in e4m3 (the conversion loses nothing); each 32-key step added to acc in fp32 (Hopper's
+            # fp8 MMA accumulates in ~14 bits, and acc runs across every tile)
+            acc = tl.dot(e4m3_round(p).to(kv_nope.dtype), kv_nope, acc * alpha[:, None], max_num_imprecise_acc=32)
+        else:
+            acc = tl.dot(p.to(kv_nope.dtype), kv_nope, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
     # -- epilogue: normalise, or hand the unnormalised split to the combine kernel ---------------------------------
@@ -494,6 +509,8 @@ def mla_decode_paged(
     scale: float,
     causal: bool = True,
     k_scale: float | None = None,
+    q_scale: float | None = None,
+    out_dtype: torch.dtype | None = None,
     num_splits: int | None = None,
     max_seq_len: int | None = None,
     config: DecodeConfig | None = None,
@@ -502,7 +519,12 @@ def mla_decode_paged(
     """Absorbed MLA decode over a paged cache, in q's dtype or per-tensor fp8.
 
     Args:
-        q: ``[B, S_q, H_q, D_qk]`` bf16/fp16/fp32, the absorbed queries (``D_qk = 576``); last dim contiguous.
+        q: ``[B, S_q, H_q, D_qk]`` bf16/fp16/fp32, the absorbed queries (``D_qk = 576``); last dim contiguous. Or
+            ``torch.float8_e4m3fn`` over the fp8 cache, ``e4m3(q / q_scale)`` as vLLM hands FlashMLA's fp8 decode
+            (``_DecodeConcatQuantFP8``): **the e4m3 path**, both products multiplied in e4m3 and the softmax
+            weights ``P`` rounded to e4m3 for ``P V`` (FlashMLA's dense fp8 arithmetic; the conformance harness
+            judges it as the backend ``triton-e4m3``, under the declared ``fp8_mma_accumulation`` and
+            ``p_in_e4m3``).
         kv_cache: ``[num_pages, P, D_qk]``, entries ``[kv_c | k_pe]``, either in q's dtype or, for vLLM's
             per-tensor fp8 cache, ``uint8`` / ``torch.float8_e4m3fn`` bytes ``e4m3(entry / k_scale)``. Slots past a
             sequence's end may hold anything (NaN included): they are never used.
@@ -515,6 +537,9 @@ def mla_decode_paged(
         causal: query ``s`` of ``S_q`` sees keys ``j <= s + seq_len - S_q`` (MTP); rows that see no key are empty.
         k_scale: the fp8 cache's per-tensor scale (vLLM's ``layer._k_scale``); required for an fp8 cache, ``None``
             otherwise.
+        q_scale: the e4m3 query's per-tensor scale (vLLM's ``layer._q_scale``); required for an e4m3 ``q`` and only
+            for one.
+        out_dtype: the output's dtype on the e4m3 path (bf16 by default, or fp16); otherwise q's.
         num_splits: pieces per sequence's keys; default :func:`num_splits_heuristic`.
         max_seq_len: ``max(seq_lens)`` if known (saves a device-to-host sync when choosing the splits).
         config: tile override (default :func:`decode_config`); it runs the readable kernel unless ``kernel="sm90"``.
@@ -522,16 +547,27 @@ def mla_decode_paged(
             readable kernel only) or ``"sm90"`` (the Gluon kernel, an error where it does not apply): :func:`use_sm90`.
 
     Returns:
-        ``out [B, S_q, H_q, d_v]`` in q's dtype and ``lse [B, H_q, S_q]`` fp32 (natural log).
+        ``out [B, S_q, H_q, d_v]`` in q's dtype (the e4m3 path: ``out_dtype``) and ``lse [B, H_q, S_q]`` fp32
+        (natural log).
     """
     if q.dim() != 4:
         raise ValueError(f"q must be [B, S_q, H_q, D_qk], got shape {list(q.shape)}")
     B, S_q, H_q, D_qk = q.shape
-    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise TypeError(f"q must be bf16/fp16/fp32, got {q.dtype}")
+    e4m3 = q.dtype == torch.float8_e4m3fn
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) and not e4m3:
+        raise TypeError(f"q must be bf16/fp16/fp32 or float8_e4m3fn, got {q.dtype}")
+    if e4m3 != (q_scale is not None):
+        raise ValueError(f"q_scale is required for an e4m3 q and only for one, got q_scale={q_scale} with {q.dtype}")
+    if out_dtype is not None and (not e4m3 or out_dtype not in (torch.bfloat16, torch.float16)):
+        raise TypeError(f"out_dtype is bf16 or fp16, for an e4m3 q only; got {out_dtype} with q {q.dtype}")
     if kv_cache.dtype == torch.float8_e4m3fn:
         kv_cache = kv_cache.view(torch.uint8)
     fp8 = kv_cache.dtype == torch.uint8
+    if e4m3 and not fp8:
+        raise TypeError(f"an e4m3 q needs the fp8 cache (uint8 or float8_e4m3fn bytes), got {kv_cache.dtype}")
+    out_dtype = (out_dtype or torch.bfloat16) if e4m3 else q.dtype
+    if e4m3:
+        q = q.view(torch.uint8)
     if not fp8 and kv_cache.dtype != q.dtype:
         raise TypeError(f"kv_cache must be in q's dtype {q.dtype} or fp8 e4m3 bytes, got {kv_cache.dtype}")
     if fp8 != (k_scale is not None):
@@ -555,6 +591,7 @@ def mla_decode_paged(
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("q and kv_cache must be contiguous in their last dimension")
     k_scale = 1.0 if k_scale is None else float(k_scale)
+    qk_scale = scale * k_scale * (1.0 if q_scale is None else float(q_scale)) * LOG2E
     block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
 
     kernel = kernel_named(kernel, "MLASPEC_DECODE_KERNEL")
@@ -567,23 +604,39 @@ def mla_decode_paged(
     # and a 16-bit cache at 16 rows or fewer: split_kernel_keys, 1.02-1.14x the readable kernel on an H200 (16 heads,
     # B1 8K-128K, B2 64K, B64 1K-4K; 2026-11-29, night)
     narrow = (fp8 or rows <= 16) and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
-    narrow = narrow and use_sm90("auto", q, kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope)
+    if e4m3:  # the e4m3 path at 32 rows or fewer: split_kernel_e4m3_keys (more rows: the readable kernel)
+        aligned = aligned16(q, kv_cache, strides=(*q.stride()[:3], *kv_cache.stride()[:2]))
+        capable = hopper_why_not("decode_sm90", decode_sm90.AVAILABLE, compiled_capability(q.device)) is None
+        tma = capable and decode_sm90.cache_descriptors(kv_cache.view(torch.float8_e4m3fn), page_size) is not None
+        narrow = narrow and (d_v, d_rope) == (512, 64) and aligned and tma
+        if kernel == "sm90" and not narrow:
+            raise ValueError(
+                "the e4m3 path's Gluon kernel takes 512 + 64 entries in pages of 64k slots one stride apart (its"
+                f" tensor-memory copies) and 16-byte aligned tensors, on a Hopper GPU: got {d_v} + {d_rope}, page"
+                f" {page_size}"
+            )
+    else:
+        narrow = narrow and use_sm90("auto", q, kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope)
     cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon=narrow)
     keys = decode_sm90.keys_rows(rows) if narrow else None  # rows a program of a keys kernel (a tile override: none)
+    if narrow and e4m3:
+        keys = 16  # 16-row blocks (decode_sm90.split_kernel_e4m3_keys), each reading every tile
+        cfg = DecodeConfig(keys, GLUON_TILE.block_n, decode_sm90.KEYS_WARPS, 1)
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
     row_blocks = triton.cdiv(rows, cfg.block_m)
     sms = _num_sms(q.device)
     key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
     if num_splits is None:
-        small_fp8 = fp8 and cfg.block_m <= 32  # byte tiles small enough for two programs an SM (64 rows: q is 72 KB)
+        # byte tiles small enough for two programs an SM (64 rows: q is 72 KB; the e4m3 kernel's tiles: 182 KB)
+        small_fp8 = fp8 and not (narrow and e4m3) and cfg.block_m <= 32
         per_sm = 2 if small_fp8 else 1
         num_splits = num_splits_heuristic(B, row_blocks, max_seq_len, sms, block_n=cfg.block_n, programs_per_sm=per_sm)
     num_splits = max(1, min(int(num_splits), key_blocks))
     blocks_per_split = triton.cdiv(key_blocks, num_splits)
     num_splits = triton.cdiv(key_blocks, blocks_per_split)  # no split left with nothing at all to do
 
-    out = torch.empty(B, S_q, H_q, d_v, dtype=q.dtype, device=q.device)
+    out = torch.empty(B, S_q, H_q, d_v, dtype=out_dtype, device=q.device)
     lse = torch.empty(B, H_q, S_q, dtype=torch.float32, device=q.device)
     if B == 0 or rows == 0:
         return DecodeOutput(out, lse)
@@ -595,7 +648,7 @@ def mla_decode_paged(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
     # a tile override keeps the readable kernel unless the Gluon one is asked for by name (narrow: already checked)
     sm90 = narrow or (
-        (config is None or kernel == "sm90") and use_sm90(kernel, q, kv_cache, cfg, d_v=d_v, d_rope=d_rope)
+        not e4m3 and (config is None or kernel == "sm90") and use_sm90(kernel, q, kv_cache, cfg, d_v=d_v, d_rope=d_rope)
     )
 
     def launch(gluon: bool, stages: int) -> None:
@@ -620,7 +673,7 @@ def mla_decode_paged(
             lse.stride(0),
             lse.stride(1),
             lse.stride(2),
-            scale * k_scale * LOG2E,
+            qk_scale,
             k_scale,
             S_q,
             H_q,
@@ -630,6 +683,12 @@ def mla_decode_paged(
         tile = dict(CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size, BLOCK_M=cfg.block_m)
         tile.update(BLOCK_N=cfg.block_n, SINGLE=num_splits == 1)
         grid = (row_blocks, num_splits, B)
+        if gluon and e4m3:  # e4m3 MMAs, the keys as their rows; the bytes as e4m3 for the MMAs' shared operands
+            q8, kv8 = q.view(torch.float8_e4m3fn), kv_cache.view(torch.float8_e4m3fn)
+            tile.update(BLOCK_M=keys)
+            decode_sm90.split_kernel_e4m3_keys[grid](q8, kv8, *args[2:], *decode_sm90.cache_descriptors(kv8, page_size),
+                                                     **tile, num_warps=decode_sm90.KEYS_WARPS)  # fmt: skip
+            return
         if gluon and fp8 and keys:  # no padded rows: the keys are the MMAs' rows
             tile.update(BLOCK_M=keys)
             decode_sm90.split_kernel_fp8_keys[grid](*args, **tile, num_warps=decode_sm90.KEYS_WARPS)
@@ -655,7 +714,7 @@ def mla_decode_paged(
             split[grid](*args, *(descs or (None, None)), **tile, num_warps=warps)
             return
         _mla_decode_split_kernel[grid](
-            *args, **tile, PRECISION=precision, FP8=fp8, num_warps=cfg.num_warps, num_stages=stages
+            *args, **tile, PRECISION=precision, FP8=fp8, E4M3=e4m3, num_warps=cfg.num_warps, num_stages=stages
         )
 
     # what to launch, in order, until one fits: the Gluon kernel where it applies, then (unless asked for by name) the

@@ -86,6 +86,7 @@ harness judges both kernels (``MLASPEC_DECODE_KERNEL``, :func:`mlaspec.impl.deco
 # no `from __future__ import annotations`: triton 3.6's aggregates (_Split) read their fields' types at run time
 
 import functools
+import os
 
 import torch
 
@@ -139,6 +140,7 @@ __all__ = [
     "keys_rows",
     "lead_applies",
     "split_kernel",
+    "split_kernel_e4m3_keys",
     "split_kernel_fp8",
     "split_kernel_fp8_keys",
     "split_kernel_keys",
@@ -153,7 +155,8 @@ D_LATENT = 512  # an entry: 512 latent values, then 64 RoPE values
 
 
 def cache_descriptors(kv_cache, page_size: int, value_cols: int = D_LATENT):
-    """The tensor-memory-copy descriptors of ``kv_cache [pages, page_size, 576]`` (16-bit) seen as ``[slots, 576]``:
+    """The tensor-memory-copy descriptors of ``kv_cache [pages, page_size, 576]`` (16-bit, or e4m3 for
+    :func:`split_kernel_e4m3_keys`) seen as ``[slots, 576]``:
     one for ``[64, value_cols]`` of a tile's latent part (512: the whole part, :func:`split_kernel`; 256: a half,
     :func:`split_kernel_lead`), one for its ``[64, 64]`` RoPE part; ``None`` where the pages are not one stride of
     slots apart (the copies then go by ``cp.async``)."""
@@ -205,7 +208,7 @@ def _tile_layouts(dtype: torch.dtype, width: int, value_cols: int) -> tuple:
     """``(block, shared layout)`` of a tile's latent (``value_cols`` of it) and RoPE parts, once a dtype: building the
     layouts took 40 of the 71 us a call spent on its descriptors (a shared 2-core host), on every decode's launch
     path."""
-    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[dtype]
     blocks = ([BLOCK_N, value_cols], [BLOCK_N, width - D_LATENT])
     return tuple((block, gl.NVMMASharedLayout.get_default_for(block, gl_dtype)) for block in blocks)
 
@@ -393,18 +396,19 @@ if AVAILABLE:
         return warpgroup_mma_wait(0, deps=(acc,))
 
     @gluon.jit
-    def _two_tiles(dtype: gl.constexpr, M: gl.constexpr, N: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr):
+    def _two_tiles(dtype: gl.constexpr, M: gl.constexpr, N: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr,
+                   TILES: gl.constexpr = 2):  # fmt: skip
         """Shared memory of a program that multiplies ``M`` query rows with one key tile while the next streams in:
-        ``(q_v [M, D_V], q_r [M, D_ROPE], k_v [2, N, D_V], k_r [2, N, D_ROPE], p [M, N])`` in ``dtype``, each in the
-        MMAs' default swizzle (224 KB at 64 x 64 over 512 + 64 bf16)."""
+        ``(q_v [M, D_V], q_r [M, D_ROPE], k_v [TILES, N, D_V], k_r [TILES, N, D_ROPE], p [M, N])`` in ``dtype``, each
+        in the MMAs' default swizzle (224 KB at 64 x 64 over 512 + 64 bf16, two tiles)."""
         SH_V: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, D_V], dtype)
         SH_R: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, D_ROPE], dtype)
         SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M, N], dtype)
         return (
             gl.allocate_shared_memory(dtype, [M, D_V], SH_V),
             gl.allocate_shared_memory(dtype, [M, D_ROPE], SH_R),
-            gl.allocate_shared_memory(dtype, [2, N, D_V], SH_V),
-            gl.allocate_shared_memory(dtype, [2, N, D_ROPE], SH_R),
+            gl.allocate_shared_memory(dtype, [TILES, N, D_V], SH_V),
+            gl.allocate_shared_memory(dtype, [TILES, N, D_ROPE], SH_R),
             gl.allocate_shared_memory(dtype, [M, N], SH_P),
         )
 
@@ -536,12 +540,13 @@ if AVAILABLE:
         _write(acc, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE)
 
     @gluon.jit
-    def _keys_state(pid_m, seq_len, S_Q, H_Q, CAUSAL, R: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
+    def _keys_state(pid_m, seq_len, S_Q, H_Q, CAUSAL, R: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
+                    K: gl.constexpr):  # fmt: skip
         """What a keys kernel's warpgroup starts its ``R`` query rows with, in its MMAs' layout (the keys as their 64
         rows, the rows as ``N``): ``(zero_t [N, R]`` (not read: the logits' register shape), ``n_keys, n_seen``
         (:func:`_keys_seen`), ``m_i [R]``, ``l_i [R, N]`` (row sums kept per key column), ``acc_t [D, R])``; ``m_i``
-        and ``l_i`` in the logits' transposed view."""
-        KEYS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])
+        and ``l_i`` in the logits' transposed view. ``K``: the MMA instruction's depth, 16 (16-bit) or 32 (e4m3)."""
+        KEYS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, K])
         zero_t = gl.zeros([N, R], gl.float32, KEYS)
         LOGITS: gl.constexpr = gl.permute(zero_t, (1, 0)).type.layout  # [R, N]: rows, then keys (no data moved)
         n_keys, n_seen = _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, R, LOGITS)
@@ -603,7 +608,8 @@ if AVAILABLE:
         next_page = _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk_lo, blk_hi, seq_len, stride_kp, stride_ks,
                                 PAGE, TMA)  # fmt: skip
 
-        zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M, BLOCK_N, D_V)
+        zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M, BLOCK_N, D_V,
+                                                              16)  # fmt: skip
         for blk in range(blk_lo, blk_hi):
             buf, next_page = _next_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk, blk_lo, blk_hi, next_page,
                                         seq_len, stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
@@ -612,6 +618,61 @@ if AVAILABLE:
         async_copy.wait_group(0)
         outs = (OUT, LSE, O_PART, LSE_PART, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls)
         _write_keys(acc_t, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE)
+
+    # -- the e4m3 path: q, the keys and P in e4m3, fp8 MMAs; the keys as the MMAs' rows --------------------------
+    # a [64 keys, 128 values] quarter of a tile's value bytes, 8 x 8 a thread: read as 8-byte runs of values
+    # (VT_LOAD), renumbered in registers keys first (VT_KEYS: the same lanes and warps) and written as 8-byte runs
+    # of keys into V^T
+    VT_LOAD = gl.constexpr(gl.BlockedLayout([8, 8], [2, 16], [4, 1], [1, 0]))
+    VT_KEYS = gl.constexpr(
+        gl.DistributedLinearLayout(
+            reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
+            lane_bases=[[0, 8], [0, 16], [0, 32], [0, 64], [8, 0]],
+            warp_bases=[[16, 0], [32, 0]],
+            block_bases=[],
+            shape=[64, 128],
+        )
+    )
+
+    # the same 8 x 8 bytes a thread, the lanes over 8 key runs and 4 value runs, the warps over the values
+    VT_LOAD_K = gl.constexpr(gl.BlockedLayout([8, 8], [8, 4], [1, 4], [1, 0]))
+    VT_KEYS_K = gl.constexpr(
+        gl.DistributedLinearLayout(
+            reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
+            lane_bases=[[0, 8], [0, 16], [8, 0], [16, 0], [32, 0]],
+            warp_bases=[[0, 32], [0, 64]],
+            block_bases=[],
+            shape=[64, 128],
+        )
+    )
+    # where the producer reads the values it transposes ("shared", "global") and its lanes along the "values"
+    # (VT_LOAD) or the "keys" (VT_LOAD_K)
+    VT_SOURCE, VT_LANES = (gl.constexpr(x) for x in os.environ.get("MLASPEC_E4M3_VT", "shared,values").split(","))
+
+    @gluon.jit
+    def _transpose_values(p, kb, blk, vt):
+        """``vt [512, 64] = k_v[kb][:, :512]^T``: the value bytes with the keys contiguous, the K-major operand an fp8
+        ``V^T P^T`` needs (an e4m3 MMA takes no transposed operand), a quarter of the columns at a time, read from
+        the landed tile or (``VT_SOURCE``) again from global memory (L2, where the tile's copy just passed)."""
+        n: gl.constexpr = p.k_v.shape[1]
+        if VT_LANES == "keys":
+            LOAD: gl.constexpr = VT_LOAD_K
+            KEYS: gl.constexpr = VT_KEYS_K
+        else:
+            LOAD: gl.constexpr = VT_LOAD
+            KEYS: gl.constexpr = VT_KEYS
+        for c in gl.static_range(4):
+            if VT_SOURCE == "global":
+                slot0 = _first_slot(p, blk)
+                page = _page_of(p, blk)
+                r = slot0 + gl.arange(0, n, layout=gl.SliceLayout(1, LOAD))
+                cols = c * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LOAD))
+                rows = p.KV + page * p.stride_kp + gl.expand_dims(r.to(gl.int64) * p.stride_ks, 1)
+                v = gl.load(rows + gl.expand_dims(cols, 0), mask=gl.expand_dims(r < slot0 + p.seq_len - blk * n, 1),
+                            other=0.0)  # fmt: skip
+            else:
+                v = p.k_v.index(kb).slice(c * 128, 128, dim=1).load(LOAD)
+            vt.slice(c * 128, 128, dim=0).store(gl.permute(gl.convert_layout(v, KEYS), (1, 0)))  # within each thread
 
     # -- the fp8 decode with a producer warpgroup -----------------------------------------------------------------
     FP8_PRODUCER_REGS = gl.constexpr(120)
@@ -856,6 +917,7 @@ if AVAILABLE:
         stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale, S_Q, H_Q,
         blocks_per_split, num_splits, CAUSAL: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr,
         PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BARRIERS: gl.constexpr,
+        TILES: gl.constexpr = 2,
     ):  # fmt: skip
         """This program's :class:`_Split` (a warp-specialized kernel's arguments, as :func:`split_kernel`'s): its
         shared memory (q, two 16-bit key tiles, ``P``, three rows of fp32: 225 KB) and ``BARRIERS`` mbarriers."""
@@ -868,7 +930,7 @@ if AVAILABLE:
         for i in gl.static_range(BARRIERS):
             mbarrier.init(bars.index(i), count=1)
         fence_async_shared()
-        q_v, q_r, k_v, k_r, p_smem = _two_tiles(dtype, BLOCK_M, BLOCK_N, D_V, D_ROPE)
+        q_v, q_r, k_v, k_r, p_smem = _two_tiles(dtype, BLOCK_M, BLOCK_N, D_V, D_ROPE, TILES)
         return _Split(
             Q + b.to(gl.int64) * stride_qb,
             KV,
@@ -971,7 +1033,7 @@ if AVAILABLE:
         N: gl.constexpr = p.k_v.shape[1]
         D: gl.constexpr = p.k_v.shape[2]
         _load_q(p, (LOAD_V4, LOAD_R4))
-        zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, R, N, D)
+        zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, R, N, D, 16)
         for i in range(p.blk_hi - p.blk_lo):
             b = _tile_ready(p, i)
             m_i, l_i, acc_t = _keys_step(p.k_v.index(b), p.k_r.index(b), p.q_v, p.q_r, p.p_smem, zero_t, p.blk_lo + i,
@@ -1011,6 +1073,173 @@ if AVAILABLE:
                                [FP8_PRODUCER_REGS])  # fmt: skip
         else:
             gl.warp_specialize([(_consume_keys_split, (p,)), (_produce_fp8_staged, (p, raw_v, raw_r))], [4],
+                               [FP8_PRODUCER_REGS])  # fmt: skip
+
+    # -- the e4m3 path: the keys kernel with fp8 MMAs and a transposing producer ------------------------------------
+    E4M3_TILES = gl.constexpr(3)  # key tiles in flight or in use
+    LAND, K_FREE = gl.constexpr(0), gl.constexpr(3)  # [3] key tile k landed; its logits' MMAs are done with it
+    V_READY, V_FREE, E4M3_BARRIERS = gl.constexpr(6), gl.constexpr(8), gl.constexpr(10)  # [2] V^T buffer v
+
+    @gluon.jit
+    def _page_of(p, blk):
+        """The physical page of the split's key tile ``blk``."""
+        return gl.load(p.bt + blk // (p.page // p.k_v.shape[1])).to(gl.int64)
+
+    @gluon.jit
+    def _first_slot(p, blk):
+        """The slot of key tile ``blk``'s first key in its page."""
+        return (blk % (p.page // p.k_v.shape[1])) * p.k_v.shape[1]
+
+    @gluon.jit
+    def _issue_e4m3_tile(p, DESC_V, DESC_R, t):
+        """Start the copy of the split's key tile ``t`` into key buffer ``t % 3``, its bytes as they are: two
+        tensor-memory copies that complete ``LAND``, or for a sequence's part-filled last tile ``cp.async``, zero-filled
+        past its end, waited for, then ``LAND`` signalled (by the producer's warps)."""
+        n: gl.constexpr = p.k_v.shape[1]
+        blk = p.blk_lo + t
+        page = _page_of(p, blk)
+        kb = t % E4M3_TILES
+        bar = p.bars.index(LAND + kb)
+        if (blk + 1) * n <= p.seq_len:
+            row = page.to(gl.int32) * p.page + (blk % (p.page // n)) * n
+            mbarrier.expect(bar, DESC_V.block_type.nbytes + DESC_R.block_type.nbytes)
+            _tma_load(DESC_V, [row, 0], bar, p.k_v.index(kb))
+            _tma_load(DESC_R, [row, p.k_v.shape[2]], bar, p.k_r.index(kb))
+        else:
+            slot0 = _first_slot(p, blk)
+            _copy_rows(p.k_v.index(kb), p.k_r.index(kb), p.KV + page * p.stride_kp, slot0, slot0 + p.seq_len - blk * n,
+                       p.page, 0, p.stride_ks, (LOAD_V4, LOAD_R4))  # fmt: skip
+            async_copy.commit_group()
+            async_copy.wait_group(0)
+            fence_async_shared()
+            _barrier()
+            mbarrier.arrive(bar, count=1)
+
+    @gluon.jit
+    def _produce_e4m3(p, vt, DESC_V, DESC_R):
+        """The producer warpgroup: keeps three key tiles in flight and writes each landed tile's values transposed
+        into a ``V^T`` buffer (:func:`_transpose_values`) while the consumer's logits MMAs read the same tile."""
+        n = p.blk_hi - p.blk_lo
+        for t in gl.static_range(3):
+            if t < n:
+                _issue_e4m3_tile(p, DESC_V, DESC_R, t)
+        for i in range(n):
+            kb = i % E4M3_TILES
+            vb = i % 2
+            mbarrier.wait(p.bars.index(LAND + kb), (i // E4M3_TILES) & 1)
+            mbarrier.wait(p.bars.index(V_FREE + vb), ((i // 2) & 1) ^ 1, pred=i >= 2)  # P V of tile i - 2 is done
+            _transpose_values(p, kb, p.blk_lo + i, vt.index(vb))
+            fence_async_shared()
+            _barrier()
+            mbarrier.arrive(p.bars.index(V_READY + vb), count=1)
+            if i + E4M3_TILES < n:  # the buffer's next tile, once the consumer's logits are done with this one
+                mbarrier.wait(p.bars.index(K_FREE + kb), (i // E4M3_TILES) & 1)
+                _issue_e4m3_tile(p, DESC_V, DESC_R, i + E4M3_TILES)
+
+    @gluon.jit
+    def _chunk(k_v, q_v, c: gl.constexpr, zero_t):
+        """Issue ``S^T``'s part over latent columns ``64 c ..`` (two k32 steps), from zero."""
+        return warpgroup_mma(k_v.slice(c * 64, 64, dim=1), q_v.slice(c * 64, 64, dim=1).permute((1, 0)), zero_t,
+                             use_acc=False, is_async=True)  # fmt: skip
+
+    @gluon.jit
+    def _issue_logits(p, kb, zero_t):
+        """Issue ``S^T = K q^T`` of key buffer ``kb`` in e4m3 as nine MMAs from zero, 64 columns each (the RoPE part
+        the ninth), to be added in fp32 (:func:`_sum_logits`): the fp8 MMA's ~14-bit accumulator, run over all 576
+        columns, left the logits small enough that the output leaned by -0.031% at DeepSeek's logits of ~150 (the
+        harness's bias check, 2026-11-30); over 128 columns still -0.013%. DeepGEMM promotes every 128 products."""
+        k_v, q_v = p.k_v.index(kb), p.q_v
+        rope = warpgroup_mma(p.k_r.index(kb), p.q_r.permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        return (rope, _chunk(k_v, q_v, 0, zero_t), _chunk(k_v, q_v, 1, zero_t), _chunk(k_v, q_v, 2, zero_t),
+                _chunk(k_v, q_v, 3, zero_t), _chunk(k_v, q_v, 4, zero_t), _chunk(k_v, q_v, 5, zero_t),
+                _chunk(k_v, q_v, 6, zero_t), _chunk(k_v, q_v, 7, zero_t))  # fmt: skip
+
+    @gluon.jit
+    def _sum_logits(parts):
+        """Wait for :func:`_issue_logits`' nine MMAs and add their parts in fp32."""
+        a, b, c, d, e, f, g, h, i = warpgroup_mma_wait(0, deps=parts)
+        return (((a + b) + (c + d)) + ((e + f) + (g + h))) + i
+
+    @gluon.jit
+    def _consume_e4m3(p, vt, SINGLE: gl.constexpr):
+        """The consumer warpgroup, one tile behind its own MMAs: tile ``i``'s online softmax on the logits' transposed
+        view, ``P`` rounded to e4m3 (``cvt.rn.satfinite``, as FlashMLA's fp8 kernel converts it) and ``O^T += V^T P^T``
+        issued once the producer wrote ``V^T``, then tile ``i + 1``'s logits issued behind it, so the tensor cores take
+        both while this warpgroup waits for the first; then the epilogue."""
+        R: gl.constexpr = p.q_v.shape[0]
+        N: gl.constexpr = p.k_v.shape[1]
+        D: gl.constexpr = p.k_v.shape[2]
+        _load_q(p, (LOAD_V4, LOAD_R4))
+        zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, R, N, D, 32)
+        n = p.blk_hi - p.blk_lo
+        s_t = zero_t
+        if n > 0:
+            mbarrier.wait(p.bars.index(LAND), 0)
+            s_t = _sum_logits(_issue_logits(p, 0, zero_t))
+            _release(p, K_FREE)
+        for i in range(n):
+            vb = i % 2
+            s = _scale_and_mask(gl.permute(s_t, (1, 0)), p.blk_lo + i, p.qk_scale, p.seq_len, n_keys, n_seen)
+            prob, alpha, m_i = _softmax_step(s, m_i)  # tile i, base 2
+            l_i = l_i * gl.expand_dims(alpha, 1) + prob
+            p.p_smem.store(prob.to(gl.float8e4nv))  # P [R, 64] in e4m3; the MMA reads it as P^T
+            fence_async_shared()
+            _barrier()
+            mbarrier.wait(p.bars.index(V_READY + vb), (i // 2) & 1)
+            # a tile's P V from zero, added to acc_t in fp32: with acc_t as the fp8 MMA's accumulator (~14 bits) the
+            # running sum over every tile leaned, -0.029% at 128K keys in fp16 (the harness's bias check, 2026-11-30)
+            pv_mma = warpgroup_mma(vt.index(vb), p.p_smem.permute((1, 0)), acc_t, use_acc=False, is_async=True)
+            if i + 1 < n:
+                kb = (i + 1) % E4M3_TILES
+                mbarrier.wait(p.bars.index(LAND + kb), ((i + 1) // E4M3_TILES) & 1)
+                parts = _issue_logits(p, kb, zero_t)
+                pv = warpgroup_mma_wait(9, deps=(pv_mma,))  # the nine logits MMAs, issued after it, may still run
+                _release(p, V_FREE + vb)
+                acc_t = acc_t * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc_t.type.layout)), 0) + pv
+                s_t = _sum_logits(parts)
+                _release(p, K_FREE + kb)
+            else:
+                pv = warpgroup_mma_wait(0, deps=(pv_mma,))
+                _release(p, V_FREE + vb)
+                acc_t = acc_t * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc_t.type.layout)), 0) + pv
+        _write_keys(acc_t, m_i, l_i, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), SINGLE)
+
+    @gluon.jit
+    def _consume_e4m3_single(p, vt):
+        _consume_e4m3(p, vt, True)
+
+    @gluon.jit
+    def _consume_e4m3_split(p, vt):
+        _consume_e4m3(p, vt, False)
+
+    @gluon.jit
+    def split_kernel_e4m3_keys(
+        Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks,
+        stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale, S_Q, H_Q,
+        blocks_per_split, num_splits, DESC_V, DESC_R, CAUSAL: gl.constexpr, D_V: gl.constexpr, D_ROPE: gl.constexpr,
+        PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr,
+    ):  # fmt: skip
+        """The e4m3 path (``Q``, ``KV``: e4m3 bytes; ``qk_scale`` holds ``q_scale`` too; ``DESC_V``, ``DESC_R``:
+        :func:`cache_descriptors` of the e4m3 cache) at ``BLOCK_M`` = 16 query rows a program (the output's partial
+        sums and a tile's ``P V`` take 64 registers a thread each: 128 at 32 rows), the keys as the MMAs' rows,
+        launched with 4 warps. An e4m3 MMA takes both operands K-major: the key tile as it lands is the
+        logits' (``S^T = K q^T``), but ``O^T += V^T P^T`` needs the values with the keys contiguous, so a producer
+        warpgroup (:func:`_produce_e4m3`) writes each tile's values transposed into one of two ``V^T`` buffers while
+        the consumer (:func:`_consume_e4m3`, the default partition) multiplies; three key tiles in flight (q, three
+        tiles, two ``V^T``, ``P``: 182 KB at 16 rows)."""
+        p = _split_state(
+            Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp,
+            stride_ks, stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale,
+            S_Q, H_Q, blocks_per_split, num_splits, CAUSAL, D_V, D_ROPE, PAGE, BLOCK_M, BLOCK_N, E4M3_BARRIERS,
+            E4M3_TILES,
+        )  # fmt: skip
+        SH_VT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D_V, BLOCK_N], gl.float8e4nv)
+        vt = gl.allocate_shared_memory(gl.float8e4nv, [2, D_V, BLOCK_N], SH_VT)
+        if SINGLE:
+            gl.warp_specialize([(_consume_e4m3_single, (p, vt)), (_produce_e4m3, (p, vt, DESC_V, DESC_R))], [4],
+                               [FP8_PRODUCER_REGS])  # fmt: skip
+        else:
+            gl.warp_specialize([(_consume_e4m3_split, (p, vt)), (_produce_e4m3, (p, vt, DESC_V, DESC_R))], [4],
                                [FP8_PRODUCER_REGS])  # fmt: skip
 
     # -- the 64-row decode where each tile is read by two or more programs: a leader warpgroup ----------------------

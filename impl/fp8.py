@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["CONSTRAINTS", "E4M3_TO_BF16", "PACK", "USE_ASM", "e4m3_to"]
+__all__ = ["CONSTRAINTS", "E4M3_TO_BF16", "PACK", "USE_ASM", "e4m3_round", "e4m3_to"]
 
 USE_ASM = tl.constexpr(not triton.knobs.runtime.interpret)  # the interpreter runs no PTX
 PACK = tl.constexpr(4)  # bytes a call, fixed by the asm: one register in ($2), two bf16 pairs out ($0: bytes 0-1)
@@ -60,3 +60,19 @@ def e4m3_to(x, dtype: tl.constexpr):
         )
     else:
         return x.to(tl.float8e4nv, bitcast=True).to(dtype)
+
+
+@triton.jit
+def e4m3_round(p):
+    """fp32 ``p`` in ``[0, 448]`` rounded to the nearest e4m3 value (ties to even), as fp32: what
+    ``cvt.rn.satfinite.e4m3x2.f32`` makes of it, so that converting the result to ``float8e4nv`` loses nothing.
+
+    Written out because Triton's interpreter (3.9) rounds fp32 to e4m3 wrongly where a value rounds up to the next
+    power of two (0.4867 -> 0.25; ``tests/test_impl_fp8.py``). Normal values (``>= 2^-6``) keep 3 mantissa bits: the
+    fp32 bits rounded at bit 20, the carry running into the exponent; below, e4m3's subnormals are multiples of
+    ``2^-9``: ``p * 2^9`` rounded to an integer by adding and taking away ``2^23`` (exact in fp32 below ``2^23``)."""
+    bits = p.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # round to nearest even at bit 20, clear bits 0-19
+    normal = bits.to(tl.float32, bitcast=True)
+    subnormal = ((p * 512.0 + 8388608.0) - 8388608.0) * 0.001953125
+    return tl.where(p < 0.015625, subnormal, normal)

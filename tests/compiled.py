@@ -32,6 +32,8 @@ def compile_for(
     if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel builds its IR through its own source class
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     names = list(kernel.arg_names)
+    defaults = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}
+    constexprs = {**defaults, **constexprs}  # a constexpr left out takes its default, as a launch does
     sig = {
         n: pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n.endswith("scale") else "i32")
         for n in names
@@ -44,12 +46,11 @@ def compile_for(
 
 def descriptor(block: list[int], dtype: str = "bf16") -> str:
     """The argument type of a Gluon TMA descriptor of ``block`` with the default swizzle (``dtype``: ``"bf16"``,
-    ``"fp16"`` or ``"fp32"``)."""
+    ``"fp16"``, ``"fp32"`` or ``"fp8e4nv"``)."""
     from triton.experimental.gluon import language as gl
 
-    layout = gl.NVMMASharedLayout.get_default_for(
-        block, getattr(gl, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype])
-    )
+    names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8e4nv": "float8e4nv"}
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, names[dtype]))
     return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
 
 

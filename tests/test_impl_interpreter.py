@@ -28,11 +28,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlaspec.conformance import cli
-from mlaspec.conformance.backends.triton import TritonBackend, interpreted
+from mlaspec.conformance.backends.triton import TritonBackend, TritonE4m3Backend, interpreted
 from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.ops.common import attention_bounds, unit_roundoff
 from mlaspec.conformance.runner import run_case
-from mlaspec.impl.decode import DecodeConfig, _combine, combine_config, mla_decode_paged, num_splits_heuristic
+from mlaspec.impl.decode import (
+    DecodeConfig,
+    _combine,
+    combine_config,
+    mla_decode_paged,
+    num_splits_heuristic,
+    page_cache,
+)
 from mlaspec.impl.merge import merge_attn_states
 from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen, prefill_config, split_head_dim
 from mlaspec.spec import merge as spec_merge
@@ -458,3 +465,53 @@ def test_backend_skips_bf16_matmul_ops_with_reason():
     case = curated_cases(dtypes=("bfloat16",), ops=("mla_decode",))[0]
     r = run_case(TritonBackend(), case, backend_name="triton")
     assert r.verdict == "skip" and "interpreter" in r.reason
+
+
+# -- the e4m3 path: q, the keys and P in e4m3 (FlashMLA's dense fp8 arithmetic), judged as the backend triton-e4m3 --
+FP8_DECODES = curated_cases(dtypes=("float16",), ops=("mla_decode_fp8",))
+E4M3_CASES = [c for c in FP8_DECODES if c.params["layout"] == "fp8_e4m3_per_tensor"][:2]
+
+
+@pytest.mark.parametrize("case", E4M3_CASES, ids=lambda c: c.id)
+def test_e4m3_path_passes_under_its_declared_numerics_and_fails_without(case):
+    """Under ``fp8_mma_accumulation`` and ``p_in_e4m3`` (declared) it passes; against the exact spec
+    (``--strict-numerics``) its e4m3 softmax weights are out of the budget: the declaration is what lets it pass."""
+    assert run_case(TritonE4m3Backend(), case, backend_name="triton-e4m3").verdict == "pass"
+    strict = run_case(TritonE4m3Backend(), case, backend_name="triton-e4m3", strict_numerics=True)
+    assert strict.verdict == "fail" and "p_in_e4m3" in strict.reason, strict.reason
+
+
+def test_e4m3_path_rounds_the_weights_to_e4m3():
+    """One key a row (the weight is exactly 1) gives the exact value row, ``q`` is not used beyond the LSE; two keys
+    with logits ln 3 apart give weights 1 and 1/3, and 1/3 rounds to e4m3's 0.3125 (mantissa 010 at 2^-2): the output
+    is ``(v0 + 0.3125 v1) / (4/3)``, not the exact ``(3 v0 + v1) / 4``."""
+    kv = torch.zeros(1, 2, 576)
+    kv[0, :, :512] = torch.tensor([[1.0], [2.0]])  # v0 = 1, v1 = 2 in every column
+    kv[0, 0, 512] = kv[0, 1, 512] = 1.0
+    q = torch.zeros(1, 1, 1, 576)
+    q[..., 512] = 1.0  # logit 1 for both keys, then key 1's lowered by ln 3 through its RoPE part
+    kv[0, 1, 512] = 1.0 - math.log(3.0)
+    k_scale, q_scale = 1.0, 1.0
+    cache, table, lens = page_cache(kv.to(torch.float8_e4m3fn).view(torch.uint8), page_size=64, fill=0)
+    kv8 = kv.to(torch.float8_e4m3fn).float()
+    s1 = float(kv8[0, 1, 512])  # key 1's logit as e4m3 holds it
+    w = math.exp(s1 - 1.0)  # its weight beside key 0's 1
+    got = mla_decode_paged(q.to(torch.float8_e4m3fn), cache, table, lens, scale=1.0, k_scale=k_scale, q_scale=q_scale,
+                           out_dtype=torch.float16)  # fmt: skip
+    w8 = float(torch.tensor(w).to(torch.float8_e4m3fn))
+    assert w8 != w  # the example is one where rounding shows
+    assert torch.allclose(got.out.float(), torch.full((1, 1, 1, 512), (1 + 2 * w8) / (1 + w)), rtol=1e-3)
+    assert not torch.allclose(got.out.float(), torch.full((1, 1, 1, 512), (1 + 2 * w) / (1 + w)), rtol=1e-3)
+
+
+def test_e4m3_path_errors_name_the_argument():
+    q, kv, cache, block_table, lens = decode_case(1, 1, 2, [8], torch.float16, True, seed=0)
+    q8 = q.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="q_scale"):
+        mla_decode_paged(q8, cache, block_table, lens, scale=SCALE)  # no q_scale
+    with pytest.raises(ValueError, match="q_scale"):
+        mla_decode_paged(q, cache, block_table, lens, scale=SCALE, q_scale=0.5)  # q_scale for a 16-bit q
+    with pytest.raises(TypeError, match="fp8 cache"):
+        mla_decode_paged(q8, cache, block_table, lens, scale=SCALE, q_scale=0.5)  # an fp16 cache
+    with pytest.raises(TypeError, match="out_dtype"):
+        mla_decode_paged(q, cache, block_table, lens, scale=SCALE, out_dtype=torch.bfloat16)

@@ -23,7 +23,8 @@ its heuristic (:func:`mlaspec.impl.prefill.prefill_config`) would choose one; th
 An explicit ``prefill_config=`` argument wins over the variable.
 
 Built in as ``triton`` (``mlaspec check --backend triton``); the target is
-``mlaspec.conformance.backends.triton:TritonBackend``.
+``mlaspec.conformance.backends.triton:TritonBackend``. Built in as ``triton-e4m3``
+(:class:`TritonE4m3Backend`): the fp8 decode's e4m3 path alone, the arithmetic of FlashMLA's dense fp8 kernel.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from .metadata import HOST_SIDE, TritonMetadata
 from .serving import TritonServing
 from .sparse import SPARSE_OPS, TritonSparse
 
-__all__ = ["PREFILL_CONFIG_ENV", "TritonBackend", "interpreted", "prefill_config_from_env"]
+__all__ = ["PREFILL_CONFIG_ENV", "TritonBackend", "TritonE4m3Backend", "interpreted", "prefill_config_from_env"]
 
 PREFILL_CONFIG_ENV = "MLASPEC_TRITON_PREFILL_CONFIG"
 
@@ -110,3 +111,25 @@ class TritonBackend(TritonDense, TritonLayer, TritonSparse, TritonIndexer, Trito
 
 
 TritonBackend.ops = implemented_ops(TritonBackend)  # every op some mixin has a method for
+
+
+class TritonE4m3Backend(TritonBackend):
+    """The fp8 decode's **e4m3 path** (:func:`mlaspec.impl.decode.mla_decode_paged` with an e4m3 ``q``): the query
+    quantized to e4m3 with its ``q_scale`` as vLLM hands it to FlashMLA's dense fp8 kernel, both products multiplied
+    in e4m3 (Hopper's fp8 tensor cores, ~14 accumulator bits) and the softmax weights rounded to e4m3 for ``P V``:
+    the arithmetic of FlashMLA's ``fwd_kvcache_mla_fp8``, declared as FlashMLA's adapter declares it, and half the
+    tensor-core work of the ``triton`` backend's exact path. Only the ops that run it: ``mla_decode_fp8`` over
+    vLLM's per-tensor cache, and ``dcp_decode_fp8`` (each rank's share through it); every other op is ``triton``'s."""
+
+    name = "triton-e4m3"
+    e4m3 = True
+    dtypes = frozenset({"bfloat16", "float16"})  # the e4m3 path writes bf16 or fp16
+    ops = frozenset({"mla_decode_fp8", "dcp_decode_fp8"})
+    numerics = MappingProxyType(
+        {op: ("fp8_mma_accumulation", "p_in_e4m3") for op in ("mla_decode_fp8", "dcp_decode_fp8")}
+    )
+
+    def _unsupported_mla_decode_fp8(self, case) -> str | None:
+        if case.params["layout"] != "fp8_e4m3_per_tensor":
+            return f"mla_decode_fp8: the e4m3 path reads vLLM's fp8_e4m3_per_tensor cache, not {case.params['layout']}"
+        return super()._unsupported_mla_decode_fp8(case)

@@ -50,6 +50,8 @@ class TritonLayer(DCPFP8ByRanks):
 
     Expects ``self.device`` (set by ``TritonBackend.__init__``)."""
 
+    e4m3 = False  # the fp8 decode's e4m3 path (q and P in e4m3): the backend triton-e4m3
+
     # -- limits, named -------------------------------------------------------------------------------------------
     def _unsupported_mla_mixed_batch(self, case) -> str | None:
         p = case.params
@@ -86,7 +88,8 @@ class TritonLayer(DCPFP8ByRanks):
             return f"mla_decode_fp8 needs D_v and D_qk - D_v powers of two >= 16, got {p['D_v']}, {p['D_qk']}"
         return _bf16_in_interpreter(case)
 
-    _unsupported_dcp_decode_fp8 = _unsupported_mla_decode_fp8  # the same kernel on every rank's share
+    def _unsupported_dcp_decode_fp8(self, case) -> str | None:  # the same kernel on every rank's share
+        return self._unsupported_mla_decode_fp8(case)
 
     # -- ops -----------------------------------------------------------------------------------------------------
     def mla_mixed_batch(
@@ -129,11 +132,10 @@ class TritonLayer(DCPFP8ByRanks):
         if layout == "fp8_ds_mla_v32":
             keys = fp8_keys(cache.reshape(-1, cache.shape[-1]), "fp8_v32", page_size=64)
             return tuple(paged_decode(q, keys, block_table, seq_lens, scale=scale, d_v=d_v, causal=causal))
-        return tuple(
-            mla_decode_paged(
-                q, cache, block_table, seq_lens, k_scale=k_scale, d_v=d_v, scale=scale, causal=causal, max_seq_len=S_kv
-            )
-        )
+        kw = dict(k_scale=k_scale, d_v=d_v, scale=scale, causal=causal, max_seq_len=S_kv)
+        if self.e4m3:  # q as vLLM hands FlashMLA's fp8 decode: e4m3(q / q_scale), exact for the op's queries
+            q, kw = (q.double() / q_scale).to(torch.float8_e4m3fn), {**kw, "q_scale": q_scale, "out_dtype": q.dtype}
+        return tuple(mla_decode_paged(q, cache, block_table, seq_lens, **kw))
 
     def chunked_prefill_attention(self, q_nope, q_pe, kv_c, k_pe, cu_seqlens_q, context, plan, W_UK, W_UV, *, scale):
         """``out [T_p, H_q, D_v]`` (q_nope's dtype) and ``lse [H_q, T_p]`` fp32; the spec's arguments
