@@ -86,7 +86,6 @@ harness judges both kernels (``MLASPEC_DECODE_KERNEL``, :func:`mlaspec.impl.deco
 # no `from __future__ import annotations`: triton 3.6's aggregates (_Split) read their fields' types at run time
 
 import functools
-import os
 
 import torch
 
@@ -620,23 +619,14 @@ if AVAILABLE:
         _write_keys(acc_t, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE)
 
     # -- the e4m3 path: q, the keys and P in e4m3, fp8 MMAs; the keys as the MMAs' rows --------------------------
-    # a [64 keys, 128 values] quarter of a tile's value bytes, 8 x 8 a thread: read as 8-byte runs of values
-    # (VT_LOAD), renumbered in registers keys first (VT_KEYS: the same lanes and warps) and written as 8-byte runs
-    # of keys into V^T
-    VT_LOAD = gl.constexpr(gl.BlockedLayout([8, 8], [2, 16], [4, 1], [1, 0]))
+    # a [64 keys, 128 values] quarter of a tile's value bytes, 8 x 8 a thread, the lanes over 8 runs of keys and 4 of
+    # values, the warps over the values: read as 8-byte runs of values (VT_LOAD), renumbered in registers keys first
+    # (VT_KEYS: the same lanes and warps) and written as 8-byte runs of keys into V^T. On the H200 1.4-1.7x faster
+    # (the whole decode) than lanes over 16 runs of values and 2 of keys, whose writes of one instruction met 2 banks
+    # (every lane's row a multiple of 8 apart: one swizzle phase), 16 ways; reading the values again from global
+    # memory (L2) instead was 1.1-1.25x slower (2026-11-30)
+    VT_LOAD = gl.constexpr(gl.BlockedLayout([8, 8], [8, 4], [1, 4], [1, 0]))
     VT_KEYS = gl.constexpr(
-        gl.DistributedLinearLayout(
-            reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
-            lane_bases=[[0, 8], [0, 16], [0, 32], [0, 64], [8, 0]],
-            warp_bases=[[16, 0], [32, 0]],
-            block_bases=[],
-            shape=[64, 128],
-        )
-    )
-
-    # the same 8 x 8 bytes a thread, the lanes over 8 key runs and 4 value runs, the warps over the values
-    VT_LOAD_K = gl.constexpr(gl.BlockedLayout([8, 8], [8, 4], [1, 4], [1, 0]))
-    VT_KEYS_K = gl.constexpr(
         gl.DistributedLinearLayout(
             reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
             lane_bases=[[0, 8], [0, 16], [8, 0], [16, 0], [32, 0]],
@@ -645,34 +635,14 @@ if AVAILABLE:
             shape=[64, 128],
         )
     )
-    # where the producer reads the values it transposes ("shared", "global") and its lanes along the "values"
-    # (VT_LOAD) or the "keys" (VT_LOAD_K)
-    VT_SOURCE, VT_LANES = (gl.constexpr(x) for x in os.environ.get("MLASPEC_E4M3_VT", "shared,values").split(","))
 
     @gluon.jit
-    def _transpose_values(p, kb, blk, vt):
-        """``vt [512, 64] = k_v[kb][:, :512]^T``: the value bytes with the keys contiguous, the K-major operand an fp8
-        ``V^T P^T`` needs (an e4m3 MMA takes no transposed operand), a quarter of the columns at a time, read from
-        the landed tile or (``VT_SOURCE``) again from global memory (L2, where the tile's copy just passed)."""
-        n: gl.constexpr = p.k_v.shape[1]
-        if VT_LANES == "keys":
-            LOAD: gl.constexpr = VT_LOAD_K
-            KEYS: gl.constexpr = VT_KEYS_K
-        else:
-            LOAD: gl.constexpr = VT_LOAD
-            KEYS: gl.constexpr = VT_KEYS
+    def _transpose_values(k_v, vt):
+        """``vt [512, 64] = k_v[:, :512]^T``: the value bytes with the keys contiguous, the K-major operand an fp8
+        ``V^T P^T`` needs (an e4m3 MMA takes no transposed operand), a quarter of the columns at a time."""
         for c in gl.static_range(4):
-            if VT_SOURCE == "global":
-                slot0 = _first_slot(p, blk)
-                page = _page_of(p, blk)
-                r = slot0 + gl.arange(0, n, layout=gl.SliceLayout(1, LOAD))
-                cols = c * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LOAD))
-                rows = p.KV + page * p.stride_kp + gl.expand_dims(r.to(gl.int64) * p.stride_ks, 1)
-                v = gl.load(rows + gl.expand_dims(cols, 0), mask=gl.expand_dims(r < slot0 + p.seq_len - blk * n, 1),
-                            other=0.0)  # fmt: skip
-            else:
-                v = p.k_v.index(kb).slice(c * 128, 128, dim=1).load(LOAD)
-            vt.slice(c * 128, 128, dim=0).store(gl.permute(gl.convert_layout(v, KEYS), (1, 0)))  # within each thread
+            v = gl.convert_layout(k_v.slice(c * 128, 128, dim=1).load(VT_LOAD), VT_KEYS)  # within each thread
+            vt.slice(c * 128, 128, dim=0).store(gl.permute(v, (1, 0)))
 
     # -- the fp8 decode with a producer warpgroup -----------------------------------------------------------------
     FP8_PRODUCER_REGS = gl.constexpr(120)
@@ -1128,7 +1098,7 @@ if AVAILABLE:
             vb = i % 2
             mbarrier.wait(p.bars.index(LAND + kb), (i // E4M3_TILES) & 1)
             mbarrier.wait(p.bars.index(V_FREE + vb), ((i // 2) & 1) ^ 1, pred=i >= 2)  # P V of tile i - 2 is done
-            _transpose_values(p, kb, p.blk_lo + i, vt.index(vb))
+            _transpose_values(p.k_v.index(kb), vt.index(vb))
             fence_async_shared()
             _barrier()
             mbarrier.arrive(p.bars.index(V_READY + vb), count=1)
