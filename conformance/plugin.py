@@ -269,6 +269,14 @@ class _State:
             reference_device=self.reference_device,
         )
 
+    def plan_next(self, case, after) -> None:
+        """In a pytest-xdist worker, before ``case`` runs: xdist hands each worker its tests in an order of its choosing
+        but runs one behind, so the test after it is known (``nextitem``); the judged worker builds ``after``'s inputs
+        while the backend runs ``case``, as it does with a whole plan (:meth:`run_ahead`)."""
+        backend = self._backend
+        if self.worker is not None and case is not None and after is not None and hasattr(backend, "plan"):
+            backend.plan([case, after])
+
     def reached(self, case) -> None:
         """The run takes ``case``: the fork computing references ahead stops before it."""
         if self._ahead is not None and case.id in self._index:
@@ -389,6 +397,18 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         f"report {state.report_dir or '-'}",
         f"mlaspec environment: {env}" + (f"; {variables}" if variables else ""),
     ]
+
+
+def _case_of(item) -> Any:
+    """The curated case a test item checks, or None (a generated test, another test, no item)."""
+    return getattr(getattr(item, "callspec", None), "params", {}).get("mla_case")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    state = item.config.stash.get(_KEY, None)
+    if state is not None:
+        state.plan_next(_case_of(item), _case_of(nextitem))
 
 
 @pytest.hookimpl(trylast=True)

@@ -229,6 +229,22 @@ def test_sharded_run_merges_worker_results(pytester, monkeypatch):
     assert f"{len(curated) + 2} passed, 0 failed" in (rep / "report.html").read_text()
 
 
+@pytest.mark.slow
+def test_a_sharded_worker_builds_the_next_tests_inputs_ahead(pytester, monkeypatch):
+    """``-n 2``: xdist's order is its own, but each worker knows its next test (``nextitem``), and its judged worker
+    builds that case's inputs while the backend runs the one before: the trace's ``ahead`` events, one a case so
+    taken."""
+    pytest.importorskip("xdist")
+    monkeypatch.delenv("MLASPEC_BACKEND", raising=False)
+    monkeypatch.setenv("MLASPEC_WARM_TRACE", str(pytester.path / "trace"))
+    curated = curated_cases(dtypes=("float16",), ops=("attention",))
+    args = (*SUITE, "-n", "2", "--mla-backend", "torch", "-m", "attention", "-k", "test_curated")
+    pytester.runpytest_subprocess(*args, "--mla-dtypes", "float16").assert_outcomes(passed=len(curated))
+    events = [line.split()[1:] for line in (pytester.path / "trace").read_text().splitlines()]
+    ahead = [e[1] for e in events if e[0] == "ahead"]
+    assert ahead and set(ahead) <= {c.id for c in curated}, events  # without the plan (before 2026-11-30) none
+
+
 def test_cli_report_ignores_a_sharded_runs_stale_files(tmp_path):
     stale = Case("attention", "stale", "bfloat16", {})
     record = {"case_id": stale.id, "op": "attention", "dtype": "bfloat16", "verdict": "fail"}
