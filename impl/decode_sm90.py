@@ -619,30 +619,39 @@ if AVAILABLE:
         _write_keys(acc_t, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE)
 
     # -- the e4m3 path: q, the keys and P in e4m3, fp8 MMAs; the keys as the MMAs' rows --------------------------
-    # a [64 keys, 128 values] quarter of a tile's value bytes, 8 x 8 a thread, the lanes over 8 runs of keys and 4 of
-    # values, the warps over the values: read as 8-byte runs of values (VT_LOAD), renumbered in registers keys first
-    # (VT_KEYS: the same lanes and warps) and written as 8-byte runs of keys into V^T. On the H200 1.4-1.7x faster
-    # (the whole decode) than lanes over 16 runs of values and 2 of keys, whose writes of one instruction met 2 banks
-    # (every lane's row a multiple of 8 apart: one swizzle phase), 16 ways; reading the values again from global
-    # memory (L2) instead was 1.1-1.25x slower (2026-11-30)
-    VT_LOAD = gl.constexpr(gl.BlockedLayout([8, 8], [8, 4], [1, 4], [1, 0]))
+    # half a tile's value bytes, [64 keys, 256 values], 16 keys x 8 values a thread: read as 8-byte runs of values
+    # (VT_LOAD), renumbered in registers keys first (VT_KEYS: the same lanes and warps) and written as 16-byte runs of
+    # keys into V^T. The lanes over the 4 runs of keys and 8 of values, the warps over the values: a tile's reads and
+    # writes take 1024 shared-memory wavefronts (twice the 512 its 64 KB need), where 8 x 8 a thread took 1536 at best
+    # (lanes over the keys) and 1536 + 512 with the lanes over the values (16-way writes), which ran the whole decode
+    # 1.4-1.7x slower on the H200; reading the values again from global memory (L2) was 1.1-1.25x slower (2026-11-30)
+    VT_COLS = gl.constexpr(256)
+    VT_LOAD = gl.constexpr(
+        gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
+            lane_bases=[[16, 0], [32, 0], [0, 8], [0, 16], [0, 32]],
+            warp_bases=[[0, 64], [0, 128]],
+            block_bases=[],
+            shape=[64, 256],
+        )
+    )
     VT_KEYS = gl.constexpr(
         gl.DistributedLinearLayout(
-            reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
-            lane_bases=[[0, 8], [0, 16], [8, 0], [16, 0], [32, 0]],
-            warp_bases=[[0, 32], [0, 64]],
+            reg_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4]],
+            lane_bases=[[16, 0], [32, 0], [0, 8], [0, 16], [0, 32]],
+            warp_bases=[[0, 64], [0, 128]],
             block_bases=[],
-            shape=[64, 128],
+            shape=[64, 256],
         )
     )
 
     @gluon.jit
     def _transpose_values(k_v, vt):
         """``vt [512, 64] = k_v[:, :512]^T``: the value bytes with the keys contiguous, the K-major operand an fp8
-        ``V^T P^T`` needs (an e4m3 MMA takes no transposed operand), a quarter of the columns at a time."""
-        for c in gl.static_range(4):
-            v = gl.convert_layout(k_v.slice(c * 128, 128, dim=1).load(VT_LOAD), VT_KEYS)  # within each thread
-            vt.slice(c * 128, 128, dim=0).store(gl.permute(v, (1, 0)))
+        ``V^T P^T`` needs (an e4m3 MMA takes no transposed operand), ``VT_COLS`` columns at a time."""
+        for c in gl.static_range(512 // VT_COLS):
+            v = gl.convert_layout(k_v.slice(c * VT_COLS, VT_COLS, dim=1).load(VT_LOAD), VT_KEYS)  # within each thread
+            vt.slice(c * VT_COLS, VT_COLS, dim=0).store(gl.permute(v, (1, 0)))
 
     # -- the fp8 decode with a producer warpgroup -----------------------------------------------------------------
     FP8_PRODUCER_REGS = gl.constexpr(120)
