@@ -19,9 +19,9 @@ rounding is added to what the 16-bit path does, and the traffic is half the bf16
 **The e4m3 path** (``q`` in e4m3 with its ``q_scale``, over the per-tensor fp8 cache): FlashMLA's dense fp8 arithmetic,
 as vLLM serves it (``vllm/v1/attention/ops/flashmla.py``, ``flash_mla_with_kvcache_fp8``): both products multiplied in
 e4m3 and the softmax weights ``P`` rounded to e4m3 (:func:`mlaspec.impl.fp8.e4m3_round`); the fp8 MMAs' ~14-bit
-accumulation promoted to fp32 every 128 (readable kernel) or 64 (Hopper) logit columns and every tile's ``P V``. On
-Hopper :func:`mlaspec.impl.decode_sm90.split_kernel_e4m3_keys`. Judged as the backend ``triton-e4m3`` under the
-numerics FlashMLA declares.
+accumulation promoted to fp32 every 64 logit columns and every tile's ``P V`` (the harness's bias check: every 128
+leaned). On Hopper :func:`mlaspec.impl.decode_sm90.split_kernel_e4m3_keys`. Judged as the backend ``triton-e4m3``
+under the numerics FlashMLA declares.
 
 The naive computation, per sequence, and its memory traffic (``N = seq_len``, ``R = S_q * H_q`` query rows)::
 
@@ -197,8 +197,8 @@ def _mla_decode_split_kernel(
             kv_rope = e4m3_to(kv_rope, Q.dtype.element_ty)
 
         # -- logits in base 2: (q . k) * scale * log2(e), fp32 accumulation -----------------------------------------
-        if E4M3:  # each 128 products added in fp32 (Hopper's fp8 MMA accumulates in ~14 bits), as DeepGEMM does
-            qk = tl.dot(q_nope, tl.trans(kv_nope), max_num_imprecise_acc=128)
+        if E4M3:  # each 64 products added in fp32 (Hopper's fp8 MMA accumulates in ~14 bits; every 128 leaned)
+            qk = tl.dot(q_nope, tl.trans(kv_nope), max_num_imprecise_acc=64)
             qk = tl.dot(q_rope, tl.trans(kv_rope), qk, max_num_imprecise_acc=64)
         else:
             qk = tl.dot(q_nope, tl.trans(kv_nope), input_precision=PRECISION)
