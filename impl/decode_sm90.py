@@ -78,6 +78,14 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    B1 8K 9.9 -> 8.7 us, B1 64K 28.7 -> 28.1, B64 1K 28.8 -> 27.8, B64 4K 80.1 -> 78.8), where the padded
    ``split_kernel`` was 1.3-8% slower than it.
 
+7. **The e4m3 path** (``split_kernel_e4m3_keys``: q, the keys and ``P`` in e4m3, FlashMLA's fp8 arithmetic,
+   :mod:`mlaspec.impl.decode`): the key tile lands by tensor-memory copies as bytes and is the logits' MMA operand as it
+   is; an e4m3 MMA takes only K-major operands, so a producer warpgroup writes the tile's values transposed for ``O^T +=
+   V^T P^T`` (:func:`_transpose_values`) while the consumer multiplies. 16 query rows a program; the fp8 MMAs' ~14-bit
+   accumulation promoted to fp32 every 64 logit columns and every tile's ``P V`` (the conformance harness's bias check
+   failed coarser promotion). On an H200 (2026-11-30) 0.99-1.58x FlashMLA's fp8 kernel at 16 heads, 0.23-1.37x at
+   128 (eight programs read each tile); its verdicts: ``docs/backends.md``, "Our e4m3 path".
+
 Rounding is the readable kernel's: fp32 logits from the MMA, ``P`` rounded to q's dtype for ``P @ V``, fp32
 accumulation, the same online softmax in base 2 (the row sum's fp32 additions in another order). The conformance
 harness judges both kernels (``MLASPEC_DECODE_KERNEL``, :func:`mlaspec.impl.decode.mla_decode_paged`).
@@ -618,41 +626,6 @@ if AVAILABLE:
         outs = (OUT, LSE, O_PART, LSE_PART, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls)
         _write_keys(acc_t, m_i, l_i, k_scale, pid_m, split, b, S_Q, H_Q, num_splits, outs, SINGLE)
 
-    # -- the e4m3 path: q, the keys and P in e4m3, fp8 MMAs; the keys as the MMAs' rows --------------------------
-    # half a tile's value bytes, [64 keys, 256 values], 16 keys x 8 values a thread: read as 8-byte runs of values
-    # (VT_LOAD), renumbered in registers keys first (VT_KEYS: the same lanes and warps) and written as 16-byte runs of
-    # keys into V^T. The lanes over the 4 runs of keys and 8 of values, the warps over the values: a tile's reads and
-    # writes take 1024 shared-memory wavefronts (twice the 512 its 64 KB need), where 8 x 8 a thread took 1536 at best
-    # (lanes over the keys) and 1536 + 512 with the lanes over the values (16-way writes), which ran the whole decode
-    # 1.4-1.7x slower on the H200; reading the values again from global memory (L2) was 1.1-1.25x slower (2026-11-30)
-    VT_COLS = gl.constexpr(256)
-    VT_LOAD = gl.constexpr(
-        gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
-            lane_bases=[[16, 0], [32, 0], [0, 8], [0, 16], [0, 32]],
-            warp_bases=[[0, 64], [0, 128]],
-            block_bases=[],
-            shape=[64, 256],
-        )
-    )
-    VT_KEYS = gl.constexpr(
-        gl.DistributedLinearLayout(
-            reg_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4]],
-            lane_bases=[[16, 0], [32, 0], [0, 8], [0, 16], [0, 32]],
-            warp_bases=[[0, 64], [0, 128]],
-            block_bases=[],
-            shape=[64, 256],
-        )
-    )
-
-    @gluon.jit
-    def _transpose_values(k_v, vt):
-        """``vt [512, 64] = k_v[:, :512]^T``: the value bytes with the keys contiguous, the K-major operand an fp8
-        ``V^T P^T`` needs (an e4m3 MMA takes no transposed operand), ``VT_COLS`` columns at a time."""
-        for c in gl.static_range(512 // VT_COLS):
-            v = gl.convert_layout(k_v.slice(c * VT_COLS, VT_COLS, dim=1).load(VT_LOAD), VT_KEYS)  # within each thread
-            vt.slice(c * VT_COLS, VT_COLS, dim=0).store(gl.permute(v, (1, 0)))
-
     # -- the fp8 decode with a producer warpgroup -----------------------------------------------------------------
     FP8_PRODUCER_REGS = gl.constexpr(120)
     # the producer's layouts (4 warps): a tile's 512 value bytes as [64, 4, 128] four keys a warp, 16 a thread (each
@@ -1055,6 +1028,40 @@ if AVAILABLE:
                                [FP8_PRODUCER_REGS])  # fmt: skip
 
     # -- the e4m3 path: the keys kernel with fp8 MMAs and a transposing producer ------------------------------------
+    # half a tile's value bytes, [64 keys, 256 values], 16 keys x 8 values a thread: read as 8-byte runs of values
+    # (VT_LOAD), renumbered in registers keys first (VT_KEYS: the same lanes and warps) and written as 16-byte runs of
+    # keys into V^T. The lanes over the 4 runs of keys and 8 of values, the warps over the values: a tile's reads and
+    # writes take 1024 shared-memory wavefronts (twice the 512 its 64 KB need), where 8 x 8 a thread took 1536 at best
+    # (lanes over the keys) and 1536 + 512 with the lanes over the values (16-way writes), which ran the whole decode
+    # 1.4-1.7x slower on the H200; reading the values again from global memory (L2) was 1.1-1.25x slower (2026-11-30)
+    VT_COLS = gl.constexpr(256)
+    VT_LOAD = gl.constexpr(
+        gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
+            lane_bases=[[16, 0], [32, 0], [0, 8], [0, 16], [0, 32]],
+            warp_bases=[[0, 64], [0, 128]],
+            block_bases=[],
+            shape=[64, 256],
+        )
+    )
+    VT_KEYS = gl.constexpr(
+        gl.DistributedLinearLayout(
+            reg_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4]],
+            lane_bases=[[16, 0], [32, 0], [0, 8], [0, 16], [0, 32]],
+            warp_bases=[[0, 64], [0, 128]],
+            block_bases=[],
+            shape=[64, 256],
+        )
+    )
+
+    @gluon.jit
+    def _transpose_values(k_v, vt):
+        """``vt [512, 64] = k_v[:, :512]^T``: the value bytes with the keys contiguous, the K-major operand an fp8
+        ``V^T P^T`` needs (an e4m3 MMA takes no transposed operand), ``VT_COLS`` columns at a time."""
+        for c in gl.static_range(512 // VT_COLS):
+            v = gl.convert_layout(k_v.slice(c * VT_COLS, VT_COLS, dim=1).load(VT_LOAD), VT_KEYS)  # within each thread
+            vt.slice(c * VT_COLS, VT_COLS, dim=0).store(gl.permute(v, (1, 0)))
+
     E4M3_TILES = gl.constexpr(3)  # key tiles in flight or in use
     LAND, K_FREE = gl.constexpr(0), gl.constexpr(3)  # [3] key tile k landed; its logits' MMAs are done with it
     V_READY, V_FREE, E4M3_BARRIERS = gl.constexpr(6), gl.constexpr(8), gl.constexpr(10)  # [2] V^T buffer v
