@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from common import _pyplot, _save
 
-from mlaspec.conformance.trace import PARTS, part_seconds
+from mlaspec.conformance.trace import CASE_EVENTS, PARTS, part_seconds
 
 SLOW = 0.5
 """Seconds of a judged call drawn and listed as slow: it compiled, or waited on a kernel another process was compiling
@@ -85,7 +85,7 @@ def read(trace: str, results: list[dict], t0: float) -> Timeline:
     with open(trace) as f:
         for line in f:
             t, event, *fields = line.split()
-            if event in PARTS:  # a judged case's part, by its id: part_seconds's
+            if event in CASE_EVENTS:  # by a case's id: a judged case's part (part_seconds's), or work done ahead
                 continue
             t, fields = float(t) - t0, [int(x) for x in fields]
             if event == "reached":

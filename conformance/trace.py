@@ -9,7 +9,8 @@ is written. The events:
   ``halt`` (all are stopped: a case runs again alone, or the run ends), ``reached I`` (the judged worker takes case
   ``I``), ``up K`` (process ``K`` has loaded the backend), ``begin K I`` and ``end K I`` (it runs case ``I``);
 * the judged worker: ``plan N`` (it has the run's ``N`` cases, :class:`~mlaspec.conformance.worker.InputsAhead`;
-  again in a worker started after a crash);
+  again in a worker started after a crash; under pytest-xdist two a test) and ``prebuilt ID`` (it takes the inputs
+  of case ``ID`` built ahead on its thread);
 * each judged case, by its id, and seconds: in the judged worker ``inputs ID S`` (building the inputs, or waiting
   for those built ahead on its thread), ``call ID S``
   (the backend's call, as the result's ``seconds``) and ``reply ID S`` (the outputs to the CPU and packed); in the
@@ -24,12 +25,14 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["PARTS", "TRACE", "part_seconds", "timed", "trace"]
+__all__ = ["CASE_EVENTS", "PARTS", "TRACE", "part_seconds", "timed", "trace"]
 
 TRACE = "MLASPEC_WARM_TRACE"
 """The environment variable naming the trace's file; the processes a run starts inherit it."""
 PARTS = ("inputs", "call", "reply", "reference", "wait", "judge")
 """The parts of a judged case the trace times (the module's docstring), in the order they come."""
+CASE_EVENTS = (*PARTS, "ahead", "prebuilt")
+"""The events whose first field is a case's id (the others' fields are integers)."""
 
 
 def trace(event: str, *fields: object) -> None:

@@ -268,7 +268,7 @@ class InputsAhead:
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == case.id:
             inputs = pending[1].result()
-            trace("ahead", case.id)
+            trace("prebuilt", case.id)
         else:  # none built ahead (the first case, one sent out of plan or after a skip, or run again alone)
             inputs = OPS[case.op].make_inputs(case)
         in_turn, after = self._expected in (None, case.id), self._next(case)

@@ -232,7 +232,7 @@ def test_sharded_run_merges_worker_results(pytester, monkeypatch):
 @pytest.mark.slow
 def test_a_sharded_worker_builds_the_next_tests_inputs_ahead(pytester, monkeypatch):
     """``-n 2``: xdist's order is its own, but each worker knows its next test (``nextitem``), and its judged worker
-    builds that case's inputs while the backend runs the one before: the trace's ``ahead`` events, one a case so
+    builds that case's inputs while the backend runs the one before: the trace's ``prebuilt`` events, one a case so
     taken."""
     pytest.importorskip("xdist")
     monkeypatch.delenv("MLASPEC_BACKEND", raising=False)
@@ -241,8 +241,8 @@ def test_a_sharded_worker_builds_the_next_tests_inputs_ahead(pytester, monkeypat
     args = (*SUITE, "-n", "2", "--mla-backend", "torch", "-m", "attention", "-k", "test_curated")
     pytester.runpytest_subprocess(*args, "--mla-dtypes", "float16").assert_outcomes(passed=len(curated))
     events = [line.split()[1:] for line in (pytester.path / "trace").read_text().splitlines()]
-    ahead = [e[1] for e in events if e[0] == "ahead"]
-    assert ahead and set(ahead) <= {c.id for c in curated}, events  # without the plan (before 2026-11-30) none
+    prebuilt = [e[1] for e in events if e[0] == "prebuilt"]
+    assert prebuilt and set(prebuilt) <= {c.id for c in curated}, events  # without the plan (before 2026-11-30) none
 
 
 def test_cli_report_ignores_a_sharded_runs_stale_files(tmp_path):
