@@ -1035,24 +1035,18 @@ if AVAILABLE:
     # (lanes over the keys) and 1536 + 512 with the lanes over the values (16-way writes), which ran the whole decode
     # 1.4-1.7x slower on the H200; reading the values again from global memory (L2) was 1.1-1.25x slower (2026-11-30)
     VT_COLS = gl.constexpr(256)
-    VT_LOAD = gl.constexpr(
-        gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [8, 0]],
-            lane_bases=[[16, 0], [32, 0], [0, 8], [0, 16], [0, 32]],
-            warp_bases=[[0, 64], [0, 128]],
-            block_bases=[],
-            shape=[64, 256],
+
+    def _transposing(reg_bases):
+        """The transpose's layout of ``[64 keys, 256 values]`` bytes with a thread's 16 x 8 in the order ``reg_bases``
+        (the lanes over 4 runs of keys and 8 of values, the warps over the values)."""
+        lanes, warps = [[16, 0], [32, 0], [0, 8], [0, 16], [0, 32]], [[0, 64], [0, 128]]
+        layout = gl.DistributedLinearLayout(
+            reg_bases=reg_bases, lane_bases=lanes, warp_bases=warps, block_bases=[], shape=[64, VT_COLS.value]
         )
-    )
-    VT_KEYS = gl.constexpr(
-        gl.DistributedLinearLayout(
-            reg_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4]],
-            lane_bases=[[16, 0], [32, 0], [0, 8], [0, 16], [0, 32]],
-            warp_bases=[[0, 64], [0, 128]],
-            block_bases=[],
-            shape=[64, 256],
-        )
-    )
+        return gl.constexpr(layout)
+
+    VT_LOAD = _transposing([[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [8, 0]])  # values first
+    VT_KEYS = _transposing([[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4]])  # keys first
 
     @gluon.jit
     def _transpose_values(k_v, vt):
@@ -1087,7 +1081,7 @@ if AVAILABLE:
         kb = t % E4M3_TILES
         bar = p.bars.index(LAND + kb)
         if (blk + 1) * n <= p.seq_len:
-            row = page.to(gl.int32) * p.page + (blk % (p.page // n)) * n
+            row = page.to(gl.int32) * p.page + _first_slot(p, blk)
             mbarrier.expect(bar, DESC_V.block_type.nbytes + DESC_R.block_type.nbytes)
             _tma_load(DESC_V, [row, 0], bar, p.k_v.index(kb))
             _tma_load(DESC_R, [row, p.k_v.shape[2]], bar, p.k_r.index(kb))
@@ -1172,8 +1166,8 @@ if AVAILABLE:
             fence_async_shared()
             _barrier()
             mbarrier.wait(p.bars.index(V_READY + vb), (i // 2) & 1)
-            # a tile's P V from zero, added to acc_t in fp32: with acc_t as the fp8 MMA's accumulator (~14 bits) the
-            # running sum over every tile leaned, -0.029% at 128K keys in fp16 (the harness's bias check, 2026-11-30)
+            # a tile's P V from zero, added to acc_t in fp32: the running sum kept out of the fp8 MMA's ~14-bit
+            # accumulator (what leaned, 2026-11-30, was the logits: _issue_logits)
             pv_mma = warpgroup_mma(vt.index(vb), p.p_smem.permute((1, 0)), acc_t, use_acc=False, is_async=True)
             if i + 1 < n:
                 kb = (i + 1) % E4M3_TILES
