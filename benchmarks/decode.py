@@ -15,7 +15,8 @@ Roofline: ``time >= max(bytes / copy bandwidth, flops / bf16 matmul rate)``, bot
 pages, fp32 logits, softmax, bf16 ``P @ V``), ``read`` (no decode: a plain streaming read of the same cache's bytes,
 the fastest of :data:`stream.CONFIGS`; what any kernel reading that cache once can reach at this size, the floor
 the bandwidth targets are judged beside). With ``--fp8`` (kernel ``decode_fp8``, cache ``[pages, 64, 576]`` e4m3
-bytes and a per-tensor ``k_scale``): ``triton`` (the same function with ``k_scale``),
+bytes and a per-tensor ``k_scale``): ``triton`` (the same function with ``k_scale``), ``triton-e4m3`` (its e4m3
+path, q quantized to e4m3 before timing as for FlashMLA: FlashMLA's arithmetic),
 ``flashmla`` (``torch.ops._flashmla_extension_C.fwd_kvcache_mla_fp8``, SM90; q quantized to e4m3 before timing, as
 vLLM's ``_DecodeConcatQuantFP8`` does outside the kernel), ``torch`` (dequantize the cache, then as bf16). FlashMLA
 is skipped with a note when it does not import; torch above ``--torch-max-gb`` of temporaries; a shape whose cache

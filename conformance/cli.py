@@ -379,7 +379,9 @@ def _cuda_broken() -> str | None:
 def _backends(args: argparse.Namespace) -> int:
     from .backend import available_backends, load_backend
 
-    for name, target in sorted(available_backends().items()):
+    backends = sorted(available_backends().items())
+    width = max((len(name) for name, _ in backends), default=0)
+    for name, target in backends:
         try:
             b = load_backend(name)
             why_not = getattr(b, "unavailable", None)
@@ -389,7 +391,7 @@ def _backends(args: argparse.Namespace) -> int:
                 status = f"usable ({b.version}); ops: {', '.join(sorted(b.ops))}"
         except Exception as exc:  # report, don't crash, on a broken or absent backend
             status = f"not usable: {type(exc).__name__}: {exc}"
-        print(f"{name:<10} {target:<50} {status}")
+        print(f"{name:<{width}} {target:<50} {status}")
     return 0
 
 

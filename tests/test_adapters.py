@@ -106,6 +106,17 @@ def test_backends_command_lists_the_adapters_as_not_usable(monkeypatch):
     assert "usable (" in lines["torch_sdpa"] and "attention" in lines["torch_sdpa"]
 
 
+def test_backends_command_aligns_its_columns_to_the_longest_name(monkeypatch):
+    """``triton-e4m3`` is longer than the names before it: every row's target still starts in one column."""
+    spec = "mlaspec.conformance.backends.reference:SpecBackend"
+    monkeypatch.setattr(backend_mod, "available_backends", lambda: {"s": spec, "a-name-of-fifteen": spec})
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["backends"]) == 0
+    lines = [line for line in buf.getvalue().splitlines() if line.strip()]
+    assert len(lines) == 2 and lines[0].index(spec) == lines[1].index(spec) == len("a-name-of-fifteen") + 1
+
+
 # -- translations ----------------------------------------------------------------------------------------------------
 def test_page_kv_round_trips_with_shuffled_blocks_and_nan_elsewhere():
     kv = torch.randn(3, 10, 5, dtype=torch.float64)
