@@ -105,12 +105,18 @@ def _flashmla_fn(fm, q, cache, block_table, seq_lens, scale):
     )
 
 
+def _e4m3_query(q):
+    """``(e4m3(q / q_scale), q_scale)`` with ``q_scale`` its amax over e4m3's 448: q as the fp8 decodes take it,
+    quantized before timing (vLLM's ``_DecodeConcatQuantFP8`` runs outside the kernel)."""
+    q_scale = float(q.abs().amax()) / 448
+    return (q.float() / q_scale).to(FP8).contiguous(), q_scale
+
+
 def _flashmla_fp8_fn(ext, q, cache, block_table, seq_lens, scale, k_scale):
     """``fwd_kvcache_mla_fp8(q e4m3 [B, S_q, H, 576], cache e4m3 [pages, 64, 1, 576], 512, seq_lens, block_table,
     scale, causal, meta, splits, descale_q [1], descale_k [1])``, as the conformance adapter calls it."""
     S_q, H = q.shape[1], q.shape[2]
-    q_scale = float(q.abs().amax()) / 448
-    q8 = (q.float() / q_scale).to(FP8).contiguous()
+    q8, q_scale = _e4m3_query(q)
     cache8 = cache.view(FP8)
     descale_q = torch.tensor([q_scale], dtype=torch.float32, device=q.device)
     descale_k = torch.tensor([k_scale], dtype=torch.float32, device=q.device)
@@ -131,9 +137,8 @@ def _fn(p: str, fm, q, cache, block_table, seq_lens, S_kv: int, scale: float, k_
             q, cache3, block_table, seq_lens, d_v=D_V, scale=scale, causal=True, k_scale=k_scale, max_seq_len=S_kv,
             **options,
         )  # fmt: skip
-    if p == "triton-e4m3":  # q quantized as for FlashMLA's fp8 kernel, before timing
-        q_scale = float(q.abs().amax()) / 448
-        q8 = (q.float() / q_scale).to(FP8)
+    if p == "triton-e4m3":  # q quantized as for FlashMLA's fp8 kernel
+        q8, q_scale = _e4m3_query(q)
         return lambda: mla_decode_paged(
             q8, cache3, block_table, seq_lens, d_v=D_V, scale=scale, causal=True, k_scale=k_scale, q_scale=q_scale,
             max_seq_len=S_kv, **options,

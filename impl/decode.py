@@ -611,11 +611,13 @@ def mla_decode_paged(
     # and a 16-bit cache at 16 rows or fewer: split_kernel_keys, 1.02-1.14x the readable kernel on an H200 (16 heads,
     # B1 8K-128K, B2 64K, B64 1K-4K; 2026-11-29, night)
     narrow = (fp8 or rows <= 16) and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
-    if e4m3:  # the e4m3 path at 32 rows or fewer: split_kernel_e4m3_keys (more rows: the readable kernel)
+    e4m3_descs = None  # split_kernel_e4m3_keys's tensor-memory-copy descriptors, where it runs
+    if e4m3:  # the e4m3 path: split_kernel_e4m3_keys in 16-row blocks where it applies, else the readable kernel
         aligned = aligned16(q, kv_cache, strides=(*q.stride()[:3], *kv_cache.stride()[:2]))
         capable = hopper_why_not("decode_sm90", decode_sm90.AVAILABLE, compiled_capability(q.device)) is None
-        tma = capable and decode_sm90.cache_descriptors(kv_cache.view(torch.float8_e4m3fn), page_size) is not None
-        narrow = narrow and (d_v, d_rope) == (512, 64) and aligned and tma
+        if narrow and (d_v, d_rope) == (512, 64) and aligned and capable:
+            e4m3_descs = decode_sm90.cache_descriptors(kv_cache.view(torch.float8_e4m3fn), page_size)
+        narrow = e4m3_descs is not None
         if kernel == "sm90" and not narrow:
             raise ValueError(
                 "the e4m3 path's Gluon kernel takes 512 + 64 entries in pages of 64k slots one stride apart (its"
@@ -693,8 +695,8 @@ def mla_decode_paged(
         if gluon and e4m3:  # e4m3 MMAs, the keys as their rows; the bytes as e4m3 for the MMAs' shared operands
             q8, kv8 = q.view(torch.float8_e4m3fn), kv_cache.view(torch.float8_e4m3fn)
             tile.update(BLOCK_M=keys)
-            decode_sm90.split_kernel_e4m3_keys[grid](q8, kv8, *args[2:], *decode_sm90.cache_descriptors(kv8, page_size),
-                                                     **tile, num_warps=decode_sm90.KEYS_WARPS)  # fmt: skip
+            decode_sm90.split_kernel_e4m3_keys[grid](q8, kv8, *args[2:], *e4m3_descs, **tile,
+                                                     num_warps=decode_sm90.KEYS_WARPS)  # fmt: skip
             return
         if gluon and fp8 and keys:  # no padded rows: the keys are the MMAs' rows
             tile.update(BLOCK_M=keys)

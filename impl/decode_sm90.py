@@ -1100,7 +1100,7 @@ if AVAILABLE:
         """The producer warpgroup: keeps three key tiles in flight and writes each landed tile's values transposed
         into a ``V^T`` buffer (:func:`_transpose_values`) while the consumer's logits MMAs read the same tile."""
         n = p.blk_hi - p.blk_lo
-        for t in gl.static_range(3):
+        for t in gl.static_range(E4M3_TILES):
             if t < n:
                 _issue_e4m3_tile(p, DESC_V, DESC_R, t)
         for i in range(n):
