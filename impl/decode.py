@@ -612,7 +612,7 @@ def mla_decode_paged(
     # B1 8K-128K, B2 64K, B64 1K-4K; 2026-11-29, night)
     narrow = (fp8 or rows <= 16) and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
     e4m3_descs = None  # split_kernel_e4m3_keys's tensor-memory-copy descriptors, where it runs
-    if e4m3:  # the e4m3 path: split_kernel_e4m3_keys in 16-row blocks where it applies, else the readable kernel
+    if e4m3:  # the e4m3 path: split_kernel_e4m3_keys in 16- or 64-row blocks where it applies, else the readable kernel
         aligned = aligned16(q, kv_cache, strides=(*q.stride()[:3], *kv_cache.stride()[:2]))
         capable = hopper_why_not("decode_sm90", decode_sm90.AVAILABLE, compiled_capability(q.device)) is None
         if narrow and (d_v, d_rope) == (512, 64) and aligned and capable:
@@ -628,13 +628,17 @@ def mla_decode_paged(
         narrow = narrow and use_sm90("auto", q, kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope)
     cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon=narrow)
     keys = decode_sm90.keys_rows(rows) if narrow else None  # rows a program of a keys kernel (a tile override: none)
+    sms = _num_sms(q.device)
     if narrow and e4m3:
-        keys = 16  # 16-row blocks (decode_sm90.split_kernel_e4m3_keys), each reading every tile
+        # decode_sm90.split_kernel_e4m3_keys: one consumer of 16 rows, or two of 32, which read each key tile once a 64
+        # rows (16-row programs: once a 16); where the 64-row programs' tile steps do not outnumber the SMs, 16-row
+        # ones spread over more of them (H200, 128 heads: 1.15-1.5x faster at B1-4 1K and B1 4K, 2026-11-30)
+        steps = B * triton.cdiv(rows, 64) * triton.cdiv(max_seq_len, GLUON_TILE.block_n)
+        keys = 64 if rows > 16 and steps > sms else 16
         cfg = DecodeConfig(keys, GLUON_TILE.block_n, decode_sm90.KEYS_WARPS, 1)
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
     row_blocks = triton.cdiv(rows, cfg.block_m)
-    sms = _num_sms(q.device)
     key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
     if num_splits is None:
         # byte tiles small enough for two programs an SM (64 rows: q is 72 KB; the e4m3 kernel's tiles: 182 KB)

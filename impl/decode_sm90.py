@@ -108,6 +108,7 @@ try:  # Gluon ships with triton >= 3.5; without it the readable kernel runs ever
         mbarrier,
         tma,
         warpgroup_mma,
+        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -1057,8 +1058,20 @@ if AVAILABLE:
             vt.slice(c * VT_COLS, VT_COLS, dim=0).store(gl.permute(v, (1, 0)))
 
     E4M3_TILES = gl.constexpr(3)  # key tiles in flight or in use
-    LAND, K_FREE = gl.constexpr(0), gl.constexpr(3)  # [3] key tile k landed; its logits' MMAs are done with it
-    V_READY, V_FREE, E4M3_BARRIERS = gl.constexpr(6), gl.constexpr(8), gl.constexpr(10)  # [2] V^T buffer v
+    E4M3_PAIR_ROWS = gl.constexpr(32)  # query rows a consumer of the 64-row program (two consumers)
+    # the 64-row program's registers a thread, the second consumer and the producer (the first: what is left, 224
+    # here; an SM's 64 K over 384 threads, 512 a thread-slot of all three). Spills bind its consumers: on an H200
+    # (2026-11-30) 224 / 64 ran 1.02-1.07x slower at 64-128 heads, 216 / 80 another 1.01-1.08x
+    E4M3_PAIR_REGS, E4M3_PRODUCER_REGS = gl.constexpr(232), gl.constexpr(48)
+    LAND, V_READY = gl.constexpr(0), gl.constexpr(3)  # [3] key tile k landed; [2] V^T buffer v written
+    # consumer c's releases, at + FREES * c: [3] its logits' MMAs are done with key tile k; [2] its P V with V^T v
+    K_FREE, V_FREE, FREES, E4M3_BARRIERS = gl.constexpr(5), gl.constexpr(8), gl.constexpr(5), gl.constexpr(15)
+
+    @gluon.constexpr_function
+    def e4m3_consumers(rows):
+        """Consumer warpgroups of :func:`split_kernel_e4m3_keys` at ``rows`` query rows a program: one at 16, two
+        (``E4M3_PAIR_ROWS`` rows each) at 64."""
+        return 1 if rows <= 16 else rows // E4M3_PAIR_ROWS.value
 
     @gluon.jit
     def _page_of(p, blk):
@@ -1107,13 +1120,15 @@ if AVAILABLE:
             kb = i % E4M3_TILES
             vb = i % 2
             mbarrier.wait(p.bars.index(LAND + kb), (i // E4M3_TILES) & 1)
-            mbarrier.wait(p.bars.index(V_FREE + vb), ((i // 2) & 1) ^ 1, pred=i >= 2)  # P V of tile i - 2 is done
+            for c in gl.static_range(e4m3_consumers(p.q_v.shape[0])):  # each consumer's P V of tile i - 2 is done
+                mbarrier.wait(p.bars.index(V_FREE + FREES * c + vb), ((i // 2) & 1) ^ 1, pred=i >= 2)
             _transpose_values(p.k_v.index(kb), vt.index(vb))
             fence_async_shared()
             _barrier()
             mbarrier.arrive(p.bars.index(V_READY + vb), count=1)
-            if i + E4M3_TILES < n:  # the buffer's next tile, once the consumer's logits are done with this one
-                mbarrier.wait(p.bars.index(K_FREE + kb), (i // E4M3_TILES) & 1)
+            if i + E4M3_TILES < n:  # the buffer's next tile, once the consumers' logits are done with this one
+                for c in gl.static_range(e4m3_consumers(p.q_v.shape[0])):
+                    mbarrier.wait(p.bars.index(K_FREE + FREES * c + kb), (i // E4M3_TILES) & 1)
                 _issue_e4m3_tile(p, DESC_V, DESC_R, i + E4M3_TILES)
 
     @gluon.jit
@@ -1193,6 +1208,86 @@ if AVAILABLE:
         _consume_e4m3(p, vt, False)
 
     @gluon.jit
+    def _logits_in_turn(k_v, q_v, rope, zero_t):
+        """``S^T = K q^T`` of key tile ``k_v`` with its RoPE part ``rope`` already issued, in the 64-column parts of
+        :func:`_issue_logits` added in fp32, each part issued once the one before it is added: one part's registers
+        at a time beside the 64-row program's output sums (with two parts in flight its consumers spilled more, and
+        the decode ran 1.04-1.27x slower at 64-128 heads on an H200, 2026-11-30)."""
+        s_t = warpgroup_mma_wait(0, deps=(rope,))
+        for c in gl.static_range(8):
+            s_t = s_t + warpgroup_mma_wait(0, deps=(_chunk(k_v, q_v, c, zero_t),))
+        return s_t
+
+    @gluon.jit
+    def _consume_e4m3_pair(p, vt, c: gl.constexpr, SINGLE: gl.constexpr):
+        """Consumer ``c`` of the 64-row program: :func:`_consume_e4m3` for its ``E4M3_PAIR_ROWS`` query rows, with
+        ``P V`` added to ``acc_t`` in the MMA itself (its 128 registers a thread leave no room for a tile's ``P V``
+        beside it; the bias check passes with it) and the logits' parts issued in turn (:func:`_logits_in_turn`).
+        Tile ``i``'s ``P V`` runs while the consumer computes tile ``i + 1``'s softmax (issued after tile ``i + 1``'s
+        logits, not before them as in :func:`_consume_e4m3`: 1.02-1.17x faster at 64-128 heads on an H200). Both
+        consumers read each key tile and ``V^T`` buffer; each has its own ``P``."""
+        R: gl.constexpr = E4M3_PAIR_ROWS
+        M: gl.constexpr = p.q_v.shape[0]
+        N: gl.constexpr = p.k_v.shape[1]
+        D: gl.constexpr = p.k_v.shape[2]
+        q_v, q_r, p_c = p.q_v.slice(c * R, R), p.q_r.slice(c * R, R), p.p_smem.slice(c * R, R)
+        rb = p.pid_m * (M // R) + c  # this consumer's block of R rows
+        _copy_rows(q_v, q_r, p.Q, rb * R, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V4, LOAD_R4))
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _barrier()
+        zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(rb, p.seq_len, p.S_Q, p.H_Q, p.causal, R, N, D, 32)
+        n = p.blk_hi - p.blk_lo
+        s_t = zero_t
+        if n > 0:
+            mbarrier.wait(p.bars.index(LAND), 0)
+            rope = warpgroup_mma(p.k_r.index(0), q_r.permute((1, 0)), zero_t, use_acc=False, is_async=True)
+            s_t = _logits_in_turn(p.k_v.index(0), q_v, rope, zero_t)
+            _release(p, K_FREE + FREES * c)
+        acc = warpgroup_mma_init(acc_t)
+        for i in range(n):
+            vb = i % 2
+            s = _scale_and_mask(gl.permute(s_t, (1, 0)), p.blk_lo + i, p.qk_scale, p.seq_len, n_keys, n_seen)
+            prob, alpha, m_i = _softmax_step(s, m_i)  # tile i, base 2, while P V of tile i - 1 runs
+            l_i = l_i * gl.expand_dims(alpha, 1) + prob
+            acc_t = warpgroup_mma_wait(0, deps=(acc,))
+            if i > 0:
+                _release(p, V_FREE + FREES * c + 1 - vb)
+            p_c.store(prob.to(gl.float8e4nv))  # P [R, 64] in e4m3; the MMA reads it as P^T
+            fence_async_shared()
+            _barrier()
+            acc_t = acc_t * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc_t.type.layout)), 0)
+            if i + 1 < n:
+                kb = (i + 1) % E4M3_TILES
+                mbarrier.wait(p.bars.index(LAND + kb), ((i + 1) // E4M3_TILES) & 1)
+                rope = warpgroup_mma(p.k_r.index(kb), q_r.permute((1, 0)), zero_t, use_acc=False, is_async=True)
+                s_t = _logits_in_turn(p.k_v.index(kb), q_v, rope, zero_t)
+                _release(p, K_FREE + FREES * c + kb)
+            mbarrier.wait(p.bars.index(V_READY + vb), (i // 2) & 1)
+            acc = warpgroup_mma(vt.index(vb), p_c.permute((1, 0)), acc_t, is_async=True)
+        acc_t = warpgroup_mma_wait(0, deps=(acc,))
+        if n > 0:
+            _release(p, V_FREE + FREES * c + (n - 1) % 2)
+        _write_keys(acc_t, m_i, l_i, p.k_scale, rb, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), SINGLE)
+
+    @gluon.jit
+    def _consume_e4m3_first_single(p, vt):
+        _consume_e4m3_pair(p, vt, 0, True)
+
+    @gluon.jit
+    def _consume_e4m3_second_single(p, vt):
+        _consume_e4m3_pair(p, vt, 1, True)
+
+    @gluon.jit
+    def _consume_e4m3_first_split(p, vt):
+        _consume_e4m3_pair(p, vt, 0, False)
+
+    @gluon.jit
+    def _consume_e4m3_second_split(p, vt):
+        _consume_e4m3_pair(p, vt, 1, False)
+
+    @gluon.jit
     def split_kernel_e4m3_keys(
         Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks,
         stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale, S_Q, H_Q,
@@ -1215,11 +1310,19 @@ if AVAILABLE:
         )  # fmt: skip
         SH_VT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D_V, BLOCK_N], gl.float8e4nv)
         vt = gl.allocate_shared_memory(gl.float8e4nv, [2, D_V, BLOCK_N], SH_VT)
-        if SINGLE:
-            gl.warp_specialize([(_consume_e4m3_single, (p, vt)), (_produce_e4m3, (p, vt, DESC_V, DESC_R))], [4],
+        feed = (p, vt, DESC_V, DESC_R)  # the producer's arguments
+        if BLOCK_M > 16:  # two consumers of 32 rows (the default partition consumer 0), then the producer
+            if SINGLE:
+                gl.warp_specialize([(_consume_e4m3_first_single, (p, vt)), (_consume_e4m3_second_single, (p, vt)),
+                                    (_produce_e4m3, feed)], [4, 4], [E4M3_PAIR_REGS, E4M3_PRODUCER_REGS])  # fmt: skip
+            else:
+                gl.warp_specialize([(_consume_e4m3_first_split, (p, vt)), (_consume_e4m3_second_split, (p, vt)),
+                                    (_produce_e4m3, feed)], [4, 4], [E4M3_PAIR_REGS, E4M3_PRODUCER_REGS])  # fmt: skip
+        elif SINGLE:
+            gl.warp_specialize([(_consume_e4m3_single, (p, vt)), (_produce_e4m3, feed)], [4],
                                [FP8_PRODUCER_REGS])  # fmt: skip
         else:
-            gl.warp_specialize([(_consume_e4m3_split, (p, vt)), (_produce_e4m3, (p, vt, DESC_V, DESC_R))], [4],
+            gl.warp_specialize([(_consume_e4m3_split, (p, vt)), (_produce_e4m3, feed)], [4],
                                [FP8_PRODUCER_REGS])  # fmt: skip
 
     # -- the 64-row decode where each tile is read by two or more programs: a leader warpgroup ----------------------

@@ -352,20 +352,23 @@ def test_the_gluon_sparse_producer_dequantizes_in_warps_of_its_own():
 
 
 def test_the_e4m3_decode_multiplies_in_e4m3_with_a_transposing_producer():
-    """The e4m3 path on Hopper (``decode_sm90.split_kernel_e4m3_keys``): every MMA an e4m3 one (no 16-bit MMA, no
-    conversion of the key bytes), warp-specialized (the producer gives registers back by ``setmaxnreg``), P rounded by
-    ``cvt.rn.satfinite``, no spills; three key tiles and two ``V^T`` in 227 KB."""
+    """The e4m3 path on Hopper (``decode_sm90.split_kernel_e4m3_keys``, 16 and 64 rows): every MMA an e4m3 one (no
+    16-bit MMA, no conversion of the key bytes), warp-specialized (the producer gives registers back by
+    ``setmaxnreg``), P rounded by ``cvt.rn.satfinite``, no local arrays in the PTX; q, three key tiles and two ``V^T``
+    in 227 KB."""
     from mlaspec.impl import decode_sm90
 
     if not decode_sm90.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     pointers = dict(POINTERS, Q="*fp8e4nv", KV="*fp8e4nv")
     pointers.update(DESC_V={"block": [64, 512], "dtype": "fp8e4nv"}, DESC_R={"block": [64, 64], "dtype": "fp8e4nv"})
-    words = ["wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3", "setmaxnreg.dec", "cvt.rn.satfinite.e4m3x2.f32"]
+    words = ["setmaxnreg.dec", "cvt.rn.satfinite.e4m3x2.f32"]
     bad = ["f32.bf16.bf16", "cvt.rn.f16x2.e4m3x2", "st.local", "ld.local"]
-    for single in (True, False):
-        const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=16, BLOCK_N=64, SINGLE=single)
+    for rows, single in [(16, True), (16, False), (64, True), (64, False)]:
+        # 16 rows: one consumer, N = 16 MMAs; 64 rows: two consumers of 32 rows, N = 32
+        mma = f"wgmma.mma_async.sync.aligned.m64n{min(rows, 32)}k32.f32.e4m3.e4m3"
+        const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=rows, BLOCK_N=64, SINGLE=single)
         out = compiled("mlaspec.impl.decode_sm90:split_kernel_e4m3_keys", pointers, const,
-                       num_warps=decode_sm90.KEYS_WARPS, num_stages=1, ptx_words=words + bad)  # fmt: skip
-        assert all(out["ptx_has"][w] for w in words) and not any(out["ptx_has"][w] for w in bad), out
-        assert 3 * 64 * 576 + 2 * 512 * 64 < out["shared"] <= HOPPER_SHARED, out
+                       num_warps=decode_sm90.KEYS_WARPS, num_stages=1, ptx_words=[mma, *words, *bad])  # fmt: skip
+        assert all(out["ptx_has"][w] for w in [mma, *words]) and not any(out["ptx_has"][w] for w in bad), out
+        assert 3 * 64 * 576 + 2 * 512 * 64 + rows * 576 < out["shared"] <= HOPPER_SHARED, out
