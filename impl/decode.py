@@ -19,9 +19,9 @@ rounding is added to what the 16-bit path does, and the traffic is half the bf16
 **The e4m3 path** (``q`` in e4m3 with its ``q_scale``, over the per-tensor fp8 cache): FlashMLA's dense fp8 arithmetic,
 as vLLM serves it (``vllm/v1/attention/ops/flashmla.py``, ``flash_mla_with_kvcache_fp8``): both products multiplied in
 e4m3 and the softmax weights ``P`` rounded to e4m3 (:func:`mlaspec.impl.fp8.e4m3_round`); the fp8 MMAs' ~14-bit
-accumulation promoted to fp32 every 64 logit columns and every tile's ``P V`` (the harness's bias check: every 128
-leaned). On Hopper :func:`mlaspec.impl.decode_sm90.split_kernel_e4m3_keys`. Judged as the backend ``triton-e4m3``
-under the numerics FlashMLA declares.
+accumulation promoted to fp32 every 64 logit columns (the harness's bias check: every 128 leaned) and, in 16-row
+programs, every tile's ``P V``. On Hopper :func:`mlaspec.impl.decode_sm90.split_kernel_e4m3_keys`, 16 or 64 query rows
+a program. Judged as the backend ``triton-e4m3`` under the numerics FlashMLA declares.
 
 The naive computation, per sequence, and its memory traffic (``N = seq_len``, ``R = S_q * H_q`` query rows)::
 

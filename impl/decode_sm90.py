@@ -81,10 +81,13 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
 7. **The e4m3 path** (``split_kernel_e4m3_keys``: q, the keys and ``P`` in e4m3, FlashMLA's fp8 arithmetic,
    :mod:`mlaspec.impl.decode`): the key tile lands by tensor-memory copies as bytes and is the logits' MMA operand as it
    is; an e4m3 MMA takes only K-major operands, so a producer warpgroup writes the tile's values transposed for ``O^T +=
-   V^T P^T`` (:func:`_transpose_values`) while the consumer multiplies. 16 query rows a program; the fp8 MMAs' ~14-bit
-   accumulation promoted to fp32 every 64 logit columns and every tile's ``P V`` (the conformance harness's bias check
-   failed coarser promotion). On an H200 (2026-11-30) 0.99-1.58x FlashMLA's fp8 kernel at 16 heads, 0.23-1.37x at
-   128 (eight programs read each tile); its verdicts: ``docs/backends.md``, "Our e4m3 path".
+   V^T P^T`` (:func:`_transpose_values`) while the consumer multiplies. 16 query rows a program, or 64 (two consumer
+   warpgroups of 32 rows, :func:`_consume_e4m3_pair`: each tile read and transposed once for 64 rows, not once for
+   16); the fp8 MMAs' ~14-bit accumulation promoted to fp32 every 64 logit columns (the conformance harness's bias
+   check failed coarser promotion) and, at 16 rows, every tile's ``P V``. On an H200 (2026-11-30) 1.00-1.53x
+   FlashMLA's fp8 kernel at 16 heads; at 128 heads 0.60-1.32x, 2.0-2.6x the 16-row programs' speed from B1 64K and
+   B64 up (0.23-0.34x FlashMLA there), bound by its consumers' register spills; its verdicts: ``docs/backends.md``,
+   "Our e4m3 path".
 
 Rounding is the readable kernel's: fp32 logits from the MMA, ``P`` rounded to q's dtype for ``P @ V``, fp32
 accumulation, the same online softmax in base 2 (the row sum's fp32 additions in another order). The conformance
@@ -1295,13 +1298,14 @@ if AVAILABLE:
         PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr,
     ):  # fmt: skip
         """The e4m3 path (``Q``, ``KV``: e4m3 bytes; ``qk_scale`` holds ``q_scale`` too; ``DESC_V``, ``DESC_R``:
-        :func:`cache_descriptors` of the e4m3 cache) at ``BLOCK_M`` = 16 query rows a program (the output's partial
-        sums and a tile's ``P V`` take 64 registers a thread each: 128 at 32 rows), the keys as the MMAs' rows,
-        launched with 4 warps. An e4m3 MMA takes both operands K-major: the key tile as it lands is the
-        logits' (``S^T = K q^T``), but ``O^T += V^T P^T`` needs the values with the keys contiguous, so a producer
-        warpgroup (:func:`_produce_e4m3`) writes each tile's values transposed into one of two ``V^T`` buffers while
-        the consumer (:func:`_consume_e4m3`, the default partition) multiplies; three key tiles in flight (q, three
-        tiles, two ``V^T``, ``P``: 182 KB at 16 rows)."""
+        :func:`cache_descriptors` of the e4m3 cache), the keys as the MMAs' rows, launched with 4 warps. An e4m3 MMA
+        takes both operands K-major: the key tile as it lands is the logits' (``S^T = K q^T``), but ``O^T += V^T P^T``
+        needs the values with the keys contiguous, so a producer warpgroup (:func:`_produce_e4m3`) writes each tile's
+        values transposed into one of two ``V^T`` buffers while the consumers multiply; three key tiles in flight.
+        ``BLOCK_M`` = 16 query rows a program: one consumer (:func:`_consume_e4m3`, the default partition; the
+        output's partial sums and a tile's ``P V`` take 64 registers a thread each; q, three tiles, two ``V^T``,
+        ``P``: 182 KB); 64: two consumers of 32 rows (:func:`_consume_e4m3_pair`; the output's sums, 128 registers a
+        thread, take ``P V`` in the MMA itself; 213 KB)."""
         p = _split_state(
             Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp,
             stride_ks, stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale,
