@@ -629,12 +629,8 @@ def mla_decode_paged(
     cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon=narrow)
     keys = decode_sm90.keys_rows(rows) if narrow else None  # rows a program of a keys kernel (a tile override: none)
     sms = _num_sms(q.device)
-    if narrow and e4m3:
-        # decode_sm90.split_kernel_e4m3_keys: one consumer of 16 rows, or two of 32, which read each key tile once a 64
-        # rows (16-row programs: once a 16); where the 64-row programs' tile steps do not outnumber the SMs, 16-row
-        # ones spread over more of them (H200, 128 heads: 1.15-1.5x faster at B1-4 1K and B1 4K, 2026-11-30)
-        steps = B * triton.cdiv(rows, 64) * triton.cdiv(max_seq_len, GLUON_TILE.block_n)
-        keys = 64 if rows > 16 and steps > sms else 16
+    if narrow and e4m3:  # decode_sm90.split_kernel_e4m3_keys: 16 rows a program (one consumer) or 64 (two)
+        keys = decode_sm90.e4m3_rows(B, rows, triton.cdiv(max_seq_len, GLUON_TILE.block_n), sms)
         cfg = DecodeConfig(keys, GLUON_TILE.block_n, decode_sm90.KEYS_WARPS, 1)
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")

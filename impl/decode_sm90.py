@@ -148,6 +148,7 @@ __all__ = [
     "LEAD_WARPS",
     "NUM_WARPS",
     "cache_descriptors",
+    "e4m3_rows",
     "keys_rows",
     "lead_applies",
     "split_kernel",
@@ -203,6 +204,15 @@ def keys_rows(rows: int) -> int | None:
     rows or fewer) takes for ``rows = S_q * H_q``: 16 or 32, their MMAs' ``N``; ``None`` above 32, where
     :func:`split_kernel_fp8`'s 64-row tile pads at most 31 rows of 64."""
     return 16 if rows <= 16 else 32 if rows <= 32 else None
+
+
+def e4m3_rows(batch: int, rows: int, key_tiles: int, sms: int) -> int:
+    """The query rows a program of :func:`split_kernel_e4m3_keys` takes for ``rows = S_q * H_q`` of ``batch``
+    sequences of up to ``key_tiles`` 64-key tiles on ``sms`` SMs: 64 (two consumers of 32 rows, each key tile read
+    and transposed once for 64 rows) beyond 16 rows where the 64-row programs' tile steps outnumber the SMs, else 16
+    (one consumer; at 128 heads eight programs read each tile, but spread over more SMs: 1.15-1.5x faster than the
+    64-row programs at B1-4 1K and B1 4K on an H200, 2026-11-30)."""
+    return 64 if rows > 16 and batch * -(-rows // 64) * key_tiles > sms else 16
 
 
 def lead_applies(row_blocks: int) -> bool:
@@ -1274,6 +1284,7 @@ if AVAILABLE:
             _release(p, V_FREE + FREES * c + (n - 1) % 2)
         _write_keys(acc_t, m_i, l_i, p.k_scale, rb, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), SINGLE)
 
+    # one function a consumer and SINGLE: constexprs do not cross warp_specialize (above, _consume_fp8_single)
     @gluon.jit
     def _consume_e4m3_first_single(p, vt):
         _consume_e4m3_pair(p, vt, 0, True)

@@ -79,6 +79,23 @@ def test_which_fp8_rows_take_the_keys_as_mma_rows(rows, keys):
     assert decode_config(rows, 64, torch.bfloat16, True, gluon=True) == DecodeConfig(64, 64, 8, 1) == GLUON_TILE
 
 
+@pytest.mark.parametrize(
+    "batch, rows, key_tiles, want",
+    [
+        (64, 16, 128, 16),  # 16 heads: one consumer, whatever the work
+        (64, 17, 128, 64),  # beyond 16 rows: two consumers of 32 (the second's rows past 17 masked)
+        (64, 128, 128, 64),  # 128 heads, B64 8K: 2 x 64 x 128 tile steps
+        (1, 128, 16, 16),  # 128 heads, B1 1K: 32 tile steps on 132 SMs, sixteen-row programs spread wider
+        (1, 128, 66, 16),  # 132 steps: not more than the SMs
+        (1, 128, 67, 64),
+    ],
+)
+def test_which_e4m3_rows_a_program_takes(batch, rows, key_tiles, want):
+    """``split_kernel_e4m3_keys`` takes 64 rows (two consumers) beyond 16 rows where its tile steps outnumber the
+    SMs, else 16: the rule ``mla_decode_paged`` applies on Hopper (132 SMs here, an H100's and H200's)."""
+    assert decode_sm90.e4m3_rows(batch, rows, key_tiles, 132) == want
+
+
 def test_the_readable_kernel_when_asked_or_off_hopper():
     q = torch.empty(1, 1, 128, 576, dtype=torch.bfloat16)  # on the CPU
     cache = torch.empty(2, 64, 576, dtype=torch.bfloat16)
