@@ -84,7 +84,7 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    V^T P^T`` (:func:`_transpose_values`) while the consumer multiplies. 16 query rows a program, or 64 (two consumer
    warpgroups of 32 rows, :func:`_consume_e4m3_pair`: each tile read and transposed once for 64 rows, not once for
    16); the fp8 MMAs' ~14-bit accumulation promoted to fp32 every 64 logit columns (the conformance harness's bias
-   check failed coarser promotion) and, at 16 rows, every tile's ``P V``. On an H200 (2026-11-30) 1.00-1.53x
+   check failed coarser promotion) and, at 16 rows, every tile's ``P V``. On an H200 (2026-11-30) 0.98-1.53x
    FlashMLA's fp8 kernel at 16 heads; at 128 heads 0.60-1.32x, 2.0-2.6x the 16-row programs' speed from B1 64K and
    B64 up (0.23-0.34x FlashMLA there), bound by its consumers' register spills; its verdicts: ``docs/backends.md``,
    "Our e4m3 path".
