@@ -411,15 +411,16 @@ def sm90_why_not(
 
     It needs Gluon in this Triton, a Hopper GPU (``capability``: the CUDA device's compute capability, ``None`` off
     CUDA or under the interpreter), a bf16 / fp16 query over a cache in its dtype or vLLM's per-tensor fp8 cache
-    (its ``split_kernel_fp8``), the ``64 x 64`` tile (:data:`GLUON_TILE`: pages of at least 64 slots; a 16-bit cache
-    takes it at more than 32 query rows, or at 16 or fewer, where its keys kernels take 16 or 32 rows a program), ``512
-    + 64`` entries, and (``aligned``) 16-byte-aligned tensors whose strides are multiples of 16 elements (what its
-    ``cp.async`` copies are compiled for).
+    (its ``split_kernel_fp8``) or an e4m3 one over that cache (the e4m3 path, ``split_kernel_e4m3_keys``), the ``64
+    x 64`` tile (:data:`GLUON_TILE`: pages of at least 64 slots; a 16-bit cache takes it at more than 32 query rows,
+    or at 16 or fewer, where its keys kernels take 16 or 32 rows a program), ``512 + 64`` entries, and (``aligned``)
+    16-byte-aligned tensors whose strides are multiples of 16 elements (what its ``cp.async`` copies are compiled
+    for).
     """
     if why := hopper_why_not("decode_sm90", decode_sm90.AVAILABLE, capability):
         return why
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"decode_sm90 takes a bf16 / fp16 query, got {dtype}"
+    if dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+        return f"decode_sm90 takes a bf16 / fp16 query (or an e4m3 one over the fp8 cache), got {dtype}"
     if (cfg.block_m, cfg.block_n) != (decode_sm90.BLOCK_M, decode_sm90.BLOCK_N):
         return (
             f"decode_sm90 takes 64-row tiles of 64 keys (a 16-bit cache: more than 32 or at most 16 query rows; pages"
@@ -613,9 +614,7 @@ def mla_decode_paged(
     narrow = (fp8 or rows <= 16) and config is None and kernel != "triton" and page_size % GLUON_TILE.block_n == 0
     e4m3_descs = None  # split_kernel_e4m3_keys's tensor-memory-copy descriptors, where it runs
     if e4m3:  # the e4m3 path: split_kernel_e4m3_keys in 16- or 64-row blocks where it applies, else the readable kernel
-        aligned = aligned16(q, kv_cache, strides=(*q.stride()[:3], *kv_cache.stride()[:2]))
-        capable = hopper_why_not("decode_sm90", decode_sm90.AVAILABLE, compiled_capability(q.device)) is None
-        if narrow and (d_v, d_rope) == (512, 64) and aligned and capable:
+        if narrow and use_sm90("auto", q.view(torch.float8_e4m3fn), kv_cache, GLUON_TILE, d_v=d_v, d_rope=d_rope):
             e4m3_descs = decode_sm90.cache_descriptors(kv_cache.view(torch.float8_e4m3fn), page_size)
         narrow = e4m3_descs is not None
         if kernel == "sm90" and not narrow:

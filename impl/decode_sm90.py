@@ -827,8 +827,12 @@ if AVAILABLE:
     def _load_q(p, LAYOUTS: gl.constexpr):
         """Copy this program's query rows into ``p.q_v`` / ``p.q_r`` and wait for them (``LAYOUTS``: the copying
         partition's, as :func:`_copy_rows` takes them)."""
-        R: gl.constexpr = p.q_v.shape[0]
-        _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * R, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, LAYOUTS)
+        _load_rows(p, p.q_v, p.q_r, p.pid_m * p.q_v.shape[0], LAYOUTS)
+
+    @gluon.jit
+    def _load_rows(p, q_v, q_r, first, LAYOUTS: gl.constexpr):
+        """:func:`_load_q` of the query rows ``first ..`` (as many as ``q_v`` holds) into ``q_v`` / ``q_r``."""
+        _copy_rows(q_v, q_r, p.Q, first, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, LAYOUTS)
         async_copy.commit_group()
         async_copy.wait_group(0)
         fence_async_shared()
@@ -1245,11 +1249,7 @@ if AVAILABLE:
         D: gl.constexpr = p.k_v.shape[2]
         q_v, q_r, p_c = p.q_v.slice(c * R, R), p.q_r.slice(c * R, R), p.p_smem.slice(c * R, R)
         rb = p.pid_m * (M // R) + c  # this consumer's block of R rows
-        _copy_rows(q_v, q_r, p.Q, rb * R, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, (LOAD_V4, LOAD_R4))
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        fence_async_shared()
-        _barrier()
+        _load_rows(p, q_v, q_r, rb * R, (LOAD_V4, LOAD_R4))
         zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(rb, p.seq_len, p.S_Q, p.H_Q, p.causal, R, N, D, 32)
         n = p.blk_hi - p.blk_lo
         s_t = zero_t

@@ -60,6 +60,8 @@ def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, 
         (dict(dtype=torch.float32), "bf16 / fp16"),
         (dict(fp8=True), None),  # vLLM's per-tensor fp8 cache: split_kernel_fp8
         (dict(fp8=True, dtype=torch.float32), "bf16 / fp16"),
+        (dict(fp8=True, dtype=torch.float8_e4m3fn), None),  # the e4m3 path: split_kernel_e4m3_keys
+        (dict(fp8=True, dtype=torch.float8_e4m3fn, capability=None), "Hopper"),
         (dict(rows=32), "64-row"),  # 16 heads with MTP 2: the readable kernel's 5-stage pipeline
         (dict(page_size=32), "64-row tiles of 64 keys"),  # a 32-slot page: 32-key tiles
         (dict(d_v=256, d_rope=64), "512 \\+ 64"),
@@ -106,6 +108,10 @@ def test_the_readable_kernel_when_asked_or_off_hopper():
         use_sm90("sm90", q, cache, cfg, **shape)
     with pytest.raises(ValueError, match="kernel must be one of"):
         use_sm90("gluon", q, cache, cfg, **shape)
+    q8, cache8 = q.to(torch.float8_e4m3fn), cache.to(torch.float8_e4m3fn)  # the e4m3 path asks for it the same way
+    with pytest.raises(ValueError, match="e4m3 path's Gluon kernel"):
+        mla_decode_paged(q8, cache8, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([64], dtype=torch.int32),
+                         scale=SCALE, k_scale=1.0, q_scale=1.0, kernel="sm90")  # fmt: skip
     empty = torch.empty(0, 1, 128, 576)  # checked before the early return of an empty batch
     with pytest.raises(ValueError, match="kernel must be one of"):
         mla_decode_paged(empty, cache.float(), torch.empty(0, 1, dtype=torch.int32), torch.empty(0, dtype=torch.int32),
