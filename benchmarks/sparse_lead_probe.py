@@ -165,7 +165,7 @@ if AVAILABLE:
                 _gather_part(p, t + 3, ROPE)  # the other buffer's RoPE part is read
             else:
                 acc = warpgroup_mma_wait(0, deps=(pv,))
-        _publish_sums(p, m_i, l_i)
+        _publish_sums(p, m_i, l_i, SUMS_READY)
         async_copy.commit_group()  # the gathers past the row's last tile (zero-filled, never waited for) land
         async_copy.wait_group(0)
         return acc, gl.convert_layout(m_i, gl.SliceLayout(1, PV1)), gl.convert_layout(l_i, gl.SliceLayout(1, PV1))

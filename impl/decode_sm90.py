@@ -81,13 +81,13 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
 7. **The e4m3 path** (``split_kernel_e4m3_keys``: q, the keys and ``P`` in e4m3, FlashMLA's fp8 arithmetic,
    :mod:`mlaspec.impl.decode`): the key tile lands by tensor-memory copies as bytes and is the logits' MMA operand as it
    is; an e4m3 MMA takes only K-major operands, so a producer warpgroup writes the tile's values transposed for ``O^T +=
-   V^T P^T`` (:func:`_transpose_values`) while the consumer multiplies. 16 query rows a program, or 64 (two consumer
-   warpgroups of 32 rows, :func:`_consume_e4m3_pair`: each tile read and transposed once for 64 rows, not once for
-   16); the fp8 MMAs' ~14-bit accumulation promoted to fp32 every 64 logit columns (the conformance harness's bias
-   check failed coarser promotion) and, at 16 rows, every tile's ``P V``. On an H200 (2026-11-30) 0.98-1.53x
-   FlashMLA's fp8 kernel at 16 heads; at 128 heads 0.60-1.32x, 2.0-2.6x the 16-row programs' speed from B1 64K and
-   B64 up (0.23-0.34x FlashMLA there), bound by its consumers' register spills; its verdicts: ``docs/backends.md``,
-   "Our e4m3 path".
+   V^T P^T`` (:func:`_transpose_values`) while the consumer multiplies. 16 query rows a program, or 64 in
+   :func:`split_kernel_lead`'s roles (:func:`_lead_e4m3`, :func:`_help_e4m3`: each tile read and transposed once for
+   64 rows, not once for 16); the fp8 MMAs' ~14-bit accumulation promoted to fp32 every 64 logit columns (the
+   conformance harness's bias check failed coarser promotion) and, at 16 rows, every tile's ``P V``. On an H200
+   (2026-11-30) 0.99-1.56x FlashMLA's fp8 kernel at 16 heads; at 128 heads 0.71-1.34x (0.71-0.77x from B1 64K and at
+   B64 up, 1.02-1.12x our exact path there), bound by the producer's transpose and the leader's chain of logit
+   parts; its verdicts: ``docs/backends.md``, "Our e4m3 path".
 
 Rounding is the readable kernel's: fp32 logits from the MMA, ``P`` rounded to q's dtype for ``P @ V``, fp32
 accumulation, the same online softmax in base 2 (the row sum's fp32 additions in another order). The conformance
@@ -208,10 +208,10 @@ def keys_rows(rows: int) -> int | None:
 
 def e4m3_rows(batch: int, rows: int, key_tiles: int, sms: int) -> int:
     """The query rows a program of :func:`split_kernel_e4m3_keys` takes for ``rows = S_q * H_q`` of ``batch``
-    sequences of up to ``key_tiles`` 64-key tiles on ``sms`` SMs: 64 (two consumers of 32 rows, each key tile read
-    and transposed once for 64 rows) beyond 16 rows where the 64-row programs' tile steps outnumber the SMs, else 16
-    (one consumer; at 128 heads eight programs read each tile, but spread over more SMs: 1.15-1.5x faster than the
-    64-row programs at B1-4 1K and B1 4K on an H200, 2026-11-30)."""
+    sequences of up to ``key_tiles`` 64-key tiles on ``sms`` SMs: 64 (each key tile read and transposed once for 64
+    rows) beyond 16 rows where the 64-row programs' tile steps outnumber the SMs, else 16 (one consumer; at 128 heads
+    eight programs read each tile, but spread over more SMs: 1.15-1.5x faster than the 64-row programs of the time at
+    B1-4 1K and B1 4K on an H200, 2026-11-30)."""
     return 64 if rows > 16 and batch * -(-rows // 64) * key_tiles > sms else 16
 
 
@@ -1075,20 +1075,22 @@ if AVAILABLE:
             vt.slice(c * VT_COLS, VT_COLS, dim=0).store(gl.permute(v, (1, 0)))
 
     E4M3_TILES = gl.constexpr(3)  # key tiles in flight or in use
-    E4M3_PAIR_ROWS = gl.constexpr(32)  # query rows a consumer of the 64-row program (two consumers)
-    # the 64-row program's registers a thread, the second consumer and the producer (the first: what is left, 224
-    # here; an SM's 64 K over 384 threads, 512 a thread-slot of all three). Spills bind its consumers: on an H200
-    # (2026-11-30) 224 / 64 ran 1.02-1.07x slower at 64-128 heads, 216 / 80 another 1.01-1.08x
-    E4M3_PAIR_REGS, E4M3_PRODUCER_REGS = gl.constexpr(232), gl.constexpr(48)
+    # the 64-row program's registers a thread, the helper and the producer (the leader: what is left, 248; an SM's
+    # 64 K over 384 threads, 504 a thread-slot of all three)
+    E4M3_HELP_REGS, E4M3_PRODUCER_REGS = gl.constexpr(208), gl.constexpr(48)
     LAND, V_READY = gl.constexpr(0), gl.constexpr(3)  # [3] key tile k landed; [2] V^T buffer v written
-    # consumer c's releases, at + FREES * c: [3] its logits' MMAs are done with key tile k; [2] its P V with V^T v
-    K_FREE, V_FREE, FREES, E4M3_BARRIERS = gl.constexpr(5), gl.constexpr(8), gl.constexpr(5), gl.constexpr(15)
+    K_FREE = gl.constexpr(5)  # [3] the logits' MMAs are done with key tile k
+    # [2] the P V of V^T reader c (the 16-row consumer or the 64-row leader; the helper) is done with V^T v, at + 2 c
+    V_FREE = gl.constexpr(8)
+    # the 64-row leader published P (and alpha), the helper read P; the leader's final sums
+    E4M3_P_READY, E4M3_P_FREE, E4M3_SUMS = gl.constexpr(12), gl.constexpr(13), gl.constexpr(14)
+    E4M3_BARRIERS = gl.constexpr(15)
 
     @gluon.constexpr_function
-    def e4m3_consumers(rows):
-        """Consumer warpgroups of :func:`split_kernel_e4m3_keys` at ``rows`` query rows a program: one at 16, two
-        (``E4M3_PAIR_ROWS`` rows each) at 64."""
-        return 1 if rows <= 16 else rows // E4M3_PAIR_ROWS.value
+    def e4m3_value_readers(rows):
+        """Warpgroups of :func:`split_kernel_e4m3_keys` that read ``V^T`` at ``rows`` query rows a program: the
+        consumer at 16, the leader and the helper at 64."""
+        return 1 if rows <= 16 else 2
 
     @gluon.jit
     def _page_of(p, blk):
@@ -1137,15 +1139,14 @@ if AVAILABLE:
             kb = i % E4M3_TILES
             vb = i % 2
             mbarrier.wait(p.bars.index(LAND + kb), (i // E4M3_TILES) & 1)
-            for c in gl.static_range(e4m3_consumers(p.q_v.shape[0])):  # each consumer's P V of tile i - 2 is done
-                mbarrier.wait(p.bars.index(V_FREE + FREES * c + vb), ((i // 2) & 1) ^ 1, pred=i >= 2)
+            for c in gl.static_range(e4m3_value_readers(p.q_v.shape[0])):  # each reader's P V of tile i - 2 is done
+                mbarrier.wait(p.bars.index(V_FREE + 2 * c + vb), ((i // 2) & 1) ^ 1, pred=i >= 2)
             _transpose_values(p.k_v.index(kb), vt.index(vb))
             fence_async_shared()
             _barrier()
             mbarrier.arrive(p.bars.index(V_READY + vb), count=1)
-            if i + E4M3_TILES < n:  # the buffer's next tile, once the consumers' logits are done with this one
-                for c in gl.static_range(e4m3_consumers(p.q_v.shape[0])):
-                    mbarrier.wait(p.bars.index(K_FREE + FREES * c + kb), (i // E4M3_TILES) & 1)
+            if i + E4M3_TILES < n:  # the buffer's next tile, once the logits are done with this one
+                mbarrier.wait(p.bars.index(K_FREE + kb), (i // E4M3_TILES) & 1)
                 _issue_e4m3_tile(p, DESC_V, DESC_R, i + E4M3_TILES)
 
     @gluon.jit
@@ -1224,82 +1225,120 @@ if AVAILABLE:
     def _consume_e4m3_split(p, vt):
         _consume_e4m3(p, vt, False)
 
-    @gluon.jit
-    def _logits_in_turn(k_v, q_v, rope, zero_t):
-        """``S^T = K q^T`` of key tile ``k_v`` with its RoPE part ``rope`` already issued, in the 64-column parts of
-        :func:`_issue_logits` added in fp32, each part issued once the one before it is added: one part's registers
-        at a time beside the 64-row program's output sums (with two parts in flight its consumers spilled more, and
-        the decode ran 1.04-1.27x slower at 64-128 heads on an H200, 2026-11-30)."""
-        s_t = warpgroup_mma_wait(0, deps=(rope,))
-        for c in gl.static_range(8):
-            s_t = s_t + warpgroup_mma_wait(0, deps=(_chunk(k_v, q_v, c, zero_t),))
-        return s_t
+    # the 64-row program: a leader warpgroup with each whole tile's logits and softmax (the query rows as the MMAs'
+    # rows, so a row's maximum and sum stay within a warp) and half the output, a helper with the other half
+    QK8 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32]))
+    PV8 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
 
     @gluon.jit
-    def _consume_e4m3_pair(p, vt, c: gl.constexpr, SINGLE: gl.constexpr):
-        """Consumer ``c`` of the 64-row program: :func:`_consume_e4m3` for its ``E4M3_PAIR_ROWS`` query rows, with
-        ``P V`` added to ``acc_t`` in the MMA itself (its 128 registers a thread leave no room for a tile's ``P V``
-        beside it; the bias check passes with it) and the logits' parts issued in turn (:func:`_logits_in_turn`).
-        Tile ``i``'s ``P V`` runs while the consumer computes tile ``i + 1``'s softmax (issued after tile ``i + 1``'s
-        logits, not before them as in :func:`_consume_e4m3`: 1.02-1.17x faster at 64-128 heads on an H200). Both
-        consumers read each key tile and ``V^T`` buffer; each has its own ``P``."""
-        R: gl.constexpr = E4M3_PAIR_ROWS
+    def _e4m3_tile_logits(p, kb, zero):
+        """``S = q K^T`` of key buffer ``kb`` (fp32 ``[64, 64]``, the query rows as the MMA's rows): the RoPE part,
+        then the latent's 64-column parts of :func:`_issue_logits`, added in fp32 as each completes, two in flight."""
+        k_v = p.k_v.index(kb)
+        rope = warpgroup_mma(p.q_r, p.k_r.index(kb).permute((1, 0)), zero, use_acc=False, is_async=True)
+        last = warpgroup_mma(p.q_v.slice(0, 64, dim=1), k_v.slice(0, 64, dim=1).permute((1, 0)), zero,
+                             use_acc=False, is_async=True)  # fmt: skip
+        s = warpgroup_mma_wait(1, deps=(rope,))
+        for c in gl.static_range(1, 8):
+            part = warpgroup_mma(p.q_v.slice(c * 64, 64, dim=1), k_v.slice(c * 64, 64, dim=1).permute((1, 0)), zero,
+                                 use_acc=False, is_async=True)  # fmt: skip
+            s = s + warpgroup_mma_wait(1, deps=(last,))
+            last = part
+        return s + warpgroup_mma_wait(0, deps=(last,))
+
+    @gluon.jit
+    def _lead_e4m3(p, vt, SINGLE: gl.constexpr):
+        """The 64-row program's leader: q; each tile's logits (:func:`_e4m3_tile_logits`) and online softmax, ``P``
+        rounded to e4m3 (``cvt.rn.satfinite``, as FlashMLA's fp8 kernel converts it) and published with the rescale
+        factor once the helper read the last; the next tile's logits; then ``O[:, :256] += P V`` on the producer's
+        ``V^T`` (``P V`` accumulated in the fp8 MMA; the bias check passes with it), which runs under the next
+        softmax (1.03-1.04x faster than before the logits on an H200, 2026-11-30); at the end the final max and row
+        sums for the helper, and its half of the epilogue with the LSE."""
         M: gl.constexpr = p.q_v.shape[0]
         N: gl.constexpr = p.k_v.shape[1]
-        D: gl.constexpr = p.k_v.shape[2]
-        q_v, q_r, p_c = p.q_v.slice(c * R, R), p.q_r.slice(c * R, R), p.p_smem.slice(c * R, R)
-        rb = p.pid_m * (M // R) + c  # this consumer's block of R rows
-        _load_rows(p, q_v, q_r, rb * R, (LOAD_V4, LOAD_R4))
-        zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(rb, p.seq_len, p.S_Q, p.H_Q, p.causal, R, N, D, 32)
+        HALF: gl.constexpr = p.k_v.shape[2] // 2
+        ROW: gl.constexpr = gl.SliceLayout(1, QK8)
+        ROW_O: gl.constexpr = gl.SliceLayout(1, PV8)
+        _load_q(p, (LOAD_V4, LOAD_R4))
+        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M, QK8)
+        m_i = gl.full([M], float("-inf"), gl.float32, ROW)
+        l_i = gl.zeros([M], gl.float32, ROW)
+        acc = gl.zeros([M, HALF], gl.float32, PV8)
+        zero = gl.zeros([M, N], gl.float32, QK8)
+        s = zero
         n = p.blk_hi - p.blk_lo
-        s_t = zero_t
         if n > 0:
             mbarrier.wait(p.bars.index(LAND), 0)
-            rope = warpgroup_mma(p.k_r.index(0), q_r.permute((1, 0)), zero_t, use_acc=False, is_async=True)
-            s_t = _logits_in_turn(p.k_v.index(0), q_v, rope, zero_t)
-            _release(p, K_FREE + FREES * c)
-        acc = warpgroup_mma_init(acc_t)
+            s = _e4m3_tile_logits(p, 0, zero)
+            _release(p, K_FREE)
+        pv = warpgroup_mma_init(acc)
         for i in range(n):
             vb = i % 2
-            s = _scale_and_mask(gl.permute(s_t, (1, 0)), p.blk_lo + i, p.qk_scale, p.seq_len, n_keys, n_seen)
-            prob, alpha, m_i = _softmax_step(s, m_i)  # tile i, base 2, while P V of tile i - 1 runs
-            l_i = l_i * gl.expand_dims(alpha, 1) + prob
-            acc_t = warpgroup_mma_wait(0, deps=(acc,))
+            s = _scale_and_mask(s, p.blk_lo + i, p.qk_scale, p.seq_len, n_keys, n_seen)
+            prob, alpha, m_i = _softmax_step(s, m_i)  # while tile i - 1's P V runs
+            l_i = l_i * alpha + gl.sum(prob, 1)
+            acc = warpgroup_mma_wait(0, deps=(pv,))
             if i > 0:
-                _release(p, V_FREE + FREES * c + 1 - vb)
-            p_c.store(prob.to(gl.float8e4nv))  # P [R, 64] in e4m3; the MMA reads it as P^T
+                _release(p, V_FREE + 1 - vb)
+            mbarrier.wait(p.bars.index(E4M3_P_FREE), (i - 1) & 1, pred=i > 0)  # the helper read the last P
+            p.p_smem.store(prob.to(gl.float8e4nv))
+            p.rows.index(0).store(alpha)
             fence_async_shared()
-            _barrier()
-            acc_t = acc_t * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc_t.type.layout)), 0)
+            _release(p, E4M3_P_READY)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
             if i + 1 < n:
                 kb = (i + 1) % E4M3_TILES
                 mbarrier.wait(p.bars.index(LAND + kb), ((i + 1) // E4M3_TILES) & 1)
-                rope = warpgroup_mma(p.k_r.index(kb), q_r.permute((1, 0)), zero_t, use_acc=False, is_async=True)
-                s_t = _logits_in_turn(p.k_v.index(kb), q_v, rope, zero_t)
-                _release(p, K_FREE + FREES * c + kb)
+                s = _e4m3_tile_logits(p, kb, zero)
+                _release(p, K_FREE + kb)
             mbarrier.wait(p.bars.index(V_READY + vb), (i // 2) & 1)
-            acc = warpgroup_mma(vt.index(vb), p_c.permute((1, 0)), acc_t, is_async=True)
-        acc_t = warpgroup_mma_wait(0, deps=(acc,))
+            pv = warpgroup_mma(p.p_smem, vt.index(vb).slice(0, HALF, dim=0).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(pv,))
         if n > 0:
-            _release(p, V_FREE + FREES * c + (n - 1) % 2)
-        _write_keys(acc_t, m_i, l_i, p.k_scale, rb, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), SINGLE)
-
-    # one function a consumer and SINGLE: constexprs do not cross warp_specialize (above, _consume_fp8_single)
-    @gluon.jit
-    def _consume_e4m3_first_single(p, vt):
-        _consume_e4m3_pair(p, vt, 0, True)
+            _release(p, V_FREE + (n - 1) % 2)
+        _publish_sums(p, m_i, l_i, E4M3_SUMS)
+        m_o, l_o = gl.convert_layout(m_i, ROW_O), gl.convert_layout(l_i, ROW_O)
+        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), 0,
+                    2 * HALF, True, SINGLE)  # fmt: skip
 
     @gluon.jit
-    def _consume_e4m3_second_single(p, vt):
-        _consume_e4m3_pair(p, vt, 1, True)
+    def _help_e4m3(p, vt, SINGLE: gl.constexpr):
+        """The 64-row program's helper: ``O[:, 256:] += P V`` with the leader's ``P`` and rescale factor, then its
+        half of the epilogue."""
+        M: gl.constexpr = p.q_v.shape[0]
+        HALF: gl.constexpr = p.k_v.shape[2] // 2
+        ROW: gl.constexpr = gl.SliceLayout(1, PV8)
+        acc = gl.zeros([M, HALF], gl.float32, PV8)
+        for i in range(p.blk_hi - p.blk_lo):
+            vb = i % 2
+            mbarrier.wait(p.bars.index(E4M3_P_READY), i & 1)
+            acc = acc * gl.expand_dims(p.rows.index(0).load(ROW), 1)
+            mbarrier.wait(p.bars.index(V_READY + vb), (i // 2) & 1)
+            pv = warpgroup_mma(p.p_smem, vt.index(vb).slice(HALF, HALF, dim=0).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(pv,))
+            _release(p, E4M3_P_FREE)
+            _release(p, V_FREE + 2 + vb)
+        mbarrier.wait(p.bars.index(E4M3_SUMS), 0)
+        m_o, l_o = p.rows.index(1).load(ROW), p.rows.index(2).load(ROW)
+        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), HALF,
+                    2 * HALF, False, SINGLE)  # fmt: skip
+
+    # one function a role and SINGLE: constexprs do not cross warp_specialize (above, _consume_fp8_single)
+    @gluon.jit
+    def _lead_e4m3_single(p, vt):
+        _lead_e4m3(p, vt, True)
 
     @gluon.jit
-    def _consume_e4m3_first_split(p, vt):
-        _consume_e4m3_pair(p, vt, 0, False)
+    def _lead_e4m3_split(p, vt):
+        _lead_e4m3(p, vt, False)
 
     @gluon.jit
-    def _consume_e4m3_second_split(p, vt):
-        _consume_e4m3_pair(p, vt, 1, False)
+    def _help_e4m3_single(p, vt):
+        _help_e4m3(p, vt, True)
+
+    @gluon.jit
+    def _help_e4m3_split(p, vt):
+        _help_e4m3(p, vt, False)
 
     @gluon.jit
     def split_kernel_e4m3_keys(
@@ -1309,14 +1348,15 @@ if AVAILABLE:
         PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr,
     ):  # fmt: skip
         """The e4m3 path (``Q``, ``KV``: e4m3 bytes; ``qk_scale`` holds ``q_scale`` too; ``DESC_V``, ``DESC_R``:
-        :func:`cache_descriptors` of the e4m3 cache), the keys as the MMAs' rows, launched with 4 warps. An e4m3 MMA
-        takes both operands K-major: the key tile as it lands is the logits' (``S^T = K q^T``), but ``O^T += V^T P^T``
-        needs the values with the keys contiguous, so a producer warpgroup (:func:`_produce_e4m3`) writes each tile's
-        values transposed into one of two ``V^T`` buffers while the consumers multiply; three key tiles in flight.
+        :func:`cache_descriptors` of the e4m3 cache), launched with 4 warps. An e4m3 MMA takes both operands K-major:
+        the key tile as it lands is the logits' operand, but ``P V`` needs the values with the keys contiguous, so a
+        producer warpgroup (:func:`_produce_e4m3`) writes each tile's values transposed into one of two ``V^T``
+        buffers while the others multiply; three key tiles in flight.
         ``BLOCK_M`` = 16 query rows a program: one consumer (:func:`_consume_e4m3`, the default partition; the
         output's partial sums and a tile's ``P V`` take 64 registers a thread each; q, three tiles, two ``V^T``,
-        ``P``: 182 KB); 64: two consumers of 32 rows (:func:`_consume_e4m3_pair`; the output's sums, 128 registers a
-        thread, take ``P V`` in the MMA itself; 213 KB)."""
+        ``P``: 182 KB); 64: a leader and a helper with the query rows as their MMAs' rows (:func:`_lead_e4m3`,
+        :func:`_help_e4m3`; half the output's sums each, 128 registers a thread, take ``P V`` in the MMA itself;
+        213 KB)."""
         p = _split_state(
             Q, KV, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART, OUT, LSE, stride_qb, stride_qs, stride_qh, stride_kp,
             stride_ks, stride_btb, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale, k_scale,
@@ -1326,13 +1366,13 @@ if AVAILABLE:
         SH_VT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D_V, BLOCK_N], gl.float8e4nv)
         vt = gl.allocate_shared_memory(gl.float8e4nv, [2, D_V, BLOCK_N], SH_VT)
         feed = (p, vt, DESC_V, DESC_R)  # the producer's arguments
-        if BLOCK_M > 16:  # two consumers of 32 rows (the default partition consumer 0), then the producer
+        if BLOCK_M > 16:  # the leader (the default partition), the helper, the producer
             if SINGLE:
-                gl.warp_specialize([(_consume_e4m3_first_single, (p, vt)), (_consume_e4m3_second_single, (p, vt)),
-                                    (_produce_e4m3, feed)], [4, 4], [E4M3_PAIR_REGS, E4M3_PRODUCER_REGS])  # fmt: skip
+                gl.warp_specialize([(_lead_e4m3_single, (p, vt)), (_help_e4m3_single, (p, vt)), (_produce_e4m3, feed)],
+                                   [4, 4], [E4M3_HELP_REGS, E4M3_PRODUCER_REGS])  # fmt: skip
             else:
-                gl.warp_specialize([(_consume_e4m3_first_split, (p, vt)), (_consume_e4m3_second_split, (p, vt)),
-                                    (_produce_e4m3, feed)], [4, 4], [E4M3_PAIR_REGS, E4M3_PRODUCER_REGS])  # fmt: skip
+                gl.warp_specialize([(_lead_e4m3_split, (p, vt)), (_help_e4m3_split, (p, vt)), (_produce_e4m3, feed)],
+                                   [4, 4], [E4M3_HELP_REGS, E4M3_PRODUCER_REGS])  # fmt: skip
         elif SINGLE:
             gl.warp_specialize([(_consume_e4m3_single, (p, vt)), (_produce_e4m3, feed)], [4],
                                [FP8_PRODUCER_REGS])  # fmt: skip
@@ -1438,12 +1478,12 @@ if AVAILABLE:
         return pv, m_i, l_i
 
     @gluon.jit
-    def _publish_sums(p, m_i, l_i):
-        """The leader's rows' final max and row sums, for the helper's epilogue."""
+    def _publish_sums(p, m_i, l_i, ready):
+        """The leader's rows' final max and row sums, for the helper's epilogue; then barrier ``ready``."""
         p.rows.index(1).store(m_i)
         p.rows.index(2).store(l_i)
         _barrier()
-        mbarrier.arrive(p.bars.index(SUMS_READY), count=1)
+        mbarrier.arrive(p.bars.index(ready), count=1)
 
     @gluon.jit
     def _lead(p, DESC_H, DESC_R, DESC_O, SINGLE: gl.constexpr):
@@ -1487,7 +1527,7 @@ if AVAILABLE:
                     _issue_part(p, DESC_H, DESC_R, i + 3, ROPE)
             else:
                 acc = warpgroup_mma_wait(0, deps=(pv,))
-        _publish_sums(p, m_i, l_i)
+        _publish_sums(p, m_i, l_i, SUMS_READY)
         m_o, l_o = gl.convert_layout(m_i, gl.SliceLayout(1, PV1)), gl.convert_layout(l_i, gl.SliceLayout(1, PV1))
         _write_half(acc, m_o, l_o, p, DESC_O, _as_fp32(p.q_v, M, HALF), 0, True, SINGLE)  # q is read: its 64 KB
 

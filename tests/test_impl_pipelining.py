@@ -365,10 +365,48 @@ def test_the_e4m3_decode_multiplies_in_e4m3_with_a_transposing_producer():
     words = ["setmaxnreg.dec", "cvt.rn.satfinite.e4m3x2.f32"]
     bad = ["f32.bf16.bf16", "cvt.rn.f16x2.e4m3x2", "st.local", "ld.local"]
     for rows, single in [(16, True), (16, False), (64, True), (64, False)]:
-        # 16 rows: one consumer, N = 16 MMAs; 64 rows: two consumers of 32 rows, N = 32
-        mma = f"wgmma.mma_async.sync.aligned.m64n{min(rows, 32)}k32.f32.e4m3.e4m3"
+        # 16 rows: one consumer, the keys as the MMAs' rows (N = 16); 64 rows: the query rows as the MMAs' rows, the
+        # leader's logits at N = 64 keys, each half of the output at N = 256 value columns
+        mmas = [f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3" for n in ([16] if rows == 16 else [64, 256])]
         const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=rows, BLOCK_N=64, SINGLE=single)
         out = compiled("mlaspec.impl.decode_sm90:split_kernel_e4m3_keys", pointers, const,
-                       num_warps=decode_sm90.KEYS_WARPS, num_stages=1, ptx_words=[mma, *words, *bad])  # fmt: skip
-        assert all(out["ptx_has"][w] for w in [mma, *words]) and not any(out["ptx_has"][w] for w in bad), out
+                       num_warps=decode_sm90.KEYS_WARPS, num_stages=1, ptx_words=[*mmas, *words, *bad])  # fmt: skip
+        want = [*mmas, *words]
+        assert all(out["ptx_has"][w] for w in want) and not any(out["ptx_has"][w] for w in bad), out
         assert 3 * 64 * 576 + 2 * 512 * 64 + rows * 576 < out["shared"] <= HOPPER_SHARED, out
+
+
+def _constexpr_names(source: str) -> list[str]:
+    """The module-level names ``source`` binds to ``gl.constexpr(...)`` (also under a module-level ``if`` / ``try``),
+    one entry a binding."""
+    import ast
+
+    def constexpr(node) -> bool:
+        return isinstance(node, ast.Call) and ast.unparse(node.func) == "gl.constexpr"
+
+    names, todo = [], list(ast.parse(source).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.If, ast.Try)):
+            todo += node.body + node.orelse + getattr(node, "finalbody", []) + getattr(node, "handlers", [])
+        elif isinstance(node, ast.ExceptHandler):
+            todo += node.body
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                pairs = zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple) else [(target, node.value)]
+                names += [t.id for t, v in pairs if isinstance(t, ast.Name) and constexpr(v)]
+    return names
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "impl").glob("*.py")), ids=lambda p: p.name)
+def test_every_gluon_constant_is_bound_once(path):
+    """A Gluon kernel reads its module's constants when it is compiled, so a name bound twice (two barrier tables
+    that both say ``P_FREE``) silently gives every kernel the later value: on an H200 that hung the 64-row e4m3
+    decode (2026-11-30), with nothing on a machine without a GPU to show it."""
+    names = _constexpr_names(path.read_text())
+    assert not {n for n in names if names.count(n) > 1}
+
+
+def test_a_gluon_constant_bound_twice_is_seen():
+    source = "if X:\n    A, B = gl.constexpr(1), gl.constexpr(2)\n    B = gl.constexpr(3)\n    C = 4\n"
+    assert sorted(_constexpr_names(source)) == ["A", "B", "B"]
