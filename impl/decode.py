@@ -628,7 +628,7 @@ def mla_decode_paged(
     cfg = config or decode_config(rows, page_size, q.dtype, fp8, gluon=narrow)
     keys = decode_sm90.keys_rows(rows) if narrow else None  # rows a program of a keys kernel (a tile override: none)
     sms = _num_sms(q.device)
-    if narrow and e4m3:  # decode_sm90.split_kernel_e4m3_keys: 16 rows a program (one consumer) or 64 (two)
+    if narrow and e4m3:  # decode_sm90.split_kernel_e4m3_keys: 16 rows a program (one consumer) or 64 (leader, helper)
         keys = decode_sm90.e4m3_rows(B, rows, triton.cdiv(max_seq_len, GLUON_TILE.block_n), sms)
         cfg = DecodeConfig(keys, GLUON_TILE.block_n, decode_sm90.KEYS_WARPS, 1)
     if page_size % cfg.block_n:
@@ -691,7 +691,7 @@ def mla_decode_paged(
         tile = dict(CAUSAL=bool(causal), D_V=d_v, D_ROPE=d_rope, PAGE=page_size, BLOCK_M=cfg.block_m)
         tile.update(BLOCK_N=cfg.block_n, SINGLE=num_splits == 1)
         grid = (row_blocks, num_splits, B)
-        if gluon and e4m3:  # e4m3 MMAs, the keys as their rows; the bytes as e4m3 for the MMAs' shared operands
+        if gluon and e4m3:  # e4m3 MMAs; the bytes as e4m3 for the MMAs' shared operands
             q8, kv8 = q.view(torch.float8_e4m3fn), kv_cache.view(torch.float8_e4m3fn)
             tile.update(BLOCK_M=keys)
             decode_sm90.split_kernel_e4m3_keys[grid](q8, kv8, *args[2:], *e4m3_descs, **tile,

@@ -11,7 +11,10 @@ import re
 import pytest
 import torch
 
+from mlaspec.conformance.backends.triton import TritonE4m3Backend
+from mlaspec.conformance.cases import curated_cases
 from mlaspec.conformance.ops.common import unit_roundoff
+from mlaspec.conformance.runner import run_case
 from mlaspec.impl import decode_sm90
 from mlaspec.impl.decode import (
     GLUON_TILE,
@@ -93,8 +96,8 @@ def test_which_fp8_rows_take_the_keys_as_mma_rows(rows, keys):
     ],
 )
 def test_which_e4m3_rows_a_program_takes(batch, rows, key_tiles, want):
-    """``split_kernel_e4m3_keys`` takes 64 rows (two consumers) beyond 16 rows where its tile steps outnumber the
-    SMs, else 16: the rule ``mla_decode_paged`` applies on Hopper (132 SMs here, an H100's and H200's)."""
+    """``split_kernel_e4m3_keys`` takes 64 rows (a leader and a helper) beyond 16 rows where its tile steps outnumber
+    the SMs, else 16: the rule ``mla_decode_paged`` applies on Hopper (132 SMs here, an H100's and H200's)."""
     assert decode_sm90.e4m3_rows(batch, rows, key_tiles, 132) == want
 
 
@@ -346,3 +349,41 @@ def test_fp8_matches_spec(B, S_q, H, seq_lens, causal, page_size, num_splits):
                                     kernel=kernel)  # fmt: skip
         assert_within(f"{kernel} out", out, ref_out, out_bound)
         assert_within(f"{kernel} lse", lse, ref_lse, lse_bound)
+
+
+E4M3_FULL = [
+    case
+    for case in curated_cases(ops=("mla_decode_fp8",), scale="full")
+    if case.params["layout"] == "fp8_e4m3_per_tensor"
+]
+
+
+@pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize("splits", ["auto", "one"])
+@pytest.mark.parametrize("case", E4M3_FULL, ids=lambda c: c.id)
+def test_the_e4m3_path_passes_its_full_scale_cases(case, splits, monkeypatch):
+    """The e4m3 path's Gluon kernel, judged as ``mlaspec check --backend triton-e4m3 --scale full`` judges it, with
+    the split count the decode picks and with one split (the kernel writes the output itself, ``SINGLE``): 128 heads
+    at B2-4 run its 64-row programs (a leader and a helper), 16 heads its 16-row ones."""
+    import mlaspec.impl.decode as decode
+
+    if splits == "one":
+        monkeypatch.setattr(decode, "num_splits_heuristic", lambda *args, **kwargs: 1)
+    rows = []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                rows.append(kwargs["BLOCK_M"])
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    real = decode_sm90.split_kernel_e4m3_keys
+    monkeypatch.setattr(decode_sm90, "split_kernel_e4m3_keys", Recorded())
+    result = run_case(TritonE4m3Backend(), case, backend_name="triton-e4m3", scale="full", timeout=None)
+    assert result.verdict == "pass", f"{case.id}: {result.verdict}: {result.reason}"
+    p = case.params
+    batch, key_tiles = p["B"], -(-max(p.get("seq_lens", [p["S_kv"]])) // 64)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert rows == [decode_sm90.e4m3_rows(batch, p["S_q"] * p["H_q"], key_tiles, sms)], rows
