@@ -1231,6 +1231,19 @@ if AVAILABLE:
     PV8 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
 
     @gluon.jit
+    def _lead_state(p, QK: gl.constexpr, PV: gl.constexpr):
+        """What a leader warpgroup (:func:`_lead`, :func:`_lead_e4m3`) starts with, in its MMAs' layouts (``QK``: the
+        logits', ``PV``: its half of the output's): ``(n_keys, n_seen)`` (:func:`_keys_seen`), ``m_i``, ``l_i``,
+        ``acc [64, 256]``, and zero logits ``[64, 64]`` (their register shape)."""
+        M: gl.constexpr = p.q_v.shape[0]
+        ROW: gl.constexpr = gl.SliceLayout(1, QK)
+        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M, QK)
+        m_i = gl.full([M], float("-inf"), gl.float32, ROW)
+        l_i = gl.zeros([M], gl.float32, ROW)
+        acc = gl.zeros([M, p.k_v.shape[2] // 2], gl.float32, PV)
+        return n_keys, n_seen, m_i, l_i, acc, gl.zeros([M, p.k_v.shape[1]], gl.float32, QK)
+
+    @gluon.jit
     def _e4m3_tile_logits(p, kb, zero):
         """``S = q K^T`` of key buffer ``kb`` (fp32 ``[64, 64]``, the query rows as the MMA's rows): the RoPE part,
         then the latent's 64-column parts of :func:`_issue_logits`, added in fp32 as each completes, two in flight."""
@@ -1254,17 +1267,10 @@ if AVAILABLE:
         ``V^T`` (``P V`` accumulated in the fp8 MMA; the bias check passes with it), which runs under the next
         softmax (1.03-1.04x faster than before the logits on an H200, 2026-11-30); at the end the final max and row
         sums for the helper, and its half of the epilogue with the LSE."""
-        M: gl.constexpr = p.q_v.shape[0]
-        N: gl.constexpr = p.k_v.shape[1]
         HALF: gl.constexpr = p.k_v.shape[2] // 2
-        ROW: gl.constexpr = gl.SliceLayout(1, QK8)
         ROW_O: gl.constexpr = gl.SliceLayout(1, PV8)
         _load_q(p, (LOAD_V4, LOAD_R4))
-        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M, QK8)
-        m_i = gl.full([M], float("-inf"), gl.float32, ROW)
-        l_i = gl.zeros([M], gl.float32, ROW)
-        acc = gl.zeros([M, HALF], gl.float32, PV8)
-        zero = gl.zeros([M, N], gl.float32, QK8)
+        n_keys, n_seen, m_i, l_i, acc, zero = _lead_state(p, QK8, PV8)
         s = zero
         n = p.blk_hi - p.blk_lo
         if n > 0:
@@ -1489,9 +1495,7 @@ if AVAILABLE:
     def _lead(p, DESC_H, DESC_R, DESC_O, SINGLE: gl.constexpr):
         """The leader warpgroup: q; each tile's logits and softmax; ``P @ V`` of value columns 0-255."""
         M: gl.constexpr = p.q_v.shape[0]
-        N: gl.constexpr = p.k_v.shape[1]
         HALF: gl.constexpr = p.k_v.shape[2] // 2
-        ROW: gl.constexpr = gl.SliceLayout(1, QK1)
         FED: gl.constexpr = p.KV.dtype.element_ty == gl.uint8  # the producer's tiles, not copies issued here
         n = p.blk_hi - p.blk_lo
         for t in gl.static_range(2):
@@ -1499,12 +1503,7 @@ if AVAILABLE:
                 _issue_part(p, DESC_H, DESC_R, t, ROPE)
                 _issue_part(p, DESC_H, DESC_R, t, LEFT)
         _load_q(p, (LOAD_V4, LOAD_R4))
-
-        n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M, QK1)
-        m_i = gl.full([M], float("-inf"), gl.float32, ROW)
-        l_i = gl.zeros([M], gl.float32, ROW)
-        acc = gl.zeros([M, HALF], gl.float32, PV1)
-        s = gl.zeros([M, N], gl.float32, QK1)
+        n_keys, n_seen, m_i, l_i, acc, s = _lead_state(p, QK1, PV1)
         if n > 0:
             first = _whole_tile_logits(p, 0)
             s = warpgroup_mma_wait(0, deps=(first,))
