@@ -1236,12 +1236,13 @@ if AVAILABLE:
         logits', ``PV``: its half of the output's): ``(n_keys, n_seen)`` (:func:`_keys_seen`), ``m_i``, ``l_i``,
         ``acc [64, 256]``, and zero logits ``[64, 64]`` (their register shape)."""
         M: gl.constexpr = p.q_v.shape[0]
+        N: gl.constexpr = p.k_v.shape[1]  # shapes through constexprs: triton 3.6 takes no bare int in a shape list
+        HALF: gl.constexpr = p.k_v.shape[2] // 2
         ROW: gl.constexpr = gl.SliceLayout(1, QK)
         n_keys, n_seen = _keys_seen(p.pid_m, p.seq_len, p.S_Q, p.H_Q, p.causal, M, QK)
         m_i = gl.full([M], float("-inf"), gl.float32, ROW)
         l_i = gl.zeros([M], gl.float32, ROW)
-        acc = gl.zeros([M, p.k_v.shape[2] // 2], gl.float32, PV)
-        return n_keys, n_seen, m_i, l_i, acc, gl.zeros([M, p.k_v.shape[1]], gl.float32, QK)
+        return n_keys, n_seen, m_i, l_i, gl.zeros([M, HALF], gl.float32, PV), gl.zeros([M, N], gl.float32, QK)
 
     @gluon.jit
     def _e4m3_tile_logits(p, kb, zero):
