@@ -4,7 +4,8 @@ Speed lives in ``benchmarks/``; this checks the structure speed depends on, on a
 for ``sm_90`` (:mod:`compiled`). Triton's pipeliner gives the page-table read (a load feeding the key tile's address)
 stages of its own: with too few, the next key tile is loaded only after this one's dots (nothing in flight then),
 and the decode streams at ~2.3 instead of ~3.8 TB/s on an H200 (``impl.decode.decode_config``). A config change, a
-Triton upgrade or a kernel edit that loses the prefetch fails here.
+Triton upgrade or a kernel edit that loses the prefetch fails here. ``.ci/run`` runs this file twice: under pip's newest
+Triton and under 3.6, the H200 image's (a kernel can build under one and not the other).
 """
 
 from __future__ import annotations
