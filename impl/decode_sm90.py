@@ -827,12 +827,8 @@ if AVAILABLE:
     def _load_q(p, LAYOUTS: gl.constexpr):
         """Copy this program's query rows into ``p.q_v`` / ``p.q_r`` and wait for them (``LAYOUTS``: the copying
         partition's, as :func:`_copy_rows` takes them)."""
-        _load_rows(p, p.q_v, p.q_r, p.pid_m * p.q_v.shape[0], LAYOUTS)
-
-    @gluon.jit
-    def _load_rows(p, q_v, q_r, first, LAYOUTS: gl.constexpr):
-        """:func:`_load_q` of the query rows ``first ..`` (as many as ``q_v`` holds) into ``q_v`` / ``q_r``."""
-        _copy_rows(q_v, q_r, p.Q, first, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, LAYOUTS)
+        R: gl.constexpr = p.q_v.shape[0]
+        _copy_rows(p.q_v, p.q_r, p.Q, p.pid_m * R, p.S_Q * p.H_Q, p.H_Q, p.stride_qs, p.stride_qh, LAYOUTS)
         async_copy.commit_group()
         async_copy.wait_group(0)
         fence_async_shared()
