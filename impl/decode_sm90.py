@@ -80,8 +80,8 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
 
 7. **The e4m3 path** (``split_kernel_e4m3_keys``: q, the keys and ``P`` in e4m3, FlashMLA's fp8 arithmetic,
    :mod:`mlaspec.impl.decode`): the key tile lands by tensor-memory copies as bytes and is the logits' MMA operand as it
-   is; an e4m3 MMA takes only K-major operands, so a producer warpgroup writes the tile's values transposed for ``O^T +=
-   V^T P^T`` (:func:`_transpose_values`) while the consumer multiplies. 16 query rows a program, or 64 in
+   is; an e4m3 MMA takes only K-major operands, so a producer warpgroup writes the tile's values transposed for ``P
+   V`` (:func:`_transpose_values`) while the others multiply. 16 query rows a program, or 64 in
    :func:`split_kernel_lead`'s roles (:func:`_lead_e4m3`, :func:`_help_e4m3`: each tile read and transposed once for
    64 rows, not once for 16); the fp8 MMAs' ~14-bit accumulation promoted to fp32 every 64 logit columns (the
    conformance harness's bias check failed coarser promotion) and, at 16 rows, every tile's ``P V``. On an H200
@@ -1065,7 +1065,7 @@ if AVAILABLE:
     @gluon.jit
     def _transpose_values(k_v, vt):
         """``vt [512, 64] = k_v[:, :512]^T``: the value bytes with the keys contiguous, the K-major operand an fp8
-        ``V^T P^T`` needs (an e4m3 MMA takes no transposed operand), ``VT_COLS`` columns at a time."""
+        ``P V`` needs (an e4m3 MMA takes no transposed operand), ``VT_COLS`` columns at a time."""
         for c in gl.static_range(512 // VT_COLS):
             v = gl.convert_layout(k_v.slice(c * VT_COLS, VT_COLS, dim=1).load(VT_LOAD), VT_KEYS)  # within each thread
             vt.slice(c * VT_COLS, VT_COLS, dim=0).store(gl.permute(v, (1, 0)))
@@ -1126,7 +1126,7 @@ if AVAILABLE:
     @gluon.jit
     def _produce_e4m3(p, vt, DESC_V, DESC_R):
         """The producer warpgroup: keeps three key tiles in flight and writes each landed tile's values transposed
-        into a ``V^T`` buffer (:func:`_transpose_values`) while the consumer's logits MMAs read the same tile."""
+        into a ``V^T`` buffer (:func:`_transpose_values`) while the logits' MMAs read the same tile."""
         n = p.blk_hi - p.blk_lo
         for t in gl.static_range(E4M3_TILES):
             if t < n:

@@ -88,7 +88,7 @@ def test_which_fp8_rows_take_the_keys_as_mma_rows(rows, keys):
     "batch, rows, key_tiles, want",
     [
         (64, 16, 128, 16),  # 16 heads: one consumer, whatever the work
-        (64, 17, 128, 64),  # beyond 16 rows: two consumers of 32 (the second's rows past 17 masked)
+        (64, 17, 128, 64),  # beyond 16 rows: a 64-row program (its rows past 17 masked)
         (64, 128, 128, 64),  # 128 heads, B64 8K: 2 x 64 x 128 tile steps
         (1, 128, 16, 16),  # 128 heads, B1 1K: 32 tile steps on 132 SMs, sixteen-row programs spread wider
         (1, 128, 66, 16),  # 132 steps: not more than the SMs
@@ -364,7 +364,8 @@ E4M3_FULL = [
 def test_the_e4m3_path_passes_its_full_scale_cases(case, splits, monkeypatch):
     """The e4m3 path's Gluon kernel, judged as ``mlaspec check --backend triton-e4m3 --scale full`` judges it, with
     the split count the decode picks and with one split (the kernel writes the output itself, ``SINGLE``): 128 heads
-    at B2-4 run its 64-row programs (a leader and a helper), 16 heads its 16-row ones."""
+    (B2-4, 4K keys) run its 64-row programs (a leader and a helper), 16 heads its 16-row ones, 16 heads with 2 MTP
+    tokens either, as ``e4m3_rows`` picks by the SM count."""
     import mlaspec.impl.decode as decode
 
     if splits == "one":
@@ -387,3 +388,5 @@ def test_the_e4m3_path_passes_its_full_scale_cases(case, splits, monkeypatch):
     batch, key_tiles = p["B"], -(-max(p.get("seq_lens", [p["S_kv"]])) // 64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert rows == [decode_sm90.e4m3_rows(batch, p["S_q"] * p["H_q"], key_tiles, sms)], rows
+    program = {16: 16, 128: 64}.get(p["S_q"] * p["H_q"])  # whatever the rule says, both programs are judged here
+    assert program is None or rows == [program], rows

@@ -392,9 +392,10 @@ def _constexpr_names(source: str) -> list[str]:
             todo += node.body + node.orelse + getattr(node, "finalbody", []) + getattr(node, "handlers", [])
         elif isinstance(node, ast.ExceptHandler):
             todo += node.body
-        elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                pairs = zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple) else [(target, node.value)]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                unpacked = isinstance(target, ast.Tuple) and isinstance(node.value, (ast.Tuple, ast.List))
+                pairs = zip(target.elts, node.value.elts) if unpacked else [(target, node.value)]
                 names += [t.id for t, v in pairs if isinstance(t, ast.Name) and constexpr(v)]
     return names
 
@@ -409,5 +410,6 @@ def test_every_gluon_constant_is_bound_once(path):
 
 
 def test_a_gluon_constant_bound_twice_is_seen():
-    source = "if X:\n    A, B = gl.constexpr(1), gl.constexpr(2)\n    B = gl.constexpr(3)\n    C = 4\n"
-    assert sorted(_constexpr_names(source)) == ["A", "B", "B"]
+    lines = ["if X:", "    A, B = gl.constexpr(1), gl.constexpr(2)", "    B = gl.constexpr(3)", "    C = 4",
+             "    D: int = gl.constexpr(5)", "    E, F = pair()"]  # fmt: skip
+    assert sorted(_constexpr_names("\n".join(lines))) == ["A", "B", "B", "D"]
