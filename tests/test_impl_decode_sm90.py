@@ -29,8 +29,9 @@ from tests.kernel_checks import SCALE, assert_within, decode_case, decode_refere
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def record(monkeypatch, *names) -> list:
-    """Which of :mod:`mlaspec.impl.decode_sm90`'s kernels ``names`` launch, in order, from here on (each still runs)."""
+def record(monkeypatch, *names, launches: list | None = None) -> list:
+    """Which of :mod:`mlaspec.impl.decode_sm90`'s kernels ``names`` launch, in order, from here on (each still runs);
+    ``launches``, where given, gets each launch's keyword arguments (its constexprs) too."""
     ran = []
 
     class Recorded:
@@ -39,7 +40,15 @@ def record(monkeypatch, *names) -> list:
 
         def __getitem__(self, grid):
             ran.append(self.name)
-            return self.real[grid]
+            launch = self.real[grid]
+            if launches is None:
+                return launch
+
+            def recorded(*args, **kwargs):
+                launches.append(kwargs)
+                return launch(*args, **kwargs)
+
+            return recorded
 
     for name in names:
         monkeypatch.setattr(decode_sm90, name, Recorded(name))
@@ -370,20 +379,11 @@ def test_the_e4m3_path_passes_its_full_scale_cases(case, splits, monkeypatch):
 
     if splits == "one":
         monkeypatch.setattr(decode, "num_splits_heuristic", lambda *args, **kwargs: 1)
-    rows = []
-
-    class Recorded:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                rows.append(kwargs["BLOCK_M"])
-                return real[grid](*args, **kwargs)
-
-            return launch
-
-    real = decode_sm90.split_kernel_e4m3_keys
-    monkeypatch.setattr(decode_sm90, "split_kernel_e4m3_keys", Recorded())
+    launches = []
+    record(monkeypatch, "split_kernel_e4m3_keys", launches=launches)
     result = run_case(TritonE4m3Backend(), case, backend_name="triton-e4m3", scale="full", timeout=None)
     assert result.verdict == "pass", f"{case.id}: {result.verdict}: {result.reason}"
+    rows = [kwargs["BLOCK_M"] for kwargs in launches]
     p = case.params
     batch, key_tiles = p["B"], -(-max(p.get("seq_lens", [p["S_kv"]])) // 64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
