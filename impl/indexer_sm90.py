@@ -21,10 +21,12 @@ Triton's lower-level Gluon dialect because what makes it fast cannot be asked of
 3. **The heaviest programs first, in enough of them.** A causal request's last tokens see the most keys, so the grid
    (one dimension) starts from the last token pair and walks down, a pair's key chunks together: the last wave on the
    card holds the lightest programs, not the heaviest (the longest-processing-time-first rule). And a program takes
-   the most of 32, 16 or 8 key tiles that still gives every SM's four program slots two programs (:func:`tiles_for`):
-   at S = 1K, 2048 keys a program made 512 programs, one wave whose time was its one 16-tile program. Timed on an
-   H200 (``do_bench``, S = 1K-16K causal, interleaved rounds): 0.90-0.96x DeepGEMM, against 0.84-0.94x with 32 tiles
-   in row order.
+   the most of 256, 32, 16 or 8 key tiles that still gives every SM's four program slots two programs
+   (:func:`tiles_for`): at S = 1K, 2048 keys a program made 512 programs, one wave whose time was its one 16-tile
+   program. Timed on an H200 (``do_bench``, S = 1K-16K causal, interleaved rounds): 0.90-0.96x DeepGEMM, against
+   0.84-0.94x with 32 tiles in row order. Where the grid fills the card anyway (S >= 4K), 256 tiles (16K keys: a
+   pair's whole row up to 16K) fill each pipeline once a row: S = 8K 688 -> 669 us, 16K 2715 -> 2626 us, 4K the
+   same (CUDA-graph replays, five rounds alternated, 2026-11-30; 64 tiles were no faster than 32, 128 in between).
 
 4. **A short program's q copied before its spans are read.** Which key tiles a program multiplies depends on its
    tokens' spans (``ks``, ``ke``), so the copies of its tiles wait for those loads; q's does not. A program of
@@ -76,7 +78,7 @@ AVAILABLE = gluon is not None
 BLOCK_Q = 2  # query tokens a program (fixed in the kernel), as DeepGEMM's block for 64 heads
 HEADS, DIM = 64, 128  # the shape it is compiled and timed for: DeepSeek V3.2's indexer
 NUM_WARPS, BLOCK_N, STAGES = 4, 64, 4  # one warpgroup a program, 64 keys a tile, 4 key buffers
-TILES = (32, 16, 8)  # key tiles a program, most first (:func:`tiles_for`)
+TILES = (256, 32, 16, 8)  # key tiles a program, most first (:func:`tiles_for`; 3. above)
 EARLY_TILES = 8  # programs of at most this many key tiles copy q before they read the spans (4. above)
 PROGRAMS_PER_SM = 4  # 48 KB of shared memory and 125 registers a thread
 

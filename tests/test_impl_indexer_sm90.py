@@ -63,7 +63,9 @@ def test_the_kernel_is_chosen_by_name_or_environment(monkeypatch):
     [
         (1024, 1024, 132, 8),  # S = 1K causal on an H200: 512 token pairs, one 2048-key chunk each at 32 tiles
         (2048, 2048, 132, 16),
-        (4096, 4096, 132, 32),
+        (4096, 4096, 132, 256),  # the card filled by whole rows: one chunk a token pair
+        (1056, 32768, 132, 256),  # 528 pairs, two 16K-key chunks each: 1056 programs, two a slot
+        (1054, 32768, 132, 32),  # 527 pairs: 1054 programs of 256 tiles, short of 1056, so 32
         (4096, 4096, 1024, 16),  # a wider card wants more, shorter programs
         (2, 64, 132, 8),  # nothing fills the card: the fewest tiles
     ],
@@ -104,7 +106,7 @@ def test_only_tiles_tune_the_gluon_kernel():
         (16, 9000, True),  # spans starting past whole programs' keys: those programs write -inf only
     ],
 )
-@pytest.mark.parametrize("tiles", [None, 32], ids=["tiles_for", "32-tiles"])
+@pytest.mark.parametrize("tiles", [None, 32, 256], ids=["tiles_for", "32-tiles", "256-tiles"])
 def test_matches_spec(m, n, scale, tiles):
     """Every case has an empty span and NaN keys (and key scales) outside every span (:func:`indexer_case`); at
     these sizes :func:`tiles_for` takes 8 tiles a program."""

@@ -283,7 +283,7 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
     assert all(k["shared"] <= HOPPER_SHARED for k in kernels), kernels
 
 
-@pytest.mark.parametrize("tiles", [32, 16, 8])
+@pytest.mark.parametrize("tiles", [256, 32, 16, 8])
 def test_the_gluon_indexer_waits_for_one_token_at_a_time(tiles):
     """The indexer's logits on Hopper (:mod:`mlaspec.impl.indexer_sm90`): fp8 warpgroup MMAs, the first token's
     waited for alone (``wgmma.wait_group 1``) so its epilogue runs under the second's, the next tile's copy issued
