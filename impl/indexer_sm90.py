@@ -20,7 +20,13 @@ Triton's lower-level Gluon dialect because what makes it fast cannot be asked of
    programs an SM) were slower.
 3. **The heaviest programs first, in enough of them.** A causal request's last tokens see the most keys, so the grid
    (one dimension) starts from the last token pair and walks down, a pair's key chunks together: the last wave on the
-   card holds the lightest programs, not the heaviest (the longest-processing-time-first rule). And a program takes
+   card holds the lightest programs, not the heaviest (the longest-processing-time-first rule). Short programs
+   (:data:`EARLY_TILES` key tiles or fewer) go a key chunk at a time instead, every pair's first chunk before any
+   pair's second: at S = 1K (8 tiles, two chunks), in pair order, pairs 224-255's full first chunks came after 224
+   partly filled second chunks, late in the grid (Nsight Compute: the busiest SM's active cycles 1.18x the mean,
+   DeepGEMM's 1.08x); by chunks, 15.06-15.09 -> 14.47-14.49 us (CUDA-graph replays, two
+   processes of each order alternated, H200, 2026-11-30), outputs bit-identical. At S = 2K (16 tiles) that order
+   was 1.02x slower (46.2-46.5 -> 47.3-47.4 us), so longer programs keep a pair's chunks together. And a program takes
    the most of 256, 32, 16 or 8 key tiles that still gives every SM's four program slots two programs
    (:func:`tiles_for`): at S = 1K, 2048 keys a program made 512 programs, one wave whose time was its one 16-tile
    program. Timed on an H200 (``do_bench``, S = 1K-16K causal, interleaved rounds): 0.90-0.96x DeepGEMM, against
@@ -169,10 +175,16 @@ if AVAILABLE:
         HEAD: gl.constexpr = gl.SliceLayout(0, ACC)
         EARLY: gl.constexpr = TILES <= _EARLY_TILES  # a short program: q's copy goes out before the spans are read
 
-        # one grid dimension: the last token pair first, each pair's key chunks together (heaviest first, causal)
-        chunks = gl.cdiv(N, BLOCK_N * TILES)
-        pid = gl.program_id(0)
-        pid_m, pid_n = gl.cdiv(M, 2) - 1 - pid // chunks, pid % chunks
+        # one grid dimension, the last token pair first (heaviest first, causal): short programs a key chunk at a
+        # time, longer ones each pair's key chunks together (3. above)
+        if EARLY:
+            pairs = gl.cdiv(M, 2)
+            pid = gl.program_id(0)
+            pid_m, pid_n = pairs - 1 - pid % pairs, pid // pairs
+        else:
+            chunks = gl.cdiv(N, BLOCK_N * TILES)
+            pid = gl.program_id(0)
+            pid_m, pid_n = gl.cdiv(M, 2) - 1 - pid // chunks, pid % chunks
         t0, t1 = pid_m * 2, pid_m * 2 + 1
         if EARLY:
             q_s, k_s = _start(Q, t0, M, H, D, BLOCK_N, STAGES, LOAD)
