@@ -20,19 +20,19 @@ Triton's lower-level Gluon dialect because what makes it fast cannot be asked of
    programs an SM) were slower.
 3. **The heaviest programs first, in enough of them.** A causal request's last tokens see the most keys, so the grid
    (one dimension) starts from the last token pair and walks down, a pair's key chunks together: the last wave on the
-   card holds the lightest programs, not the heaviest (the longest-processing-time-first rule). Short programs
-   (:data:`EARLY_TILES` key tiles or fewer) go a key chunk at a time instead, every pair's first chunk before any
-   pair's second: at S = 1K (8 tiles, two chunks), in pair order, pairs 224-255's full first chunks came after 224
-   partly filled second chunks, late in the grid (Nsight Compute: the busiest SM's active cycles 1.18x the mean,
-   DeepGEMM's 1.08x); by chunks, 15.06-15.09 -> 14.47-14.49 us (CUDA-graph replays, two
-   processes of each order alternated, H200, 2026-11-30), outputs bit-identical. At S = 2K (16 tiles) that order
-   was 1.02x slower (46.2-46.5 -> 47.3-47.4 us), so longer programs keep a pair's chunks together. And a program takes
+   card holds the lightest programs, not the heaviest (the longest-processing-time-first rule). And a program takes
    the most of 256, 32, 16 or 8 key tiles that still gives every SM's four program slots two programs
    (:func:`tiles_for`): at S = 1K, 2048 keys a program made 512 programs, one wave whose time was its one 16-tile
-   program. Timed on an H200 (``do_bench``, S = 1K-16K causal, interleaved rounds): 0.90-0.96x DeepGEMM, against
-   0.84-0.94x with 32 tiles in row order. Where the grid fills the card anyway (S >= 4K), 256 tiles (16K keys: a
-   pair's whole row up to 16K) fill each pipeline once a row: S = 8K 688 -> 669 us, 16K 2715 -> 2626 us, 4K the
-   same (CUDA-graph replays, five rounds alternated, 2026-11-30; 64 tiles were no faster than 32, 128 in between).
+   program. Timed on an H200 (``do_bench``, S = 1K-16K causal, interleaved rounds, with 32, 16 or 8 tiles):
+   0.90-0.96x DeepGEMM, against 0.84-0.94x with 32 tiles in row order. Where the grid fills the card anyway (S >=
+   4K), 256 tiles (a pair's whole row up to 16K keys) fill each pipeline once a row: S = 8K 688 -> 669 us, 16K 2715
+   -> 2626 us, 4K the same (CUDA-graph replays, five rounds alternated, 2026-11-30; 64 tiles were no faster than 32,
+   128 in between). Short programs (:data:`EARLY_TILES` key tiles or fewer) go a key chunk at a time instead, every
+   pair's first chunk before any pair's second: at S = 1K (8 tiles, two chunks), in pair order, pairs 224-255's full
+   first chunks came after 224 partly filled second chunks, late in the grid (Nsight Compute: the busiest SM's active
+   cycles 1.18x the mean, DeepGEMM's 1.08x); by chunks, 15.06-15.09 -> 14.47-14.49 us (CUDA-graph replays, two
+   processes of each order alternated, H200, 2026-11-30), outputs bit-identical. At S = 2K (16 tiles) that order
+   was 1.02x slower (46.2-46.5 -> 47.3-47.4 us), so longer programs keep a pair's chunks together.
 
 4. **A short program's q copied before its spans are read.** Which key tiles a program multiplies depends on its
    tokens' spans (``ks``, ``ke``), so the copies of its tiles wait for those loads; q's does not. A program of
