@@ -28,6 +28,7 @@ DeepGEMM (logits) and ``torch.topk`` measured in the same run.
     python benchmarks/indexer.py --seqs 1024,4096,8192 --out indexer.png
     python benchmarks/indexer.py --seqs 1024 --graph --providers triton,deepgemm   # GPU time next to do_bench
     python benchmarks/indexer.py --sweep 8192                    # the ragged kernel's launch options
+    python benchmarks/indexer.py --seqs 1024,8192 --tiles 8,32,256  # the Gluon kernel's key tiles a program
 
 Importing this module runs nothing.
 """
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 
 import torch
 from common import Row, bench, host_seconds, load_deepgemm, measure, plot_sweep, print_table, shape_str, skip
@@ -148,6 +150,38 @@ def sweep(S: int) -> None:
             print(f"  {bm:>2} {bn:>4} {tiles:>2} {nw:>2} {ns:>2} -> failed: {type(exc).__name__}: {str(exc)[:120]}")
 
 
+def tiles_sweep(seqs, tiles, rounds: int = 5) -> None:
+    """The Gluon kernel (:mod:`mlaspec.impl.indexer_sm90`) with each of ``tiles`` key tiles a program, beside DeepGEMM,
+    at every ``S`` of ``seqs``: CUDA-graph replays, ``rounds`` rounds alternated, the median of each (``*``: the count
+    :func:`~mlaspec.impl.indexer_sm90.tiles_for` takes). Every count's logits must equal the default call's bit for
+    bit (a count changes which program computes a tile, not how)."""
+    from mlaspec.impl import indexer_sm90
+    from mlaspec.impl.indexer import indexer_logits
+
+    dev = torch.device("cuda")
+    dg = load_deepgemm()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    print(f"key tiles a program (us, CUDA-graph replays, median of {rounds} alternated rounds; *: tiles_for's)")
+    for S in seqs:
+        q, k, k_scale, w, ks, ke = make_problem(S, dev)
+        fns = {t: functools.partial(indexer_logits, q, k, w, ks, ke, k_scale, kernel="sm90", tiles=t) for t in tiles}
+        ref = indexer_logits(q, k, w, ks, ke, k_scale)
+        for t, fn in fns.items():
+            if not torch.equal(fn(), ref):
+                raise AssertionError(f"S={S}: {t} key tiles a program changed the logits")
+        if dg is not None:
+            fns["deepgemm"] = _logits_fn("deepgemm", dg, q, k, k_scale, w, ks, ke)
+        times = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(bench(fn, graph=True) * 1e6)
+        chosen = indexer_sm90.tiles_for(S, S, sms)
+        cells = [f"{name}{'*' if name == chosen else ''} {statistics.median(t):.1f}" for name, t in times.items()]
+        print(f"  S={S}: " + "  ".join(cells), flush=True)
+        q = k = ref = fns = None  # free the problem before the next one
+        torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", default="1024,2048,4096,8192")
@@ -155,12 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="indexer.png")
     ap.add_argument("--sweep", type=int, default=0, help="time launch options at this S and exit")
     ap.add_argument("--graph", action="store_true", help="also time the logits as CUDA-graph replays (indexer_graph)")
+    ap.add_argument("--tiles", help="key tiles a program (e.g. 8,32,256): time the Gluon kernel with each at --seqs")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/indexer.py needs a CUDA device")
         return 1
     if args.sweep:
         sweep(args.sweep)
+        return 0
+    if args.tiles:
+        tiles_sweep([int(s) for s in args.seqs.split(",")], [int(t) for t in args.tiles.split(",")])
         return 0
     rows = run([int(s) for s in args.seqs.split(",")], args.providers.split(","), graph=args.graph)
     print_table(rows)
