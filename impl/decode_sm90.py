@@ -1301,8 +1301,7 @@ if AVAILABLE:
             _release(p, V_FREE + (n - 1) % 2)
         _publish_sums(p, m_i, l_i, E4M3_SUMS)
         m_o, l_o = gl.convert_layout(m_i, ROW_O), gl.convert_layout(l_i, ROW_O)
-        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), 0,
-                    2 * HALF, True, SINGLE)  # fmt: skip
+        _write_half(acc, m_o, l_o, p, None, None, 0, True, SINGLE)
 
     @gluon.jit
     def _help_e4m3(p, vt, SINGLE: gl.constexpr):
@@ -1321,10 +1320,8 @@ if AVAILABLE:
             acc = warpgroup_mma_wait(0, deps=(pv,))
             _release(p, E4M3_P_FREE)
             _release(p, V_FREE + 2 + vb)
-        mbarrier.wait(p.bars.index(E4M3_SUMS), 0)
-        m_o, l_o = p.rows.index(1).load(ROW), p.rows.index(2).load(ROW)
-        _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), HALF,
-                    2 * HALF, False, SINGLE)  # fmt: skip
+        m_o, l_o = _read_sums(p, E4M3_SUMS, ROW)
+        _write_half(acc, m_o, l_o, p, None, None, HALF, False, SINGLE)
 
     # one function a role and SINGLE: constexprs do not cross warp_specialize (above, _consume_fp8_single)
     @gluon.jit
@@ -1489,6 +1486,13 @@ if AVAILABLE:
         mbarrier.arrive(p.bars.index(ready), count=1)
 
     @gluon.jit
+    def _read_sums(p, ready, ROW: gl.constexpr):
+        """The helper's side of :func:`_publish_sums`: once barrier ``ready`` completes, the leader's rows' final max
+        and row sums, in layout ``ROW``."""
+        mbarrier.wait(p.bars.index(ready), 0)
+        return p.rows.index(1).load(ROW), p.rows.index(2).load(ROW)
+
+    @gluon.jit
     def _lead(p, DESC_H, DESC_R, DESC_O, SINGLE: gl.constexpr):
         """The leader warpgroup: q; each tile's logits and softmax; ``P @ V`` of value columns 0-255."""
         M: gl.constexpr = p.q_v.shape[0]
@@ -1553,17 +1557,16 @@ if AVAILABLE:
                 mbarrier.arrive(p.bars.index(FREE_HELP + i % 2), count=1)
             elif i + 2 < n:  # this buffer's right half is read
                 _issue_part(p, DESC_H, DESC_R, i + 2, RIGHT)
-        mbarrier.wait(p.bars.index(SUMS_READY), 0)
-        m_o, l_o = p.rows.index(1).load(ROW), p.rows.index(2).load(ROW)
+        m_o, l_o = _read_sums(p, SUMS_READY, ROW)
         # the stage: the other tile buffer, tile n - 2's (both warpgroups were done with it before the last P was
         # ready) or never used (n <= 1); no copy comes after the last tile
         _write_half(acc, m_o, l_o, p, DESC_O, _as_fp32(p.k_v.index(n % 2), M, HALF), HALF, False, SINGLE)
 
     @gluon.jit
     def _write_half(acc, m_o, l_o, p, DESC_O, stage, col0, WITH_LSE: gl.constexpr, SINGLE: gl.constexpr):
-        """A warpgroup's epilogue in :func:`split_kernel_lead`: its half of the value columns (``col0 ..``), as
-        tensor-memory copies from ``stage`` where ``DESC_O`` is given (:func:`_store_partial`), else from registers
-        (:func:`_write_rows`)."""
+        """A warpgroup's epilogue in :func:`split_kernel_lead` and the e4m3 path's 64-row program: its half of the
+        value columns (``col0 ..``), as tensor-memory copies from ``stage`` where ``DESC_O`` is given
+        (:func:`_store_partial`), else from registers (:func:`_write_rows`)."""
         if DESC_O is None:
             _write_rows(acc, m_o, l_o, p.k_scale, p.pid_m, p.split, p.b, p.S_Q, p.H_Q, p.num_splits, _outs(p), col0,
                         2 * acc.shape[1], WITH_LSE, SINGLE)  # fmt: skip
