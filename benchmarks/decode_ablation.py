@@ -69,8 +69,7 @@ ABLATIONS = {
     ],
     "copy waits": [
         (  # in _next_tile, which split_kernel_keys shares (not ablated: 16 rows run split_kernel here)
-            "        async_copy.wait_group(0)  # this tile (and q): issued one iteration ago, in flight during its"
-            " work\n"
+            "        async_copy.wait_group(1)  # this tile (and q); tile blk + 1 stays in flight\n"
             "        if TMA:\n"
             "            mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)\n",
             "",

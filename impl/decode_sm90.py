@@ -11,7 +11,9 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    each) fill 216 of the 227 KB an SM has. Triton's software pipeliner keeps a third tile buffer for a prefetch
    that runs during the asynchronous MMAs (288 KB: does not fit) or, with two, issues the next tile's copy after
    this tile's dots, so nothing overlaps. Here the copy of tile ``j + 1`` is issued at the top of iteration
-   ``j``, into the buffer whose last reader (the ``P @ V`` of tile ``j - 1``) has finished. Where the cache's
+   ``j``, into the buffer whose last reader (the ``P @ V`` of tile ``j - 1``) has finished, before the wait for
+   tile ``j``: two tiles in flight while it waits (since 2026-11-30; issued after that wait, the 16-head decode at
+   B1-2 took 1.1-2.5% longer on an H200, the speed log's stop 60). Where the cache's
    pages are one stride of slots apart (vLLM's layout) a whole tile goes as two **tensor-memory (TMA) copies**
    issued by one thread, which signal the buffer's ``mbarrier`` (:func:`cache_descriptors`; FlashMLA's
    ``csrc/sm90/decode`` loads its tiles the same way); a sequence's last, part-filled tile, and every tile of
@@ -459,20 +461,25 @@ if AVAILABLE:
     @gluon.jit
     def _next_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk, blk_lo, blk_hi, next_page, seq_len, stride_kp,
                    stride_ks, PAGE: gl.constexpr, TMA: gl.constexpr):  # fmt: skip
-        """The top of tile ``blk``'s iteration: wait for it (issued one iteration ago), then issue tile ``blk + 1``
-        (of page ``next_page``) into the other buffer, in flight during this tile's work. ``(buf, the page of tile
-        blk + 2)``, ``buf`` the buffer holding tile ``blk``."""
+        """The top of tile ``blk``'s iteration: issue tile ``blk + 1`` (of page ``next_page``) into the other buffer,
+        whose tile ``blk - 1`` every warpgroup is done with, then wait for tile ``blk`` (issued one iteration ago):
+        two tiles in flight during the wait, one during this tile's work. ``(buf, the page of tile blk + 2)``,
+        ``buf`` the buffer holding tile ``blk``."""
         SUB: gl.constexpr = PAGE // kv_v.shape[1]
         buf = (blk - blk_lo) % 2
-        async_copy.wait_group(0)  # this tile (and q): issued one iteration ago, in flight during its work
-        if TMA:
-            mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)
-        fence_async_shared()
-        _barrier()  # every thread's part of the tile is in; every warpgroup is done with the other buffer and P
+        _barrier()  # every warpgroup is done with the other buffer (tile blk - 1) and P
         if blk + 1 < blk_hi:
             _issue_tile(kv_v.index(1 - buf), kv_r.index(1 - buf), bars.index(1 - buf), KV, DESC_V, DESC_R, next_page,
                         blk + 1, seq_len, stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
-        return buf, gl.load(bt + (blk + 2) // SUB, mask=blk + 2 < blk_hi, other=0).to(gl.int64)
+        else:
+            async_copy.commit_group()  # (empty: so this tile's group is always the one before the newest)
+        after = gl.load(bt + (blk + 2) // SUB, mask=blk + 2 < blk_hi, other=0).to(gl.int64)
+        async_copy.wait_group(1)  # this tile (and q); tile blk + 1 stays in flight
+        if TMA:
+            mbarrier.wait(bars.index(buf), ((blk - blk_lo) // 2) & 1)
+        fence_async_shared()
+        _barrier()  # every thread's part of the tile is in
+        return buf, after
 
     @gluon.jit
     def split_kernel(
@@ -611,10 +618,10 @@ if AVAILABLE:
         PAGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr, TMA: gl.constexpr,
     ):  # fmt: skip
         """:func:`split_kernel` for ``BLOCK_M`` = 16 query rows a program (launch with ``KEYS_WARPS``): its loop (the
-        next tile issued into the other of two buffers at the top of each iteration) run by one warpgroup whose MMAs
-        take the keys as their 64 rows and the query rows as ``N``, as :func:`split_kernel_fp8_keys`'s consumer:
-        ``S^T = K q^T``, the softmax on the transposed register view, ``O^T += V^T P^T`` (q, two tiles and ``P``:
-        164 KB)."""
+        next tile issued into the other of two buffers at the top of each iteration, before the wait for this one)
+        run by one warpgroup whose MMAs take the keys as their 64 rows and the query rows as ``N``, as
+        :func:`split_kernel_fp8_keys`'s consumer: ``S^T = K q^T``, the softmax on the transposed register view, ``O^T
+        += V^T P^T`` (q, two tiles and ``P``: 164 KB)."""
         dtype: gl.constexpr = Q.dtype.element_ty
         pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
         seq_len = gl.load(SEQ_LENS + b)
