@@ -47,7 +47,10 @@ split the keys the same way):
    :func:`mlaspec.spec.merge.merge_attn_states_n`) and converts the LSE to the natural log. With few rows each
    program takes 32 or 64 columns of one row and loads every split's partials at once (with many, a whole row): a loop
    over the splits one at a time, one program per row, took ~20 us at 16 heads, batch 1, 132 splits (more than the
-   64K-key cache's own streaming; H200), and grew with the split count; 32 splits a load, 6 us.
+   64K-key cache's own streaming; H200), and grew with the split count; 32 splits a load, 6 us. The first load's
+   partials are issued before the LSEs' maximum, which they do not need: one L2 round trip fewer on the path, the
+   combine alone 0.2-0.4 us shorter on an H200 at every shape timed (16 heads B1 1K 1.79 -> 1.41 us, B1 128K 2.75 ->
+   2.50; 128 heads B1 64K 4.54 -> 4.32), the same outputs.
 
 The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once).
 
@@ -263,19 +266,24 @@ def _mla_decode_combine_kernel(
     h = row % H_Q
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_sp = tl.arange(0, SPLITS_P2)
+    offs_c = tl.arange(0, CHUNK)
+    lse_base = LSE_PART + b.to(tl.int64) * num_splits * R + row
+    o_base = O_PART + (b.to(tl.int64) * num_splits * R + row) * D_V
+
+    # -- the first CHUNK splits' partials and LSEs, issued before the LSEs' maximum, which they do not need --------
+    ok = offs_c < num_splits
+    part = tl.load(o_base + offs_c[:, None] * R * D_V + offs_d[None, :], mask=ok[:, None], other=0.0)
+    lse_c = tl.load(lse_base + offs_c * R, mask=ok, other=float("-inf"))
 
     # -- the splits' LSEs: total = log2(sum 2^lse_i); empty splits (-inf) weigh 0 ----------------------------------
-    lse_base = LSE_PART + b.to(tl.int64) * num_splits * R + row
     lses = tl.load(lse_base + offs_sp * R, mask=offs_sp < num_splits, other=float("-inf"))
     m = tl.max(lses, 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)
     total = tl.sum(tl.exp2(lses - m_use), 0)
 
     # -- out = sum_i 2^(lse_i - total) out_i over BLOCK_D columns: CHUNK splits' partials per load, all in flight ---
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    o_base = O_PART + (b.to(tl.int64) * num_splits * R + row) * D_V
-    offs_c = tl.arange(0, CHUNK)
-    for first in range(0, num_splits, CHUNK):
+    acc = tl.sum(tl.exp2(lse_c - m_use)[:, None] * part, 0)
+    for first in range(CHUNK, num_splits, CHUNK):
         split = first + offs_c
         ok = split < num_splits
         w = tl.exp2(tl.load(lse_base + split * R, mask=ok, other=float("-inf")) - m_use)  # [CHUNK]
