@@ -786,7 +786,7 @@ def _combine(
         SPLITS_P2=triton.next_power_of_2(num_splits),
         CHUNK=chunk,
         num_warps=warps,
-        num_stages=1,  # one load in flight is all there is
+        num_stages=1,  # no software pipelining: each load is issued whole, ahead of its use
     )
 
 

@@ -13,7 +13,7 @@ two things it does differently cannot be asked of Triton's compiler (triton 3.6)
    this tile's dots, so nothing overlaps. Here the copy of tile ``j + 1`` is issued at the top of iteration
    ``j``, into the buffer whose last reader (the ``P @ V`` of tile ``j - 1``) has finished, before the wait for
    tile ``j``: two tiles in flight while it waits (since 2026-11-30; issued after that wait, the 16-head decode at
-   B1-2 took 1.1-2.5% longer on an H200, the speed log's stop 60). Where the cache's
+   B1-2 took 1.1-2.4% longer on an H200, the speed log's stop 60). Where the cache's
    pages are one stride of slots apart (vLLM's layout) a whole tile goes as two **tensor-memory (TMA) copies**
    issued by one thread, which signal the buffer's ``mbarrier`` (:func:`cache_descriptors`; FlashMLA's
    ``csrc/sm90/decode`` loads its tiles the same way); a sequence's last, part-filled tile, and every tile of
@@ -462,7 +462,7 @@ if AVAILABLE:
     def _next_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk, blk_lo, blk_hi, next_page, seq_len, stride_kp,
                    stride_ks, PAGE: gl.constexpr, TMA: gl.constexpr):  # fmt: skip
         """The top of tile ``blk``'s iteration: issue tile ``blk + 1`` (of page ``next_page``) into the other buffer,
-        whose tile ``blk - 1`` every warpgroup is done with, then wait for tile ``blk`` (issued one iteration ago):
+        whose tile ``blk - 1`` every warpgroup is done with, then wait for tile ``blk`` (issued an iteration earlier):
         two tiles in flight during the wait, one during this tile's work. ``(buf, the page of tile blk + 2)``,
         ``buf`` the buffer holding tile ``blk``."""
         SUB: gl.constexpr = PAGE // kv_v.shape[1]
@@ -534,7 +534,7 @@ if AVAILABLE:
         q_v, q_r, kv_v, kv_r, p_smem = _two_tiles(dtype, BLOCK_M, BLOCK_N, D_V, D_ROPE)  # 224 KB
         bars = _tile_barriers(TMA)
 
-        # -- copy group 0: the query block (rows (s, h) in q's order; rows past R are zeros) and the first tile ------
+        # -- copy groups 0 and 1: the query block (rows (s, h) in q's order; rows past R are zeros), the first tile ---
         q_b = Q + b.to(gl.int64) * stride_qb
         _copy_rows(q_v, q_r, q_b, pid_m * BLOCK_M, R, H_Q, stride_qs, stride_qh, (LOAD_V, LOAD_R))
         async_copy.commit_group()

@@ -226,19 +226,21 @@ def test_the_fp8_decode_with_keys_as_rows_has_no_padded_mma(rows, single):
 @pytest.mark.parametrize("single", [True, False])
 def test_the_16_row_decode_with_keys_as_rows_has_no_padded_mma(single):
     """``split_kernel_keys`` (a 16-bit cache at 16 query rows or fewer) builds for sm_90: ``m64n16k16`` MMAs only, the
-    tiles by tensor-memory copies, q of 16 rows, two key tiles and ``P`` in shared memory."""
+    tiles by tensor-memory copies, q of 16 rows, two key tiles and ``P`` in shared memory, and the next tile's copy
+    group issued before the wait for this one's (``wait_group 1``: one group left in flight)."""
     from mlaspec.impl import decode_sm90
 
     if not decode_sm90.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     mma = "wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16"
-    words = [mma.format(16), mma.format(64), "cp.async.bulk.tensor.2d"]
+    words = [mma.format(16), mma.format(64), "cp.async.bulk.tensor.2d", "cp.async.wait_group \t1;"]
     const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=16, BLOCK_N=64, SINGLE=single, TMA=True)
     pointers = dict(POINTERS, DESC_V=[64, 512], DESC_R=[64, 64])
     spec = dict(num_warps=decode_sm90.KEYS_WARPS, num_stages=1, ptx_words=words)
     out = compiled("mlaspec.impl.decode_sm90:split_kernel_keys", pointers, const, **spec)
     has = out["ptx_has"]
     assert has[mma.format(16)] and not has[mma.format(64)] and has["cp.async.bulk.tensor.2d"], out
+    assert has["cp.async.wait_group \t1;"], out
     assert 2 * 64 * 576 * 2 + 16 * (576 + 64) * 2 <= out["shared"] <= 2 * 64 * 576 * 2 + 24 * 1024, out
 
 
