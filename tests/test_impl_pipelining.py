@@ -181,6 +181,26 @@ def test_the_seesaw_probe_still_compiles_for_hopper():
     assert out["shared"] <= HOPPER_SHARED, out
 
 
+@pytest.mark.parametrize("force_left", [False, True])
+def test_the_merge_probe_still_applies_and_compiles_for_hopper(force_left):
+    """``benchmarks/merge_probe.py`` (the split-KV combine inside ``split_kernel_keys``: right, cannot hang, measured
+    slower, not wired in) still finds its lines in the landed kernel and builds for sm_90 within 227 KB, with its
+    counters' release and acquire and its partials' loads past L1 (``.cg``), so its figures can be measured again."""
+    from mlaspec.impl import decode_sm90
+
+    if not decode_sm90.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=16, BLOCK_N=64, SINGLE=False, TMA=True)
+    const.update(MERGE=True, SPLITS_P2=128, FORCE_LEFT=force_left)
+    pointers = dict(POINTERS, DESC_V=[64, 512], DESC_R=[64, 64], COUNTS="*i32", LEFT="*i32")
+    words = ["atom.global.gpu.acq_rel.add", "ld.global.gpu.acquire", "ld.global.cg"]
+    bench = str(Path(__file__).parents[1] / "benchmarks")
+    spec = dict(num_warps=decode_sm90.KEYS_WARPS, num_stages=1, path=[bench], ptx_words=words)
+    out = compiled("merge_probe:split_kernel_keys_merged", pointers, const, **spec)
+    assert all(out["ptx_has"][w] for w in words), out
+    assert out["shared"] <= HOPPER_SHARED, out
+
+
 def test_the_sparse_lead_probe_compiles_for_hopper():
     """``benchmarks/sparse_lead_probe.py`` (the leader-warpgroup schedule over gathered keys in q's dtype, not yet
     run on a GPU, not wired in) builds for sm_90 within 227 KB: its gathers' landings arrive on ``mbarrier``s
