@@ -11,15 +11,20 @@ sequence's counter. If every program of the sequence has started, it polls (``ac
 then merges its share of the rows' 32-column blocks (all splits' partials and LSEs of a block in one ``.cg`` load,
 the combine kernel's math); if not, it flags its share and the last to arrive merges the flagged shares -- so no
 program ever waits on one that has not started, and the kernel cannot hang where the grid is not all resident (an
-SM partition, MPS). The last program to finish resets the counters for the next launch. ``FORCE_LEFT`` makes the odd
+SM partition, MPS). The last program to finish resets the counters for the next launch; the counters belong to
+the grid's sequences, so launches of it must follow one another in one stream (two at once on two streams would
+share them). ``FORCE_LEFT`` makes the odd
 splits leave their shares, to test that path.
 
-Measured on an H200 (stop 60, CUDA-graph replays, alternated; its outputs equal the landed decode's within fp32
-rounding, with ``FORCE_LEFT`` and after the replays too): slower at every shape, B1 128K 44.6 -> 46.8 us, B2 64K
+Measured on an H200 (stop 60, CUDA-graph replays, alternated; its outputs equal the landed decode's within one bf16
+step, the fp32 sums in another order, and exactly at 97K-128K keys, with ``FORCE_LEFT`` too, and after the replays
+without it): slower at every shape, B1 128K 44.6 -> 46.8 us, B2 64K
 44.2 -> 47.8, B1 8K 8.4 -> 10.7, and 0.35-0.37x where a sequence has 2-16 splits to share the merge (B1 1K, B64 1K).
 The arrival, the wait and the merge's loads are L2 round trips one after another on the path, and a program merges
 its share's blocks one at a time, where the combine kernel starts 256 or more one-warp programs with all their loads
-in flight; the kernel boundary it replaces costs at most 0.5 us (a programmatic dependent launch, stop 59).
+in flight; a programmatic dependent launch, which overlaps the kernel boundary this replaces, gained at most 0.5 us
+(stop 59, not kept). Where a sequence has few splits the probe's own design adds to it (a program merges 16-128
+32-column blocks one after another, each recomputing its LSEs' maximum and sum); at B1 128K a program merges two.
 
     python benchmarks/merge_probe.py                          # the 16-head shapes of stop 60, on an H100/H200
     python benchmarks/merge_probe.py --shapes 16x1x131072,16x2x65536
@@ -30,8 +35,10 @@ Importing this module compiles nothing and needs no GPU.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -155,7 +162,7 @@ _MODULE = None
 def merged_source() -> str:
     """:mod:`mlaspec.impl.decode_sm90`'s source with :data:`EDITS` applied (``split_kernel_keys`` then takes ``COUNTS,
     LEFT`` after its descriptors and ``MERGE``, ``SPLITS_P2``, ``FORCE_LEFT``)."""
-    source = (Path(__file__).parents[1] / "impl" / "decode_sm90.py").read_text()
+    source = Path(importlib.util.find_spec("mlaspec.impl.decode_sm90").origin).read_text()  # the one imported
     for old, new in EDITS:
         if source.count(old) != 1:
             raise ValueError(f"the kernel's source holds {source.count(old)} of {old[:60]!r}")
@@ -167,12 +174,19 @@ def load():
     """The edited module, written to a temporary file (Triton reads a kernel's source from its file), once."""
     global _MODULE
     if _MODULE is None:
-        path = Path(tempfile.mkdtemp()) / "merge_probe_sm90.py"
+        folder = tempfile.mkdtemp()
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        path = Path(folder) / "merge_probe_sm90.py"
         path.write_text(merged_source())
         spec = importlib.util.spec_from_file_location("merge_probe_sm90", path)
-        _MODULE = importlib.util.module_from_spec(spec)
-        sys.modules["merge_probe_sm90"] = _MODULE
-        spec.loader.exec_module(_MODULE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["merge_probe_sm90"] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules["merge_probe_sm90"]
+            raise
+        _MODULE = module
     return _MODULE
 
 
@@ -211,7 +225,10 @@ class _Merged:
 
 def run(shapes, rounds: int = 3) -> list:
     """``(shape, landed us, merged us, largest difference, with FORCE_LEFT, after the replays)`` a shape ``(H, B,
-    S_kv)``: the decode as called against the same decode merging in its split kernel, alternated ``rounds`` times."""
+    S_kv)``: the decode as called against the same decode merging in its split kernel, alternated ``rounds`` times.
+    Only 16 heads or fewer (one query token, a bf16 cache) run ``split_kernel_keys``; other shapes are refused."""
+    if any(heads > 16 for heads, _, _ in shapes):
+        raise ValueError(f"merge_probe edits split_kernel_keys, which takes 16 heads or fewer; got {shapes}")
     import torch
     from common import bench
     from decode import D_QK, _fn, make_problem
@@ -223,6 +240,7 @@ def run(shapes, rounds: int = 3) -> list:
     variants = {"merged": _Merged(kernel), "force": _Merged(kernel, force_left=True)}
 
     def use(variant):
+        module.split_kernel_keys = kernel
         if variant == "landed":
             dec.decode_sm90, dec._combine = landed, combine
         else:
@@ -247,12 +265,17 @@ def run(shapes, rounds: int = 3) -> list:
                 for v in times:
                     use(v)
                     times[v].append(bench(fn, graph=True) * 1e6)
-            use("merged")
-            after = fn()
+            after = {}
+            for v in ("merged", "force"):  # again after the replays: the counters and flags reset each launch
+                use(v)
+                for _ in range(100):
+                    fn()
+                after[v] = fn()
             use("landed")
             us = [statistics.median(times[v]) for v in times]
-            rows.append(((heads, batch, keys), *us, diff(outs["landed"], outs["merged"]),
-                         diff(outs["landed"], outs["force"]), diff(outs["landed"], after)))  # fmt: skip
+            diffs = [diff(outs["landed"], outs["merged"]), diff(outs["landed"], outs["force"])]
+            diffs.append(max(diff(outs["landed"], after[v]) for v in after))
+            rows.append(((heads, batch, keys), *us, *diffs))
     finally:
         use("landed")
     return rows
