@@ -241,6 +241,15 @@ def _mla_decode_split_kernel(
 
 
 @triton.jit
+def _combine_chunk(o_base, lse_base, split, offs_d, num_splits, R, D_V: tl.constexpr):
+    """Splits ``split [CHUNK]``' partials ``[CHUNK, BLOCK_D]`` (columns ``offs_d``) and LSEs ``[CHUNK]`` of one row;
+    splits past ``num_splits`` give zeros and ``-inf``."""
+    ok = split < num_splits
+    part = tl.load(o_base + split[:, None] * R * D_V + offs_d[None, :], mask=ok[:, None], other=0.0)
+    return part, tl.load(lse_base + split * R, mask=ok, other=float("-inf"))
+
+
+@triton.jit
 def _mla_decode_combine_kernel(
     O_PART,
     LSE_PART,  # [B, splits, R, D_V] fp32 (each split normalised), [B, splits, R] fp32 base 2
@@ -271,9 +280,7 @@ def _mla_decode_combine_kernel(
     o_base = O_PART + (b.to(tl.int64) * num_splits * R + row) * D_V
 
     # -- the first CHUNK splits' partials and LSEs, issued before the LSEs' maximum, which they do not need --------
-    ok = offs_c < num_splits
-    part = tl.load(o_base + offs_c[:, None] * R * D_V + offs_d[None, :], mask=ok[:, None], other=0.0)
-    lse_c = tl.load(lse_base + offs_c * R, mask=ok, other=float("-inf"))
+    part, lse_c = _combine_chunk(o_base, lse_base, offs_c, offs_d, num_splits, R, D_V)
 
     # -- the splits' LSEs: total = log2(sum 2^lse_i); empty splits (-inf) weigh 0 ----------------------------------
     lses = tl.load(lse_base + offs_sp * R, mask=offs_sp < num_splits, other=float("-inf"))
@@ -284,11 +291,8 @@ def _mla_decode_combine_kernel(
     # -- out = sum_i 2^(lse_i - total) out_i over BLOCK_D columns: CHUNK splits' partials per load, all in flight ---
     acc = tl.sum(tl.exp2(lse_c - m_use)[:, None] * part, 0)
     for first in range(CHUNK, num_splits, CHUNK):
-        split = first + offs_c
-        ok = split < num_splits
-        w = tl.exp2(tl.load(lse_base + split * R, mask=ok, other=float("-inf")) - m_use)  # [CHUNK]
-        part = tl.load(o_base + split[:, None] * R * D_V + offs_d[None, :], mask=ok[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * part, 0)
+        part, lse_c = _combine_chunk(o_base, lse_base, first + offs_c, offs_d, num_splits, R, D_V)
+        acc += tl.sum(tl.exp2(lse_c - m_use)[:, None] * part, 0)
     has_keys = total > 0.0
     total_use = tl.where(has_keys, total, 1.0)
     out = acc / total_use
