@@ -447,16 +447,29 @@ if AVAILABLE:
         return bars
 
     @gluon.jit
-    def _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk_lo, blk_hi, seq_len, stride_kp, stride_ks,
+    def _split_start(SEQ_LENS, bt, b, split, blocks_per_split, num_splits, BLOCK_N: gl.constexpr, PAGE: gl.constexpr):
+        """``(seq_len, blk_lo, blk_hi, page_lo, page_next)``: split ``split``'s key tiles ``[blk_lo, blk_hi)`` of
+        sequence ``b`` (``bt``: its block-table row) and the physical pages of its first two tiles, read beside the
+        sequence's length, which ``blk_hi`` needs: one round trip before the first tile's copy, not two. The first
+        tile's entry is in the table whatever the length (``mla_decode_paged`` caps the splits' tiles at the table's
+        width), and so is the second's but in the last split, which reads it once the length is known."""
+        SUB: gl.constexpr = PAGE // BLOCK_N
+        blk_lo = split * blocks_per_split
+        seq_len = gl.load(SEQ_LENS + b)
+        page_lo = gl.load(bt + blk_lo // SUB)
+        page_next = gl.load(bt + (blk_lo + 1) // SUB, mask=(blocks_per_split > 1) & (split + 1 < num_splits), other=0)
+        blk_hi = gl.minimum(blk_lo + blocks_per_split, gl.cdiv(seq_len, BLOCK_N))
+        if split + 1 == num_splits:
+            page_next = gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0)
+        return seq_len, blk_lo, blk_hi, page_lo.to(gl.int64), page_next.to(gl.int64)
+
+    @gluon.jit
+    def _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, page, blk_lo, blk_hi, seq_len, stride_kp, stride_ks,
                     PAGE: gl.constexpr, TMA: gl.constexpr):  # fmt: skip
-        """Issue the split's first key tile into buffer 0 (``bt``: the sequence's block-table row); the physical page
-        of its second."""
-        SUB: gl.constexpr = PAGE // kv_v.shape[1]
+        """Issue the split's first key tile (of physical page ``page``) into buffer 0."""
         if blk_lo < blk_hi:
-            page = gl.load(bt + blk_lo // SUB).to(gl.int64)
             _issue_tile(kv_v.index(0), kv_r.index(0), bars.index(0), KV, DESC_V, DESC_R, page, blk_lo, seq_len,
                         stride_kp, stride_ks, PAGE, TMA)  # fmt: skip
-        return gl.load(bt + (blk_lo + 1) // SUB, mask=blk_lo + 1 < blk_hi, other=0).to(gl.int64)
 
     @gluon.jit
     def _next_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk, blk_lo, blk_hi, next_page, seq_len, stride_kp,
@@ -525,11 +538,9 @@ if AVAILABLE:
 
         pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
         R = S_Q * H_Q
-        seq_len = gl.load(SEQ_LENS + b)
-        n_blocks = gl.cdiv(seq_len, BLOCK_N)
-        blk_lo = split * blocks_per_split
-        blk_hi = gl.minimum(blk_lo + blocks_per_split, n_blocks)
         bt = BLOCK_TABLE + b * stride_btb
+        seq_len, blk_lo, blk_hi, page_lo, next_page = _split_start(SEQ_LENS, bt, b, split, blocks_per_split,
+                                                                   num_splits, BLOCK_N, PAGE)  # fmt: skip
 
         q_v, q_r, kv_v, kv_r, p_smem = _two_tiles(dtype, BLOCK_M, BLOCK_N, D_V, D_ROPE)  # 224 KB
         bars = _tile_barriers(TMA)
@@ -538,8 +549,8 @@ if AVAILABLE:
         q_b = Q + b.to(gl.int64) * stride_qb
         _copy_rows(q_v, q_r, q_b, pid_m * BLOCK_M, R, H_Q, stride_qs, stride_qh, (LOAD_V, LOAD_R))
         async_copy.commit_group()
-        next_page = _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk_lo, blk_hi, seq_len, stride_kp, stride_ks,
-                                PAGE, TMA)  # fmt: skip
+        _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, page_lo, blk_lo, blk_hi, seq_len, stride_kp, stride_ks, PAGE,
+                    TMA)  # fmt: skip
 
         n_keys, n_seen = _keys_seen(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M, QK)
 
@@ -621,20 +632,22 @@ if AVAILABLE:
         next tile issued into the other of two buffers at the top of each iteration, before the wait for this one)
         run by one warpgroup whose MMAs take the keys as their 64 rows and the query rows as ``N``, as
         :func:`split_kernel_fp8_keys`'s consumer: ``S^T = K q^T``, the softmax on the transposed register view, ``O^T
-        += V^T P^T`` (q, two tiles and ``P``: 164 KB)."""
+        += V^T P^T`` (q, two tiles and ``P``: 164 KB). Its combine may launch at once (``launch_pdl``: the combine's
+        one-warp programs wait beside this kernel's, at their ``griddepcontrol.wait``, for its partials)."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)  # fmt: skip
         dtype: gl.constexpr = Q.dtype.element_ty
         pid_m, split, b = gl.program_id(0), gl.program_id(1), gl.program_id(2)
-        seq_len = gl.load(SEQ_LENS + b)
-        blk_lo = split * blocks_per_split
-        blk_hi = gl.minimum(blk_lo + blocks_per_split, gl.cdiv(seq_len, BLOCK_N))
         bt = BLOCK_TABLE + b * stride_btb
+        seq_len, blk_lo, blk_hi, page_lo, next_page = _split_start(SEQ_LENS, bt, b, split, blocks_per_split,
+                                                                   num_splits, BLOCK_N, PAGE)  # fmt: skip
         q_v, q_r, kv_v, kv_r, p_smem = _two_tiles(dtype, BLOCK_M, BLOCK_N, D_V, D_ROPE)
         bars = _tile_barriers(TMA)
         q_b = Q + b.to(gl.int64) * stride_qb
         _copy_rows(q_v, q_r, q_b, pid_m * BLOCK_M, S_Q * H_Q, H_Q, stride_qs, stride_qh, (LOAD_V4, LOAD_R4))
         async_copy.commit_group()
-        next_page = _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, bt, blk_lo, blk_hi, seq_len, stride_kp, stride_ks,
-                                PAGE, TMA)  # fmt: skip
+        _first_tile(kv_v, kv_r, bars, KV, DESC_V, DESC_R, page_lo, blk_lo, blk_hi, seq_len, stride_kp, stride_ks, PAGE,
+                    TMA)  # fmt: skip
 
         zero_t, n_keys, n_seen, m_i, l_i, acc_t = _keys_state(pid_m, seq_len, S_Q, H_Q, CAUSAL, BLOCK_M, BLOCK_N, D_V,
                                                               16)  # fmt: skip

@@ -109,6 +109,7 @@ def main(spec: dict) -> dict:
         "copies_before_dots": copies_before_dots(ttgir),
         "copy_before_loads": copy_before_loads(ttgir),
         "ptx_has": {word: word in ptx for word in spec.get("ptx_words", [])},
+        "ptx_at": {word: ptx.find(word) for word in spec.get("ptx_words", [])},  # its first place, or -1
         "ttgir_has": {word: word in ttgir for word in spec.get("ttgir_words", [])},
     }
 

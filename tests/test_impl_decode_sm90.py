@@ -188,6 +188,35 @@ def test_16_rows_or_fewer_take_the_keys_as_mma_rows(S_q, H, keys, monkeypatch):
     assert ran == ["split_kernel"], ran
 
 
+@pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
+@pytest.mark.parametrize("H, kernel", [(16, "split_kernel_keys"), (64, "split_kernel")])
+@pytest.mark.parametrize("max_seq_len", [None, 1 << 20])
+def test_first_pages_read_before_the_length_and_the_early_combine(H, kernel, max_seq_len, monkeypatch):
+    """Each split reads its first two pages beside its sequence's length (``decode_sm90._split_start``), also where
+    ``max_seq_len`` overstates the table (then the splits follow the table's width) and where a split has nothing
+    or one tile to do; the combine launches as a programmatic dependent after ``split_kernel_keys`` only. The
+    spec's results either way."""
+    import mlaspec.impl.decode as decode
+
+    lens = [0, 77, 4096, 130]
+    q, kv, cache, block_table, seq_lens = decode_case(4, 1, H, lens, torch.bfloat16, True, seed=H)
+    ran, combines = record(monkeypatch, kernel), []
+
+    class Combine:  # the combine kernel, its launches' keyword arguments kept
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: combines.append(kwargs) or real[grid](*args, **kwargs)
+
+    real = decode._mla_decode_combine_kernel
+    monkeypatch.setattr(decode, "_mla_decode_combine_kernel", Combine())
+    args = [t.cuda() for t in (q, cache, block_table, seq_lens)]
+    out, lse = mla_decode_paged(*args, scale=SCALE, max_seq_len=max_seq_len)
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, lens, True, unit_roundoff(q.dtype))
+    assert_within("out", out, ref_out, out_bound)
+    assert_within("lse", lse, ref_lse, lse_bound)
+    assert ran == [kernel] and len(combines) == 1, (ran, combines)
+    assert combines[0].get("launch_pdl", False) == (kernel == "split_kernel_keys"), combines
+
+
 @pytest.mark.skipif(not decode_sm90.AVAILABLE, reason="this Triton has no Gluon")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tensor_memory_copies_where_pages_are_one_stride_apart(dtype):

@@ -91,6 +91,37 @@ def test_decode_ignores_page_order_and_split_count():
     assert torch.allclose(a.lse, c.lse, atol=1e-5, rtol=1e-5)
 
 
+def test_decode_splits_start_inside_the_block_table(monkeypatch):
+    """A ``max_seq_len`` past what the block table holds (the model's longest, say) cuts the keys as the table's
+    width does, so every split's first tile has its entry in the table (Hopper's kernels read that page beside the
+    sequence's length, before they know whether they use it); a table of no pages is read as a row of one. The
+    results are the spec's."""
+    import mlaspec.impl.decode as decode
+
+    launched = []  # (block-table pages, blocks_per_split, num_splits) of each launch
+
+    class Seen:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append((args[2].shape[1], args[24], args[25]))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    real = decode._mla_decode_split_kernel
+    monkeypatch.setattr(decode, "_mla_decode_split_kernel", Seen())
+    q, kv, cache, block_table, lens = decode_case(2, 1, 4, [37, 5], torch.float32, True, seed=5)
+    got = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, max_seq_len=1 << 20, num_splits=64)
+    pages, blocks_per_split, num_splits = launched[-1]
+    tiles = pages * 64 // decode.decode_config(4, 64, torch.float32).block_n  # what the table holds
+    assert (num_splits - 1) * blocks_per_split < tiles, launched
+    ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, [37, 5], True, unit_roundoff(torch.float32))
+    assert_within("out", got.out, ref_out, out_bound)
+    assert_within("lse", got.lse, ref_lse, lse_bound)
+    empty = mla_decode_paged(q, cache, block_table[:, :0], torch.zeros(2, dtype=torch.int32), scale=SCALE)
+    assert launched[-1][0] == 1 and not empty.out.any() and (empty.lse == float("-inf")).all(), launched
+
+
 @pytest.mark.parametrize("H, B", [(4, 1), (16, 2)])  # B * H below / above 4 x the interpreter's 4 "SMs"
 def test_decode_combine_layouts_agree_with_one_split(H, B):
     """The combine takes 32-column programs for few rows and whole rows for many (``B * R >= 4 SMs``): both give

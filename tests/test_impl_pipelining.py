@@ -34,6 +34,7 @@ POINTERS = {
 }
 # e4m3 to bf16 as mlaspec.impl.fp8 converts it, and the conversion it replaces
 FP8_WORDS, SLOW_CVT = ["cvt.rn.f16x2.e4m3x2", "cvt.f32.f16", "cvt.rn.bf16x2.f32"], "cvt.bf16.f16"
+PDL_WORDS = ["griddepcontrol.launch_dependents", "griddepcontrol.wait", "ld.global"]  # and the first load
 REGISTER_A = "#ttg.dot_op<{opIdx = 0"  # an MMA's A operand from registers (TTGIR)
 # split_kernel_lead's tensor-memory-copy descriptors: a tile's value halves and RoPE part, the fp32 partials' blocks
 LEAD_DESCRIPTORS = dict(DESC_H=[64, 256], DESC_R=[64, 64], DESC_O={"block": [64, 256], "dtype": "fp32"})
@@ -247,13 +248,14 @@ def test_the_fp8_decode_with_keys_as_rows_has_no_padded_mma(rows, single):
 def test_the_16_row_decode_with_keys_as_rows_has_no_padded_mma(single):
     """``split_kernel_keys`` (a 16-bit cache at 16 query rows or fewer) builds for sm_90: ``m64n16k16`` MMAs only, the
     tiles by tensor-memory copies, q of 16 rows, two key tiles and ``P`` in shared memory, and the next tile's copy
-    group issued before the wait for this one's (``wait_group 1``: one group left in flight)."""
+    group issued before the wait for this one's (``wait_group 1``: one group left in flight); and it lets its
+    combine launch at once (``griddepcontrol.launch_dependents``, before its first load)."""
     from mlaspec.impl import decode_sm90
 
     if not decode_sm90.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     mma = "wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16"
-    words = [mma.format(16), mma.format(64), "cp.async.bulk.tensor.2d", "cp.async.wait_group \t1;"]
+    words = [mma.format(16), mma.format(64), "cp.async.bulk.tensor.2d", "cp.async.wait_group \t1;", *PDL_WORDS]
     const = dict(CAUSAL=True, D_V=512, D_ROPE=64, PAGE=64, BLOCK_M=16, BLOCK_N=64, SINGLE=single, TMA=True)
     pointers = dict(POINTERS, DESC_V=[64, 512], DESC_R=[64, 64])
     spec = dict(num_warps=decode_sm90.KEYS_WARPS, num_stages=1, ptx_words=words)
@@ -261,7 +263,20 @@ def test_the_16_row_decode_with_keys_as_rows_has_no_padded_mma(single):
     has = out["ptx_has"]
     assert has[mma.format(16)] and not has[mma.format(64)] and has["cp.async.bulk.tensor.2d"], out
     assert has["cp.async.wait_group \t1;"], out
+    assert 0 <= out["ptx_at"]["griddepcontrol.launch_dependents"] < out["ptx_at"]["ld.global"], out
     assert 2 * 64 * 576 * 2 + 16 * (576 + 64) * 2 <= out["shared"] <= 2 * 64 * 576 * 2 + 24 * 1024, out
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_the_combine_launched_early_waits_before_reading_a_partial(pdl):
+    """The split-KV combine launched as a programmatic dependent (``PDL``, after ``split_kernel_keys``) waits for the
+    split kernel's grid (``griddepcontrol.wait``) before its first load; launched plainly it has no wait."""
+    const = dict(D_V=512, BLOCK_D=32, SPLITS_P2=128, CHUNK=128, PDL=pdl)
+    pointers = dict(O_PART="*fp32", LSE_PART="*fp32", OUT="*bf16", LSE="*fp32")
+    out = compiled("mlaspec.impl.decode:_mla_decode_combine_kernel", pointers, const, num_warps=1, num_stages=1,
+                   ptx_words=PDL_WORDS)  # fmt: skip
+    at = out["ptx_at"]
+    assert (0 <= at["griddepcontrol.wait"] < at["ld.global"]) if pdl else at["griddepcontrol.wait"] < 0, out
 
 
 def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
