@@ -50,7 +50,9 @@ split the keys the same way):
    64K-key cache's own streaming; H200), and grew with the split count; 32 splits a load, 6 us. The first load's
    partials are issued before the LSEs' maximum, which they do not need: one L2 round trip fewer on the path, the
    combine alone 0.2-0.4 us shorter on an H200 at every shape timed (16 heads B1 1K 1.79 -> 1.41 us, B1 128K 2.75 ->
-   2.50; 128 heads B1 64K 4.54 -> 4.32), the same outputs.
+   2.50; 128 heads B1 64K 4.54 -> 4.32), the same outputs. After ``decode_sm90.split_kernel_keys`` it launches as
+   that kernel's programmatic dependent (:data:`PDL_AFTER_KEYS`): its programs start beside the split kernel's and
+   wait in ``griddepcontrol.wait`` for the partials.
 
 The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once).
 
