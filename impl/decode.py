@@ -622,11 +622,17 @@ def mla_decode_paged(
     k_scale = 1.0 if k_scale is None else float(k_scale)
     qk_scale = scale * k_scale * (1.0 if q_scale is None else float(q_scale)) * LOG2E
     block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
+    if block_table.shape[1] == 0:  # every sequence empty: a row of one page to read and not use
+        block_table = block_table.new_zeros(B, 1)
 
     kernel = kernel_named(kernel, "MLASPEC_DECODE_KERNEL")
     rows = S_q * H_q
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if B else 0
+    # no sequence is longer than its block-table row holds: the splits follow the table where max_seq_len overstates
+    # it, so each split's first page is in the table (the Gluon kernels read it beside the sequence's length,
+    # decode_sm90._split_start)
+    max_seq_len = min(max_seq_len, block_table.shape[1] * page_size)
     # vLLM's fp8 cache on Hopper: the Gluon kernels, 64-key tiles at any row count (not where the readable kernel is
     # asked for by name or by a tile override); at 32 rows or fewer split_kernel_fp8_keys, 1.04-2.2x the readable
     # kernel's 32-key tiles on an H200 from B1 1K up (2026-11-29, night: benchmarks/decode_tune.py --as-called)
@@ -655,12 +661,7 @@ def mla_decode_paged(
     if page_size % cfg.block_n:
         raise ValueError(f"config.block_n={cfg.block_n} must divide the page size {page_size}")
     row_blocks = triton.cdiv(rows, cfg.block_m)
-    # no sequence has more key blocks than its block-table row holds: the Gluon kernels read each split's first page
-    # beside its sequence's length (decode_sm90._split_start), so every split starts inside the table
-    if block_table.shape[1] == 0:  # every sequence empty: a row of one page to read and not use
-        block_table = block_table.new_zeros(B, 1)
-    table_blocks = block_table.shape[1] * (page_size // cfg.block_n)
-    key_blocks = max(1, min(triton.cdiv(max_seq_len, cfg.block_n), table_blocks))
+    key_blocks = max(1, triton.cdiv(max_seq_len, cfg.block_n))
     if num_splits is None:
         # byte tiles small enough for two programs an SM (64 rows: q is 72 KB; the e4m3 kernel's tiles: 182 KB)
         small_fp8 = fp8 and not (narrow and e4m3) and cfg.block_m <= 32

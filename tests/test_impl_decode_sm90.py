@@ -31,7 +31,8 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 
 
 def record(monkeypatch, *names, launches: list | None = None) -> list:
     """Which of :mod:`mlaspec.impl.decode_sm90`'s kernels ``names`` launch, in order, from here on (each still runs);
-    ``launches``, where given, gets each launch's keyword arguments (its constexprs) too."""
+    ``launches``, where given, gets each launch's keyword arguments (its constexprs) too, with its positional ones
+    under ``"args"``."""
     ran = []
 
     class Recorded:
@@ -45,7 +46,7 @@ def record(monkeypatch, *names, launches: list | None = None) -> list:
                 return launch
 
             def recorded(*args, **kwargs):
-                launches.append(kwargs)
+                launches.append({**kwargs, "args": args})
                 return launch(*args, **kwargs)
 
             return recorded
@@ -190,17 +191,27 @@ def test_16_rows_or_fewer_take_the_keys_as_mma_rows(S_q, H, keys, monkeypatch):
 
 @pytest.mark.skipif(not (HOPPER and decode_sm90.AVAILABLE), reason="needs an H100/H200 (sm_90) and triton's Gluon")
 @pytest.mark.parametrize("H, kernel", [(16, "split_kernel_keys"), (64, "split_kernel")])
+@pytest.mark.parametrize(
+    "lens, page_size",
+    [
+        ([0, 77, 4096, 130], 64),  # an empty sequence, splits with nothing or one tile to do
+        ([4096], 64),  # 64 tiles: one a split at 16 heads
+        ([1000, 3000], 128),  # two tiles a page
+    ],
+)
 @pytest.mark.parametrize("max_seq_len", [None, 1 << 20])
-def test_first_pages_read_before_the_length_and_the_early_combine(H, kernel, max_seq_len, monkeypatch):
+def test_first_pages_read_before_the_length_and_the_early_combine(H, kernel, lens, page_size, max_seq_len, monkeypatch):
     """Each split reads its first two pages beside its sequence's length (``decode_sm90._split_start``), also where
-    ``max_seq_len`` overstates the table (then the splits follow the table's width) and where a split has nothing
-    or one tile to do; the combine launches as a programmatic dependent after ``split_kernel_keys`` only. The
-    spec's results either way."""
+    ``max_seq_len`` overstates the table, whose width then sets the splits: every split's first tile is in the
+    table, cut here to its sequences' pages. The combine launches as a programmatic dependent after
+    ``split_kernel_keys`` only. The spec's results either way."""
     import mlaspec.impl.decode as decode
 
-    lens = [0, 77, 4096, 130]
-    q, kv, cache, block_table, seq_lens = decode_case(4, 1, H, lens, torch.bfloat16, True, seed=H)
-    ran, combines = record(monkeypatch, kernel), []
+    q, kv, cache, block_table, seq_lens = decode_case(len(lens), 1, H, lens, torch.bfloat16, True, seed=H,
+                                                      page_size=page_size)  # fmt: skip
+    block_table = block_table[:, : -(-max(lens) // page_size)]  # no spare column
+    launches, combines = [], []
+    ran = record(monkeypatch, kernel, launches=launches)
 
     class Combine:  # the combine kernel, its launches' keyword arguments kept
         def __getitem__(self, grid):
@@ -213,8 +224,10 @@ def test_first_pages_read_before_the_length_and_the_early_combine(H, kernel, max
     ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, lens, True, unit_roundoff(q.dtype))
     assert_within("out", out, ref_out, out_bound)
     assert_within("lse", lse, ref_lse, lse_bound)
-    assert ran == [kernel] and len(combines) == 1, (ran, combines)
-    assert combines[0].get("launch_pdl", False) == (kernel == "split_kernel_keys"), combines
+    assert ran == [kernel], ran
+    blocks_per_split, num_splits = launches[0]["args"][24:26]  # mla_decode_paged's launch order
+    assert (num_splits - 1) * blocks_per_split < block_table.shape[1] * page_size // 64, launches[0]["args"][24:26]
+    assert [c.get("launch_pdl", False) for c in combines] == [kernel == "split_kernel_keys"] * (num_splits > 1)
 
 
 @pytest.mark.skipif(not decode_sm90.AVAILABLE, reason="this Triton has no Gluon")
