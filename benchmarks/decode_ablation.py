@@ -20,6 +20,8 @@ copy of the kernel, before this script existed.
                                                              # compute, partials and producer
     python benchmarks/decode_ablation.py --kernel keys       # split_kernel_fp8_keys (the fp8 cache at <= 32 rows):
                                                              # the same producer parts, its consumer's, the partials
+    python benchmarks/decode_ablation.py --kernel keys16     # split_kernel_keys (16 bf16 rows: 16 heads as called):
+                                                             # its MMAs, softmax and partial stores, beside a plain read
     python benchmarks/decode_ablation.py --kernel seesaw     # benchmarks/seesaw_probe.py with its copies off
     python benchmarks/decode_ablation.py --kernel sparse     # the sparse decode (mlaspec.impl.sparse_sm90), top-k 2048
     python benchmarks/decode_ablation.py --padded            # 16 heads on split_kernel, beside a plain read
@@ -285,6 +287,9 @@ LEAD_COMPUTE = ("softmax", "q k^T", "P @ V")
 # (so the default --kernel landed run times it too)
 ABLATIONS["partial stores"] = LEAD_ABLATIONS["partial stores"][:1]
 KEYS_ABLATIONS["partial stores"] = ABLATIONS["partial stores"]  # (so is split_kernel_fp8_keys's)
+# split_kernel_keys (a 16-bit cache at 16 rows or fewer): the consumer parts of split_kernel_fp8_keys, which it shares
+KEYS16_COMPUTE = ("q k^T", "softmax", "P @ V")
+KEYS16_ABLATIONS = {part: KEYS_ABLATIONS[part] for part in (*KEYS16_COMPUTE, "partial stores")}
 # --padded (16 heads on split_kernel, rows padded to its 64-row tile): what its copies, launches and combine take alone
 PADDED_VARIANTS = [(), ("q k^T", "P @ V"), LEAD_COMPUTE, ("partial stores",), (*LEAD_COMPUTE, "partial stores")]
 GATHERS = ("byte copies", "scale loads", "RoPE loads")
@@ -324,6 +329,11 @@ KERNELS = {
         "impl/decode_sm90.py",
         KEYS_ABLATIONS,
         [(), *((n,) for n in KEYS_ABLATIONS), FP8_PRODUCER, ("q k^T", "P @ V"), FP8_CONSUMER, ("partial stores",)],
+    ),
+    "keys16": (
+        "impl/decode_sm90.py",
+        KEYS16_ABLATIONS,
+        [(), *((n,) for n in KEYS16_ABLATIONS), KEYS16_COMPUTE, (*KEYS16_COMPUTE, "partial stores")],
     ),
     "fp8lead": (
         "impl/decode_sm90.py",
@@ -368,7 +378,8 @@ def _in_place(module, landed, kernel: str = "landed"):
     module, running the kernel the ablations edit (``"landed"``: ``split_kernel`` at every row count, called with its
     64-row tile; ``"lead"``, ``"fp8lead"``: ``split_kernel_lead`` where it applies (over the 16-bit or the fp8
     cache); ``"fp8"``: ``split_kernel_fp8`` at every row count; ``"keys"``: ``split_kernel_fp8_keys`` at 32 rows or
-    fewer), else the landed module with ``module``'s split kernel (the seesaw probe)."""
+    fewer; ``"keys16"``: ``split_kernel_keys`` at 16 rows or fewer), else the landed module with ``module``'s split
+    kernel (the seesaw probe)."""
     if hasattr(module, "cache_descriptors"):
         if kernel == "landed":
             module.lead_applies = lambda row_blocks: False
@@ -390,7 +401,7 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
     count, rows padded to its 64-row tile (``kernel="sm90"``, :data:`mlaspec.impl.decode.GLUON_TILE`; at 16 heads
     the decode as called runs ``split_kernel_keys``, the readable kernel before 2026-11-29, night), the variants
     :data:`PADDED_VARIANTS`, and the plain read of the same cache (``benchmarks/stream.py``): the floor of any kernel
-    reading it once."""
+    reading it once (beside ``keys16`` too)."""
     import stream
     import torch
     from common import Row, bench, load_flashmla, load_flashmla_fp8
@@ -405,11 +416,11 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
     fp8 = kernel in ("fp8", "keys", "fp8lead")  # vLLM's per-tensor fp8 cache (k_scale 0.5), FlashMLA's fp8 beside
     landed, rows, fm = dec.decode_sm90, [], load_flashmla_fp8() if fp8 else load_flashmla()
     variants = [(kernel, parts) for parts in (PADDED_VARIANTS if padded else KERNELS[kernel][2])]
-    if kernel not in ("landed", "fp8", "keys", "fp8lead"):  # (the fp8 kernels are judged against FlashMLA's)
+    if kernel not in ("landed", "fp8", "keys", "keys16", "fp8lead"):  # (the keys kernels: against their own)
         variants.insert(0, ("landed", ()))
     with tempfile.TemporaryDirectory() as folder:
         modules = {(k, parts): _in_place(load(parts, folder, k), landed, k) for k, parts in variants}
-        if kernel not in ("lead", "keys", "fp8lead"):  # (their unablated copies are the decode as called)
+        if kernel not in ("lead", "keys", "keys16", "fp8lead"):  # (their unablated copies are the decode as called)
             modules[("as called", ())] = landed  # split_kernel_lead where it applies (decode_sm90.lead_applies)
         for heads, batch, keys in shapes:
             cache, bt, sl = make_problem(batch, keys, torch.device("cuda"), fp8=fp8)
@@ -418,7 +429,7 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
             shape = dict(H=heads, B=batch, S_kv=keys)
             if fm:
                 rows.append(Row("decode", "flashmla", shape, bench(_fn("flashmla", fm, *problem), graph=True), 0, 0))
-            if padded:
+            if padded or kernel == "keys16":
                 rows.append(Row("decode", "read", shape, stream.fastest(cache)[0], 0, 0, timer="graph"))
             as_called = _fn("triton", fm, *problem, **({"kernel": "sm90"} if fp8 else {}))  # fp8: the Gluon kernels
             # split_kernel itself at any row count (16 bf16 rows as called take split_kernel_keys, not ablated here)
@@ -489,13 +500,14 @@ def main(argv: list[str] | None = None) -> int:
         "sparse": "128x64x8192,128x128x8192",
         "fp8": "128x64x8192,128x1x65536,16x64x4096,16x1x65536",
         "keys": "16x1x65536,16x2x131072,16x64x4096,32x64x4096",
+        "keys16": "16x1x8192,16x1x65536,16x1x131072,16x2x65536",
         "fp8lead": "128x64x8192,128x1x65536,128x2x131072",
     }.get(args.kernel, "128x64x8192,128x1x131072")
     if args.padded:  # the 16-head targets of issue 18
         default = "16x1x65536,16x1x131072,16x2x65536,16x2x131072,16x1x8192"
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or default).split(",")]
     rows = run(shapes, args.kernel, padded=args.padded)
-    reference = args.kernel if args.kernel in ("fp8", "keys", "fp8lead") else "landed"
+    reference = args.kernel if args.kernel in ("fp8", "keys", "keys16", "fp8lead") else "landed"
     print_table(rows, {**REFERENCE, "decode": reference, "sparse_decode": "sparse"})
     if args.out:
         plot_bars(rows, args.out, title="the Gluon decode without one part (µs, lower is faster)")

@@ -313,10 +313,12 @@ def test_every_decode_ablation_still_applies_and_compiles(tmp_path):
                    num_warps=decode_sm90.NUM_WARPS, **spec)  # fmt: skip
     keys = compiled("keys_all:split_kernel_fp8_keys", dict(POINTERS, KV="*u8"), dict(lead_const, BLOCK_M=16),
                     num_warps=decode_sm90.KEYS_WARPS, **spec)  # fmt: skip
+    keys16 = compiled("keys16_all:split_kernel_keys", dict(POINTERS, DESC_V=[64, 512], DESC_R=[64, 64]),
+                      dict(const, BLOCK_M=16), num_warps=decode_sm90.KEYS_WARPS, **spec)  # fmt: skip
     fp8lead_pointers = dict(POINTERS, KV="*u8", DESC_O=LEAD_DESCRIPTORS["DESC_O"])
     fp8lead = compiled("fp8lead_all:split_kernel_lead", fp8lead_pointers, dict(lead_const, DESC_H=None, DESC_R=None),
                        num_warps=decode_sm90.LEAD_WARPS, **spec)  # fmt: skip
-    kernels = (landed, seesaw, sparse, lead, fp8, keys, fp8lead)
+    kernels = (landed, seesaw, sparse, lead, fp8, keys, keys16, fp8lead)
     assert all(k["shared"] <= HOPPER_SHARED for k in kernels), kernels
 
 
