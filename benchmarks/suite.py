@@ -17,7 +17,8 @@ indexer and top-k with ``do_bench`` (L2 flushed, the host's launch path included
 ``indexer_graph`` is the indexer's logits again as graph replays, the GPU's time alone (:mod:`indexer` says where
 the two differ). A provider that does not import, or a shape over the memory caps,
 is skipped with a printed note. Writes to ``--out-dir``: ``bench.md`` (environment, roofs and the table: µs, GB/s,
-TFLOP/s and the speed against FlashMLA / DeepGEMM / ``torch.topk`` measured in this run), ``bench.json`` (the same,
+TFLOP/s and the speed against FlashMLA / DeepGEMM / ``torch.topk`` measured in this run; then issue 18's targets
+judged from those rows, :mod:`targets`), ``bench.json`` (the same,
 rows with their counts) and ``roofline.png`` (every row against the measured copy bandwidth and matmul rates).
 
     python benchmarks/suite.py --out-dir docs/bench              # about 5 minutes on an H200
@@ -41,6 +42,7 @@ import time
 import decode
 import indexer
 import sparse
+import targets
 import torch
 from common import REFERENCE, Row, describe_roofline, environment, markdown_table, measure_roofline, plot_roofline
 
@@ -128,6 +130,8 @@ def write(rows: list[Row], env: dict, out_dir: str) -> str:
             "",
         ]
     text = "\n".join(head) + "\n" + markdown_table(rows) + "\n"
+    if roof and (judged := targets.section(rows, roof["copy_bw"])):  # issue 18's targets, judged from these rows
+        text += "\n" + judged
     with open(os.path.join(out_dir, "bench.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:

@@ -25,6 +25,7 @@ SCRIPTS = (
     "warm_timeline",
     "compile_census",
     "power",
+    "targets",
 )
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -564,3 +565,46 @@ def test_power_reads_nvidia_smi_and_puts_a_decodes_energy_beside_its_time(bench,
     out = tmp_path / "power.png"
     power.plot(rows, 700.0, str(out))
     assert out.read_bytes().startswith(PNG)
+
+
+def _decode(common, heads, batch, keys, provider, us, nbytes):
+    return common.Row("decode", provider, {"H": heads, "B": batch, "S_kv": keys}, us * 1e-6, nbytes, 1e11)
+
+
+def test_targets_are_judged_from_the_runs_own_rows(bench):
+    """Issue 18's targets over one run's rows: met where every shape meets the bound, else the shapes that miss it,
+    marked where the plain read of that cache, timed beside it, misses too; targets without rows left out."""
+    common = bench["common"]
+    rows = [
+        *(_decode(common, 16, 1, 65536, p, us, 1.5e8) for p, us in (("flashmla", 60), ("triton", 26), ("read", 18))),
+        *(_decode(common, 16, 2, 65536, p, us, 1.5e8) for p, us in (("flashmla", 64), ("triton", 42), ("read", 35))),
+        *(_decode(common, 16, 1, 1024, p, us, 1.2e6) for p, us in (("flashmla", 15), ("triton", 6), ("read", 1.7))),
+        common.Row("indexer_graph", "deepgemm", {"S": 1024}, 13.6e-6, 1e7, 1e10),
+        common.Row("indexer_graph", "triton", {"S": 1024}, 14.4e-6, 1e7, 1e10),
+    ]
+    text = bench["targets"].section(rows, 4.25e12)
+    table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    lines = {line.split(" | ")[0][2:]: line for line in table}
+    assert "4250 GB/s" in text and not any("128 heads" in name or "sparse" in name for name in lines), text
+    # 60/26 = 2.3x, 64/42 = 1.52x; 2x asks 32 us at B2, where the read takes 35
+    two = lines["16 heads >= 2x FlashMLA, B <= 2, 64K-128K"]
+    assert "1.52x - 2.31x over 2 shapes" in two, two
+    assert "missed at 1 of 2: H=16 B=2 S_kv=65536 1.52x (read misses too)" in two, two
+    assert lines["the same at >= 2.5 TB/s"].endswith("| 3.57 TB/s - 5.77 TB/s over 2 shapes | met at all 2 |")
+    # 85% of 4.25 TB/s: B2 64K at 84% (its read 101%), B1 1K at 5% (its read 17%), B1 64K 136%
+    copy = lines[">= 85% of the copy rate at every memory-bound decode shape (16 heads)"]
+    assert "missed at 2 of 3: H=16 B=1 S_kv=1024 5% (read misses too), H=16 B=2 S_kv=65536 84% |" in copy, copy
+    assert lines["stretch: indexer logits >= 0.9x DeepGEMM (graph replays)"].endswith("| 0.94x | met |")
+
+
+def test_the_suite_page_ends_with_the_targets_and_a_saved_run_gives_them_again(bench, tmp_path, capsys):
+    common, suite = bench["common"], bench["suite"]
+    rows = [_decode(common, 16, 1, 65536, p, us, 1.5e8) for p, us in (("flashmla", 60), ("triton", 26))]
+    env = {"gpu": "H200", "roofline": {"copy_bw": 4.25e12, "bf16": 7.9e14}}
+    page = suite.write(rows, env, str(tmp_path))
+    section = page[page.index("## Issue 18's targets in this run") :]
+    assert "| 2.31x | met |" in section
+    assert bench["targets"].main([str(tmp_path / "bench.json")]) == 0
+    assert capsys.readouterr().out.strip() == section.strip()
+    other = [common.Row("topk", "triton", {"S": 8192, "K": 2048}, 1e-3, 3e8, 0)]
+    assert "targets" not in suite.write(other, env, str(tmp_path))  # a page of other kernels: no section
