@@ -686,7 +686,9 @@ def mla_decode_paged(
         not e4m3 and (config is None or kernel == "sm90") and use_sm90(kernel, q, kv_cache, cfg, d_v=d_v, d_rope=d_rope)
     )
 
-    def launch(gluon: bool, stages: int) -> None:
+    def launch(gluon: bool, stages: int) -> bool:
+        """Launch the split kernel (``gluon``: Hopper's, else the readable one with ``stages``); whether its combine
+        may launch as its programmatic dependent."""
         args = (
             q,
             kv_cache,
@@ -723,11 +725,11 @@ def mla_decode_paged(
             tile.update(BLOCK_M=keys)
             decode_sm90.split_kernel_e4m3_keys[grid](q8, kv8, *args[2:], *e4m3_descs, **tile,
                                                      num_warps=decode_sm90.KEYS_WARPS)  # fmt: skip
-            return
+            return False
         if gluon and fp8 and keys:  # no padded rows: the keys are the MMAs' rows
             tile.update(BLOCK_M=keys)
             decode_sm90.split_kernel_fp8_keys[grid](*args, **tile, num_warps=decode_sm90.KEYS_WARPS)
-            return
+            return False
         if gluon and decode_sm90.lead_applies(row_blocks):
             # each tile read by several programs: the leader warpgroup's kernel (over the fp8 cache a producer
             # converts its tiles: no copy descriptors, and the launch's registers are the three partitions')
@@ -737,39 +739,39 @@ def mla_decode_paged(
                 o_desc = decode_sm90.partial_descriptor(o_part) if num_splits > 1 else None
                 decode_sm90.split_kernel_lead[grid](*args, *halves, o_desc, **tile, num_warps=decode_sm90.LEAD_WARPS,
                                                     **regs)  # fmt: skip
-                return
+                return False
         if gluon and fp8:
             decode_sm90.split_kernel_fp8[grid](*args, **tile, num_warps=decode_sm90.NUM_WARPS)
-            return
+            return False
         if gluon:  # 16 rows or fewer (keys): the keys as the MMAs' rows, the same arguments
             descs = decode_sm90.cache_descriptors(kv_cache, page_size)
             tile.update(TMA=descs is not None, BLOCK_M=keys or cfg.block_m)
             split, warps = (decode_sm90.split_kernel_keys, decode_sm90.KEYS_WARPS) if keys else (
                 decode_sm90.split_kernel, decode_sm90.NUM_WARPS)  # fmt: skip
             split[grid](*args, *(descs or (None, None)), **tile, num_warps=warps)
-            early_combine.append(bool(keys) and PDL_AFTER_KEYS)
-            return
+            return bool(keys) and PDL_AFTER_KEYS  # after split_kernel_keys the combine may launch as its dependent
         _mla_decode_split_kernel[grid](
             *args, **tile, PRECISION=precision, FP8=fp8, E4M3=e4m3, num_warps=cfg.num_warps, num_stages=stages
         )
+        return False
 
     # what to launch, in order, until one fits: the Gluon kernel where it applies, then (unless asked for by name) the
     # readable one; a GPU with less shared memory than Hopper's 227 KB a block (A100: 163 KB, sm_86/89: 99 KB) cannot
     # hold its two tiles in flight, and fp8's byte tiles with their converted copies may not fit either: fewer
     # stages, then one
-    early_combine = []  # [True] once split_kernel_keys has run: the combine may launch as its programmatic dependent
+    early_combine = False  # the combine as a programmatic dependent of the split kernel launched
     attempts = [(True, 1)] if sm90 else []
     if kernel != "sm90":
         attempts += [(False, stages) for stages in dict.fromkeys((cfg.num_stages, min(cfg.num_stages, 2), 1))]
     for i, attempt in enumerate(attempts):
         try:
-            launch(*attempt)
+            early_combine = launch(*attempt)
             break
         except triton.runtime.errors.OutOfResources:
             if i == len(attempts) - 1:
                 raise
     if num_splits > 1:
-        _combine(o_part, lse_part, out, lse, sms, pdl=any(early_combine))
+        _combine(o_part, lse_part, out, lse, sms, pdl=early_combine)
     return DecodeOutput(out, lse)
 
 

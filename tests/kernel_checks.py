@@ -166,3 +166,29 @@ def check_sparse_decode(q, cache, slots, lengths, out, lse, *, extra=None, sink=
     )
     assert_within("out", out, spec.out, out_b.reshape(spec.out.shape))
     assert_within("lse", lse, spec.lse, lse_b.reshape(b, s_q, h_q).transpose(1, 2))
+
+
+def record(monkeypatch, module, *names, launches: list | None = None) -> list:
+    """Which of ``module``'s kernels ``names`` launch, in order, from here on (each still runs); ``launches``, where
+    given, gets each launch's keyword arguments (its constexprs) too, with its positional ones under ``"args"``."""
+    ran = []
+
+    class Recorded:
+        def __init__(self, name):
+            self.name, self.real = name, getattr(module, name)
+
+        def __getitem__(self, grid):
+            ran.append(self.name)
+            launch = self.real[grid]
+            if launches is None:
+                return launch
+
+            def recorded(*args, **kwargs):
+                launches.append({**kwargs, "args": args})
+                return launch(*args, **kwargs)
+
+            return recorded
+
+    for name in names:
+        monkeypatch.setattr(module, name, Recorded(name))
+    return ran

@@ -24,36 +24,9 @@ from mlaspec.impl.decode import (
     sm90_why_not,
     use_sm90,
 )
-from tests.kernel_checks import SCALE, assert_within, decode_case, decode_reference
+from tests.kernel_checks import SCALE, assert_within, decode_case, decode_reference, record
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
-def record(monkeypatch, *names, launches: list | None = None) -> list:
-    """Which of :mod:`mlaspec.impl.decode_sm90`'s kernels ``names`` launch, in order, from here on (each still runs);
-    ``launches``, where given, gets each launch's keyword arguments (its constexprs) too, with its positional ones
-    under ``"args"``."""
-    ran = []
-
-    class Recorded:
-        def __init__(self, name):
-            self.name, self.real = name, getattr(decode_sm90, name)
-
-        def __getitem__(self, grid):
-            ran.append(self.name)
-            launch = self.real[grid]
-            if launches is None:
-                return launch
-
-            def recorded(*args, **kwargs):
-                launches.append({**kwargs, "args": args})
-                return launch(*args, **kwargs)
-
-            return recorded
-
-    for name in names:
-        monkeypatch.setattr(decode_sm90, name, Recorded(name))
-    return ran
 
 
 def _why(capability=(9, 0), dtype=torch.bfloat16, rows=128, fp8=False, d_v=512, d_rope=64, page_size=64, aligned=True):
@@ -181,7 +154,7 @@ def test_16_rows_or_fewer_take_the_keys_as_mma_rows(S_q, H, keys, monkeypatch):
     """``auto`` sends a 16-bit cache at 16 query rows or fewer to ``split_kernel_keys`` (17-32 rows: the readable
     kernel; 64: ``split_kernel``), and a tile override keeps the padded ``split_kernel``."""
     q, _, cache, block_table, lens = (t.cuda() for t in decode_case(2, S_q, H, [300, 64], torch.bfloat16, True, seed=1))
-    ran = record(monkeypatch, "split_kernel_keys", "split_kernel", "split_kernel_lead")
+    ran = record(monkeypatch, decode_sm90, "split_kernel_keys", "split_kernel", "split_kernel_lead")
     mla_decode_paged(q, cache, block_table, lens, scale=SCALE)
     assert ran == (["split_kernel_keys"] if keys else ["split_kernel"] if S_q * H > 32 else []), ran
     ran.clear()
@@ -211,14 +184,8 @@ def test_first_pages_read_before_the_length_and_the_early_combine(H, kernel, len
                                                       page_size=page_size)  # fmt: skip
     block_table = block_table[:, : -(-max(lens) // page_size)]  # no spare column
     launches, combines = [], []
-    ran = record(monkeypatch, kernel, launches=launches)
-
-    class Combine:  # the combine kernel, its launches' keyword arguments kept
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: combines.append(kwargs) or real[grid](*args, **kwargs)
-
-    real = decode._mla_decode_combine_kernel
-    monkeypatch.setattr(decode, "_mla_decode_combine_kernel", Combine())
+    ran = record(monkeypatch, decode_sm90, kernel, launches=launches)
+    record(monkeypatch, decode, "_mla_decode_combine_kernel", launches=combines)
     args = [t.cuda() for t in (q, cache, block_table, seq_lens)]
     out, lse = mla_decode_paged(*args, scale=SCALE, max_seq_len=max_seq_len)
     ref_out, ref_lse, out_bound, lse_bound = decode_reference(q, kv, lens, True, unit_roundoff(q.dtype))
@@ -316,7 +283,7 @@ def test_the_lead_kernel_takes_rows_whose_tiles_other_programs_read(S_q, H, lead
     copied = []
     real_descriptor = decode_sm90.partial_descriptor
     monkeypatch.setattr(decode_sm90, "partial_descriptor", lambda o: copied.append(real_descriptor(o)) or copied[-1])
-    ran = record(monkeypatch, "split_kernel", "split_kernel_lead")
+    ran = record(monkeypatch, decode_sm90, "split_kernel", "split_kernel_lead")
     out, lse = mla_decode_paged(*(t.cuda() for t in (q, cache, block_table, lens)), scale=SCALE, kernel="sm90")
     assert ran == ["split_kernel_lead" if lead else "split_kernel"]
     assert [c is not None for c in copied] == ([S_q * H % 64 == 0] if lead else [])
@@ -366,7 +333,7 @@ def test_fp8_equals_the_bf16_kernel_on_the_converted_cache(
     q, _, cache, block_table, lens = (t.cuda() for t in case)
     c8 = _fp8(cache, 1.0)
     kw = dict(scale=SCALE, causal=causal, num_splits=num_splits)
-    calls = record(monkeypatch, "split_kernel_fp8", "split_kernel_fp8_keys", "split_kernel_lead")
+    calls = record(monkeypatch, decode_sm90, "split_kernel_fp8", "split_kernel_fp8_keys", "split_kernel_lead")
     got = mla_decode_paged(q, c8, block_table, lens, k_scale=1.0, kernel="sm90", **kw)
     keys = decode_sm90.keys_rows(H * S_q) is not None
     shared = decode_sm90.lead_applies(-(-H * S_q // decode_sm90.BLOCK_M))  # (patched off above at lead=False)
@@ -422,7 +389,7 @@ def test_the_e4m3_path_passes_its_full_scale_cases(case, splits, monkeypatch):
     if splits == "one":
         monkeypatch.setattr(decode, "num_splits_heuristic", lambda *args, **kwargs: 1)
     launches = []
-    record(monkeypatch, "split_kernel_e4m3_keys", launches=launches)
+    record(monkeypatch, decode_sm90, "split_kernel_e4m3_keys", launches=launches)
     result = run_case(TritonE4m3Backend(), case, backend_name="triton-e4m3", scale="full", timeout=None)
     assert result.verdict == "pass", f"{case.id}: {result.verdict}: {result.reason}"
     rows = [kwargs["BLOCK_M"] for kwargs in launches]
