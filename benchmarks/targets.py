@@ -20,7 +20,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from common import Row, add_ratios, shape_str
+from common import REFERENCE, Row, add_ratios, shape_str
 
 LONG = (65536, 131072)  # the small-batch targets' contexts
 
@@ -69,7 +69,7 @@ def _read_misses(row: Row, target: Target, rows: dict, copy_bw: float) -> bool:
         return False
     if target.figure == "copy":
         return read.gbps * 1e9 / copy_bw < target.bound
-    reference = rows.get(("flashmla", shape_str(row.shape)))
+    reference = rows.get((REFERENCE[target.kernel], shape_str(row.shape)))
     return reference is not None and read.seconds > reference.seconds / target.bound
 
 
