@@ -52,7 +52,9 @@ split the keys the same way):
    combine alone 0.2-0.4 us shorter on an H200 at every shape timed (16 heads B1 1K 1.79 -> 1.41 us, B1 128K 2.75 ->
    2.50; 128 heads B1 64K 4.54 -> 4.32), the same outputs. After ``decode_sm90.split_kernel_keys`` it launches as
    that kernel's programmatic dependent (:data:`PDL_AFTER_KEYS`): its programs start beside the split kernel's and
-   wait in ``griddepcontrol.wait`` for the partials.
+   wait in ``griddepcontrol.wait`` for the partials. There, at 16 heads, its work after that wait takes 1.9-2.1 us
+   at every split shape (as long at B1 8K as at 128K: L2 latencies, not bytes) and the wait 0.4-0.5 (H200, the speed
+   log's stop 62).
 
 The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once).
 
@@ -389,7 +391,9 @@ def num_splits_heuristic(
     keys: 66 splits 47.1 us, 132 (two waves) 59.0; B = 1, 128K: 132 splits 49.0 us, 264 splits 62.9; B = 1, 8K:
     128 splits of one key block 13.0 us, 32 of four 15.2. 128 heads, B = 4, 64K: 16 splits (128 programs) 271 us,
     17 splits (136 programs, a second wave of 4) 449 us. fp8 cache, 16 heads, B = 2, 64K: 132 splits 86 us, 66
-    splits 123 us.
+    splits 123 us. Equal splits over every SM (B1 128K: 132 splits of 15-16 key blocks, where ``mla_decode_paged``'s
+    rounding leaves 128 of 16), or splits skewed so that some finish early: the same time or slower (H200, the speed
+    log's stop 62): the longest split sets the time.
     """
     key_blocks = max(1, triton.cdiv(max_seq_len, block_n))
     per_wave = programs_per_sm * num_sms // max(1, batch * row_blocks)

@@ -632,8 +632,10 @@ if AVAILABLE:
         next tile issued into the other of two buffers at the top of each iteration, before the wait for this one)
         run by one warpgroup whose MMAs take the keys as their 64 rows and the query rows as ``N``, as
         :func:`split_kernel_fp8_keys`'s consumer: ``S^T = K q^T``, the softmax on the transposed register view, ``O^T
-        += V^T P^T`` (q, two tiles and ``P``: 164 KB). Its combine may launch at once (``launch_pdl``: the combine's
-        one-warp programs wait beside this kernel's, at their ``griddepcontrol.wait``, for its partials)."""
+        += V^T P^T`` (q, two tiles and ``P``: 164 KB; three value buffers, the next two tiles' values in flight during
+        this one's MMAs, were 3-7% slower on an H200, the speed log's stop 62). Its combine may launch at once
+        (``launch_pdl``: the combine's one-warp programs wait beside this kernel's, at their ``griddepcontrol.wait``,
+        for its partials)."""
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)  # fmt: skip
         dtype: gl.constexpr = Q.dtype.element_ty
