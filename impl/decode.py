@@ -52,9 +52,9 @@ split the keys the same way):
    combine alone 0.2-0.4 us shorter on an H200 at every shape timed (16 heads B1 1K 1.79 -> 1.41 us, B1 128K 2.75 ->
    2.50; 128 heads B1 64K 4.54 -> 4.32), the same outputs. After ``decode_sm90.split_kernel_keys`` it launches as
    that kernel's programmatic dependent (:data:`PDL_AFTER_KEYS`): its programs start beside the split kernel's and
-   wait in ``griddepcontrol.wait`` for the partials. There, at 16 heads, its work after that wait takes 1.9-2.1 us
-   at every split shape (as long at B1 8K as at 128K: L2 latencies, not bytes) and the wait 0.4-0.5 (H200, the speed
-   log's stop 62).
+   wait in ``griddepcontrol.wait`` for the partials. There, at 16 heads, its work after that wait takes about 0.7 us
+   and 0.3 us a MB of partials (1.8-2.3 us at 128-132 splits, 4.2 MB) and the wait 0.3-0.6 (H200, the speed log's
+   stop 62).
 
 The number of splits comes from :func:`num_splits_heuristic` (fill the SMs once).
 
