@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from plugin_args import SUITE
 
 from mlaspec.conformance.cases import Case, curated_cases
 from mlaspec.conformance.cli import EXIT_EMPTY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
@@ -223,7 +224,7 @@ def test_report_of_a_killed_run_names_what_never_ran(misbehaving, capsys):
 
 def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "pytest", "--pyargs", "mlaspec.conformance", "-p", "no:cacheprovider", *args]
+    command = [sys.executable, "-m", "pytest", *SUITE, *args]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -5,10 +5,10 @@ import json
 import re
 import shlex
 import xml.etree.ElementTree as ET
-from importlib.metadata import entry_points
 
 import pytest
 from hypothesis import given, settings
+from plugin_args import PLUGIN, SUITE
 
 from mlaspec.conformance.backends.torch_eager import TorchBackend
 from mlaspec.conformance.cases import Case, curated_cases
@@ -24,11 +24,6 @@ pytest_plugins = ["pytester"]
 # in one process, so import what the suite imports (the report's environment, the heat maps) once, here
 environment()
 import mlaspec.conformance.viz.errors  # noqa: E402, F401
-
-# once pyproject registers the pytest11 entry point the plugin loads by itself; `-p` would then register it twice
-REGISTERED = any(ep.name == "mlaspec" for ep in entry_points(group="pytest11"))
-PLUGIN = [] if REGISTERED else ["-p", "mlaspec.conformance.plugin"]
-SUITE = [*PLUGIN, "-p", "no:cacheprovider", "--pyargs", "mlaspec.conformance"]
 
 MUTANTS = """
 import math
