@@ -290,6 +290,8 @@ KEYS_ABLATIONS["partial stores"] = ABLATIONS["partial stores"]  # (so is split_k
 # split_kernel_keys (a 16-bit cache at 16 rows or fewer): the consumer parts of split_kernel_fp8_keys, which it shares
 KEYS16_COMPUTE = ("q k^T", "softmax", "P @ V")
 KEYS16_ABLATIONS = {part: KEYS_ABLATIONS[part] for part in (*KEYS16_COMPUTE, "partial stores")}
+# the kernels judged against their own unablated copy (the others against the landed split_kernel)
+OWN_REFERENCE = ("fp8", "keys", "keys16", "fp8lead")
 # --padded (16 heads on split_kernel, rows padded to its 64-row tile): what its copies, launches and combine take alone
 PADDED_VARIANTS = [(), ("q k^T", "P @ V"), LEAD_COMPUTE, ("partial stores",), (*LEAD_COMPUTE, "partial stores")]
 GATHERS = ("byte copies", "scale loads", "RoPE loads")
@@ -416,7 +418,7 @@ def run(shapes, kernel: str = "landed", *, padded: bool = False) -> list:
     fp8 = kernel in ("fp8", "keys", "fp8lead")  # vLLM's per-tensor fp8 cache (k_scale 0.5), FlashMLA's fp8 beside
     landed, rows, fm = dec.decode_sm90, [], load_flashmla_fp8() if fp8 else load_flashmla()
     variants = [(kernel, parts) for parts in (PADDED_VARIANTS if padded else KERNELS[kernel][2])]
-    if kernel not in ("landed", "fp8", "keys", "keys16", "fp8lead"):  # (the keys kernels: against their own)
+    if kernel != "landed" and kernel not in OWN_REFERENCE:
         variants.insert(0, ("landed", ()))
     with tempfile.TemporaryDirectory() as folder:
         modules = {(k, parts): _in_place(load(parts, folder, k), landed, k) for k, parts in variants}
@@ -507,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         default = "16x1x65536,16x1x131072,16x2x65536,16x2x131072,16x1x8192"
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or default).split(",")]
     rows = run(shapes, args.kernel, padded=args.padded)
-    reference = args.kernel if args.kernel in ("fp8", "keys", "keys16", "fp8lead") else "landed"
+    reference = args.kernel if args.kernel in OWN_REFERENCE else "landed"
     print_table(rows, {**REFERENCE, "decode": reference, "sparse_decode": "sparse"})
     if args.out:
         plot_bars(rows, args.out, title="the Gluon decode without one part (µs, lower is faster)")

@@ -68,7 +68,7 @@ def _read_misses(row: Row, target: Target, rows: dict, copy_bw: float) -> bool:
     if read is None or target.figure == "tbps":
         return False
     if target.figure == "copy":
-        return read.gbps * 1e9 / copy_bw < target.bound
+        return _figure(read, "copy", copy_bw) < target.bound
     reference = rows.get((REFERENCE[target.kernel], shape_str(row.shape)))
     return reference is not None and read.seconds > reference.seconds / target.bound
 

@@ -192,3 +192,10 @@ def record(monkeypatch, module, *names, launches: list | None = None) -> list:
     for name in names:
         monkeypatch.setattr(module, name, Recorded(name))
     return ran
+
+
+def splits_of(launch: dict) -> tuple[int, int]:
+    """``(blocks_per_split, num_splits)`` of a split kernel's launch that :func:`record` kept: its positional
+    arguments 24 and 25 in ``mla_decode_paged``'s order (the readable and the Gluon split kernels alike)."""
+    blocks_per_split, num_splits = launch["args"][24:26]
+    return blocks_per_split, num_splits

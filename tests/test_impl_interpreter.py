@@ -45,7 +45,7 @@ from mlaspec.impl.prefill import PrefillConfig, flash_attn_varlen, prefill_confi
 from mlaspec.spec import merge as spec_merge
 from mlaspec.spec.attention import attention_varlen
 from tests.interpreter_cases import interpreter_cases
-from tests.kernel_checks import SCALE, assert_within, decode_case, decode_reference, record
+from tests.kernel_checks import SCALE, assert_within, decode_case, decode_reference, record, splits_of
 
 pytestmark = pytest.mark.interpreter
 
@@ -102,7 +102,7 @@ def test_decode_splits_start_inside_the_block_table(monkeypatch):
     record(monkeypatch, decode, "_mla_decode_split_kernel", launches=launches)
     q, kv, cache, block_table, lens = decode_case(2, 1, 4, [37, 5], torch.float32, True, seed=5)
     got = mla_decode_paged(q, cache, block_table, lens, scale=SCALE, max_seq_len=1 << 20, num_splits=64)
-    launched = [(a["args"][2].shape[1], *a["args"][24:26]) for a in launches]  # (table pages, blocks a split, splits)
+    launched = [(a["args"][2].shape[1], *splits_of(a)) for a in launches]  # (table pages, blocks a split, splits)
     pages, blocks_per_split, num_splits = launched[-1]
     tiles = pages * 64 // decode.decode_config(4, 64, torch.float32).block_n  # what the table holds
     assert (num_splits - 1) * blocks_per_split < tiles, launched
